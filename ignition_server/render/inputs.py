@@ -1,0 +1,44 @@
+"""What a NodePool's payload is rendered from: one immutable value per NodePool generation.
+
+The watcher builds these from the source; renderers only read them. `digest()` names the
+inputs, so an unchanged NodePool is never rendered twice (across restarts too).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+
+# Bump when a renderer's output changes for the same inputs, so stored payloads re-render.
+RENDERER_GENERATION = 1
+
+
+class InvalidConfig(ValueError):
+    """The inputs cannot make a valid payload; the message says why, for `data.message`."""
+
+
+@dataclass(frozen=True)
+class NodePoolInputs:
+    nodepool: str  # "<namespace>/<name>" of the NodePool object
+    secret: str  # "<namespace>/<name>" of the token Secret this generation comes from
+    machineconfigs_yaml: str  # decoded `config`: multi-document MachineConfig YAML, may be ""
+    release: str = ""  # release pull spec, carried as given
+    release_version: str = ""
+    # Inputs the source did not hold, named for `data.message` ("pull-secret", ...).
+    missing: tuple[str, ...] = field(default_factory=tuple)
+
+    def digest(self) -> str:
+        canonical = json.dumps(
+            {"generation": RENDERER_GENERATION, **asdict(self)}, sort_keys=True, separators=(",", ":")
+        )
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class RenderedPayload:
+    # Canonical Ignition JSON whose first bytes are {"ignition":{"version":"3.N.0" with
+    # N = min_version, so any later version is served by rewriting that one field.
+    body: bytes
+    min_version: str  # lowest spec version ("3.N.0") that expresses this payload
+    notes: tuple[str, ...] = ()  # what `data.message` should say besides errors
