@@ -1,0 +1,641 @@
+"""Offline verification of Kubernetes service-account JWTs (the IBM / MCS token shape).
+
+A node sends the hosted cluster's ``node-bootstrapper`` service-account token, a JWT
+(``GET /config/<pool>?token=<base64(jwt)>`` or ``Authorization: Bearer <base64(jwt)>``).
+:class:`ServiceAccountVerifier` checks it with no API call per request:
+
+1. the JOSE header: ``alg`` must be RS256 or ES256 (never ``none``/HS*), ``kid`` selects keys;
+2. the signature, with PyJWT and ``algorithms=[<the key's own alg>]``, against the public
+   signing keys of each hosted cluster whose keys carry that ``kid`` (current keys, and keys
+   replaced less than ``overlap_seconds`` ago). Tokens that verify under the keys of two
+   clusters are ambiguous and refused;
+3. a list of named claim checks (:data:`DEFAULT_CHECKS`): issuer, namespace, service
+   account, subject consistency, expiry, not-before, audience, accepted token Secret.
+
+Verified tokens are cached (bounded LRU keyed by sha256 of the token). A cached entry is
+used only while ``now`` is before the earliest deadline it relied on (token ``exp`` plus
+leeway, a retired key's or token Secret's overlap end) and while the generation of its
+cluster is unchanged: every ``set_keys``/``set_token_secrets``/``configure`` bumps it, so
+a change that withdraws acceptance is seen by the next request.
+
+Refusal reasons (:class:`JwtRefused.reason`) never contain the token.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jwt as pyjwt
+from cachetools import LRUCache
+
+from .jwks import KeySource, PrivateKeyRefused, PublicKey, TrustedKey, load_public_keys
+
+__all__ = [
+    "ALGORITHMS",
+    "DEFAULT_ALLOWED_ACCOUNTS",
+    "DEFAULT_CHECKS",
+    "LEGACY_ISSUER",
+    "ClaimCheck",
+    "JwtRefused",
+    "JwtUnknownKey",
+    "PrivateKeyRefused",
+    "PublicKey",
+    "ServiceAccountVerifier",
+    "TokenContext",
+    "TokenSecretRef",
+    "VerifiedToken",
+    "VerifierStats",
+    "decode_transport_token",
+    "looks_like_jwt",
+]
+
+ALGORITHMS: tuple[str, ...] = ("RS256", "ES256")
+LEGACY_ISSUER = "kubernetes/serviceaccount"
+DEFAULT_ALLOWED_ACCOUNTS: tuple[tuple[str, str], ...] = (
+    ("openshift-machine-config-operator", "node-bootstrapper"),
+    ("openshift-infra", "node-bootstrapper"),
+)
+MAX_TOKEN_BYTES = 16 * 1024
+
+_LEGACY_NS = "kubernetes.io/serviceaccount/namespace"
+_LEGACY_SA = "kubernetes.io/serviceaccount/service-account.name"
+_LEGACY_SECRET = "kubernetes.io/serviceaccount/secret.name"
+_LEGACY_UID = "kubernetes.io/serviceaccount/service-account.uid"
+_SUB_PREFIX = "system:serviceaccount:"
+
+# PyJWT checks only the signature (and the alg against the allowed list); every claim is
+# checked by the named checks below so each one can be shown to matter on its own.
+_PYJWT_OPTIONS: dict[str, Any] = {
+    "verify_signature": True,
+    "verify_exp": False,
+    "verify_nbf": False,
+    "verify_iat": False,
+    "verify_aud": False,
+    "verify_iss": False,
+    "verify_sub": False,
+    "verify_jti": False,
+    "require": [],
+}
+
+
+class JwtRefused(Exception):
+    """The token is not accepted. ``status`` is 401 (unverifiable) or 403 (verified, not allowed).
+
+    ``reason`` is safe to show to the client and to log: it never contains the token.
+    """
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(f"{status}: {reason}")
+        self.status = status
+        self.reason = reason
+
+
+class JwtUnknownKey(JwtRefused):
+    """No trusted key carries the token's ``kid`` (or the token has none and there are too
+    many keys to try). May be a cluster whose keys this replica has not loaded yet: the HTTP
+    layer may answer it as "never seen" (511, retried by Ignition) instead of ``status``."""
+
+
+@dataclass(frozen=True)
+class VerifiedToken:
+    cluster: str
+    namespace: str
+    service_account: str
+    secret_name: str | None
+    expires_at: float | None
+    uid: str | None = None
+    bound: bool = False  # True for a TokenRequest (bound) token, False for a legacy Secret token
+
+
+@dataclass(frozen=True)
+class TokenSecretRef:
+    """An accepted token Secret: by name (legacy ``secret.name`` claim, or the bound token's
+    ``kubernetes.io.secret.name``) and/or by the sha256 (hex) of the token it holds."""
+
+    name: str | None = None
+    token_sha256: str | None = None
+
+    @classmethod
+    def from_token(cls, token: str, name: str | None = None) -> TokenSecretRef:
+        return cls(name=name, token_sha256=hashlib.sha256(token.encode()).hexdigest())
+
+    def matches(self, secret_name: str | None, token_sha256: str) -> bool:
+        if self.name is not None and secret_name is not None and self.name == secret_name:
+            return True
+        return self.token_sha256 is not None and self.token_sha256 == token_sha256
+
+
+@dataclass
+class _ClusterState:
+    name: str
+    keys: dict[str, TrustedKey] = field(default_factory=dict)  # fingerprint -> current key
+    retired_keys: dict[str, tuple[TrustedKey, float]] = field(default_factory=dict)  # fp -> (key, until)
+    issuers: frozenset[str] = frozenset()
+    audiences: frozenset[str] = frozenset()
+    accounts: Mapping[str, frozenset[str]] | None = None  # None: the verifier's default
+    secrets_configured: bool = False
+    secret_current: TokenSecretRef | None = None
+    secret_previous: list[tuple[TokenSecretRef, float]] = field(default_factory=list)
+    generation: int = 0
+
+
+@dataclass(frozen=True)
+class TokenContext:
+    """What a claim check sees: the verified claims, their service-account reading, the
+    trust configuration of the cluster whose key verified the signature, and the time."""
+
+    cluster: str
+    claims: Mapping[str, Any]
+    bound: bool
+    namespace: str
+    service_account: str
+    secret_name: str | None
+    uid: str | None
+    token_sha256: str
+    now: float
+    leeway: float
+    issuers: frozenset[str]
+    audiences: frozenset[str]
+    accounts: Mapping[str, frozenset[str]]
+    secrets_configured: bool
+    secret_current: TokenSecretRef | None
+    secret_previous: tuple[tuple[TokenSecretRef, float], ...]
+
+
+@dataclass(frozen=True)
+class ClaimCheck:
+    """A named check. ``fn`` raises :class:`JwtRefused` or returns the time until which its
+    acceptance holds (``None``: no limit of its own); the cache honours the earliest."""
+
+    name: str
+    fn: Callable[[TokenContext], float | None]
+
+
+def _refuse(reason: str, status: int = 403) -> JwtRefused:
+    return JwtRefused(status, reason)
+
+
+def _check_issuer(ctx: TokenContext) -> float | None:
+    iss = ctx.claims.get("iss")
+    if ctx.bound:
+        if not isinstance(iss, str) or iss not in ctx.issuers:
+            raise _refuse("token issuer is not an issuer of this cluster")
+    elif iss != LEGACY_ISSUER:
+        raise _refuse("legacy token issuer is not kubernetes/serviceaccount")
+    return None
+
+
+def _check_namespace(ctx: TokenContext) -> float | None:
+    if ctx.namespace not in ctx.accounts:
+        raise _refuse("service account namespace not allowed")
+    return None
+
+
+def _check_service_account(ctx: TokenContext) -> float | None:
+    # The namespace check refuses namespaces absent from the table; this one refuses names
+    # not allowed in the token's namespace, so together they enforce (namespace, name) pairs.
+    names = ctx.accounts.get(ctx.namespace)
+    if names is not None and ctx.service_account not in names:
+        raise _refuse("service account not allowed")
+    return None
+
+
+def _check_subject(ctx: TokenContext) -> float | None:
+    sub = ctx.claims.get("sub")
+    expected = f"{_SUB_PREFIX}{ctx.namespace}:{ctx.service_account}"
+    if sub is None and not ctx.bound:
+        return None  # very old legacy tokens may lack sub
+    if sub != expected:
+        raise _refuse("token subject does not match its service-account claims")
+    return None
+
+
+def _number(ctx: TokenContext, name: str) -> float | None:
+    value = ctx.claims.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _refuse(f"token claim {name} is not a number", 401)
+    return float(value)
+
+
+def _check_expiry(ctx: TokenContext) -> float | None:
+    exp = _number(ctx, "exp")
+    if exp is None:
+        return None
+    if ctx.now >= exp + ctx.leeway:
+        raise _refuse("token expired")
+    return exp + ctx.leeway
+
+
+def _check_not_before(ctx: TokenContext) -> float | None:
+    nbf = _number(ctx, "nbf")
+    if nbf is not None and ctx.now < nbf - ctx.leeway:
+        raise _refuse("token not valid yet")
+    return None
+
+
+def _check_audience(ctx: TokenContext) -> float | None:
+    if not ctx.audiences:
+        return None
+    aud = ctx.claims.get("aud")
+    auds = [aud] if isinstance(aud, str) else aud if isinstance(aud, list) else []
+    if not any(isinstance(a, str) and a in ctx.audiences for a in auds):
+        raise _refuse("token audience not accepted")
+    return None
+
+
+def _check_token_secret(ctx: TokenContext) -> float | None:
+    if not ctx.secrets_configured:
+        return None
+    if ctx.secret_current is not None and ctx.secret_current.matches(ctx.secret_name, ctx.token_sha256):
+        return None
+    for ref, until in ctx.secret_previous:
+        if ref.matches(ctx.secret_name, ctx.token_sha256):
+            if ctx.now < until:
+                return until
+            raise _refuse("token Secret was rotated out")
+    raise _refuse("token is not from an accepted token Secret")
+
+
+DEFAULT_CHECKS: tuple[ClaimCheck, ...] = (
+    ClaimCheck("issuer", _check_issuer),
+    ClaimCheck("namespace", _check_namespace),
+    ClaimCheck("service_account", _check_service_account),
+    ClaimCheck("subject", _check_subject),
+    ClaimCheck("expiry", _check_expiry),
+    ClaimCheck("not_before", _check_not_before),
+    ClaimCheck("audience", _check_audience),
+    ClaimCheck("token_secret", _check_token_secret),
+)
+
+
+@dataclass
+class VerifierStats:
+    cache_hits: int = 0
+    cache_misses: int = 0
+    signature_checks: int = 0
+    refused: int = 0
+
+
+@dataclass(frozen=True)
+class _CacheEntry:
+    token: VerifiedToken
+    generation: int
+    valid_until: float
+
+
+def looks_like_jwt(text: str) -> bool:
+    """Compact JWS shape: three base64url segments, header starting ``{"`` (``eyJ``)."""
+    return text.startswith("eyJ") and text.count(".") == 2 and len(text) <= MAX_TOKEN_BYTES
+
+
+def decode_transport_token(value: str) -> str:
+    """The JWT inside a ``token=`` parameter or Bearer value (base64, standard or url-safe,
+    padding optional; URL decoding is the HTTP layer's job). Refuses (401) anything else."""
+    value = value.strip()
+    if not value or len(value) > MAX_TOKEN_BYTES * 2:
+        raise JwtRefused(401, "token missing or too long")
+    if looks_like_jwt(value):
+        raise JwtRefused(401, "token must be base64 of the JWT")
+    try:
+        padded = value + "=" * (-len(value) % 4)
+        raw = base64.b64decode(padded.replace("-", "+").replace("_", "/"), validate=True)
+        text = raw.decode("ascii")
+    except (binascii.Error, ValueError):
+        raise JwtRefused(401, "token is not base64 of a JWT") from None
+    if not looks_like_jwt(text):
+        raise JwtRefused(401, "token is not base64 of a JWT")
+    return text
+
+
+def _read_account(claims: Mapping[str, Any]) -> tuple[bool, str, str, str | None, str | None]:
+    """(bound, namespace, name, secret name, uid) from either token form; 401 otherwise."""
+    kube = claims.get("kubernetes.io")
+    if isinstance(kube, Mapping):
+        sa = kube.get("serviceaccount")
+        ns = kube.get("namespace")
+        if not isinstance(sa, Mapping) or not isinstance(ns, str) or not isinstance(sa.get("name"), str):
+            raise JwtRefused(401, "bound token lacks kubernetes.io namespace/serviceaccount")
+        secret = kube.get("secret")
+        secret_name = secret.get("name") if isinstance(secret, Mapping) else None
+        uid = sa.get("uid")
+        return (
+            True,
+            ns,
+            sa["name"],
+            secret_name if isinstance(secret_name, str) else None,
+            uid if isinstance(uid, str) else None,
+        )
+    ns = claims.get(_LEGACY_NS)
+    name = claims.get(_LEGACY_SA)
+    if isinstance(ns, str) and isinstance(name, str):
+        secret_name = claims.get(_LEGACY_SECRET)
+        uid = claims.get(_LEGACY_UID)
+        return (
+            False,
+            ns,
+            name,
+            secret_name if isinstance(secret_name, str) else None,
+            uid if isinstance(uid, str) else None,
+        )
+    raise JwtRefused(401, "not a Kubernetes service-account token")
+
+
+class ServiceAccountVerifier:
+    """Verifies service-account JWTs of many hosted clusters (identified by a string id,
+    e.g. the hosted control plane namespace ``clusters-foo``) against their public keys."""
+
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float] = time.time,
+        cache_size: int = 10000,
+        overlap_seconds: float = 3600.0,
+        leeway_seconds: float = 60.0,
+        allowed_accounts: Iterable[tuple[str, str]] = DEFAULT_ALLOWED_ACCOUNTS,
+        max_untargeted_keys: int = 16,
+        checks: Sequence[ClaimCheck] = DEFAULT_CHECKS,
+    ) -> None:
+        self._clock = clock
+        self._overlap = float(overlap_seconds)
+        self._leeway = float(leeway_seconds)
+        self._default_accounts = _account_table(allowed_accounts)
+        self._max_untargeted = max_untargeted_keys
+        self._checks = tuple(checks)
+        self._clusters: dict[str, _ClusterState] = {}
+        self._kid_index: dict[str, list[tuple[str, str]]] = {}  # kid -> [(cluster, fingerprint)]
+        self._cache: LRUCache[bytes, _CacheEntry] = LRUCache(maxsize=cache_size)
+        self._lock = threading.RLock()
+        self._generation_counter = 0
+        self.stats = VerifierStats()
+
+    # ----------------------------------------------------------------- configuration
+    @property
+    def check_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self._checks)
+
+    def clusters(self) -> list[str]:
+        with self._lock:
+            return sorted(self._clusters)
+
+    def configure(
+        self,
+        cluster: str,
+        *,
+        issuers: Iterable[str] = (),
+        audiences: Iterable[str] = (),
+        allowed_accounts: Iterable[tuple[str, str]] | None = None,
+    ) -> None:
+        """Per-cluster claims policy: the bound-token issuers (the cluster's
+        ``--service-account-issuer`` values; legacy tokens always need
+        ``kubernetes/serviceaccount``), the accepted audiences (empty: ``aud`` not checked),
+        and the allowed (namespace, service account) pairs (None: the verifier's default)."""
+        with self._lock:
+            st = self._state(cluster)
+            st.issuers = frozenset(issuers)
+            st.audiences = frozenset(audiences)
+            st.accounts = None if allowed_accounts is None else _account_table(allowed_accounts)
+            self._bump(st)
+
+    def set_keys(self, cluster: str, keys: KeySource | Iterable[KeySource], *, now: float | None = None) -> list[TrustedKey]:
+        """Replace the cluster's signing keys (JWKS dict/JSON, PEM, key objects, or a list of
+        those). Keys no longer listed stay accepted until ``now + overlap_seconds``.
+        Raises PrivateKeyRefused / ValueError for an unusable source (nothing changed then)."""
+        loaded = load_public_keys(keys)
+        now = self._clock() if now is None else now
+        with self._lock:
+            st = self._state(cluster)
+            new = {k.fingerprint: k for k in loaded}
+            for fp, key in st.keys.items():
+                if fp not in new and fp not in st.retired_keys:
+                    st.retired_keys[fp] = (key, now + self._overlap)
+            for fp in list(st.retired_keys):
+                if fp in new or st.retired_keys[fp][1] <= now:
+                    del st.retired_keys[fp]
+            touched = set(st.keys) | set(new)
+            st.keys = new
+            self._bump(st)
+            # A shared key makes other clusters' tokens ambiguous: re-verify theirs too.
+            for other in self._clusters.values():
+                if other is not st and touched & (set(other.keys) | set(other.retired_keys)):
+                    self._bump(other)
+            self._rebuild_kid_index()
+            return list(new.values())
+
+    def set_token_secrets(
+        self, cluster: str, current: TokenSecretRef | str | None, *, now: float | None = None
+    ) -> None:
+        """Restrict the cluster to tokens of its current token Secret (a name, or a
+        :class:`TokenSecretRef` by name and/or token hash). The replaced one stays accepted
+        until ``now + overlap_seconds``. ``None``: no current Secret (only the previous one,
+        within its window). Until first called, a cluster accepts any Secret's token."""
+        if isinstance(current, str):
+            current = TokenSecretRef(name=current)
+        now = self._clock() if now is None else now
+        with self._lock:
+            st = self._state(cluster)
+            if st.secrets_configured and st.secret_current == current:
+                return
+            previous = [(ref, until) for ref, until in st.secret_previous if until > now and ref != current]
+            if st.secret_current is not None and st.secret_current != current:
+                previous.insert(0, (st.secret_current, now + self._overlap))
+            st.secret_previous = previous
+            st.secret_current = current
+            st.secrets_configured = True
+            self._bump(st)
+
+    def remove_cluster(self, cluster: str) -> None:
+        with self._lock:
+            st = self._clusters.pop(cluster, None)
+            if st is not None:
+                for other in self._clusters.values():
+                    if (set(st.keys) | set(st.retired_keys)) & (set(other.keys) | set(other.retired_keys)):
+                        self._bump(other)
+                self._rebuild_kid_index()
+
+    def trusted_keys(self, cluster: str, *, now: float | None = None) -> list[TrustedKey]:
+        """Current keys, then keys still inside their overlap window (for the edge proxy)."""
+        now = self._clock() if now is None else now
+        with self._lock:
+            st = self._clusters.get(cluster)
+            if st is None:
+                return []
+            return list(st.keys.values()) + [k for k, until in st.retired_keys.values() if until > now]
+
+    def next_expiry(self, cluster: str) -> float | None:
+        """Earliest end of an overlap window (key or token Secret) of the cluster: when the
+        edge config should be re-rendered."""
+        with self._lock:
+            st = self._clusters.get(cluster)
+            if st is None:
+                return None
+            ends = [u for _, u in st.retired_keys.values()] + [u for _, u in st.secret_previous]
+            return min(ends) if ends else None
+
+    # ----------------------------------------------------------------- verification
+    def verify_for_cluster(self, token: str, cluster: str) -> VerifiedToken:
+        """:meth:`verify`, then 403 unless the token belongs to ``cluster``."""
+        verified = self.verify(token)
+        if verified.cluster != cluster:
+            self.stats.refused += 1
+            raise JwtRefused(403, "token belongs to another cluster")
+        return verified
+
+    def verify(self, token: str) -> VerifiedToken:
+        """The verified token (its cluster decided by the keys that verify it), or JwtRefused."""
+        try:
+            return self._verify(token)
+        except JwtRefused:
+            self.stats.refused += 1
+            raise
+
+    def _verify(self, token: str) -> VerifiedToken:
+        if not isinstance(token, str) or not token or len(token) > MAX_TOKEN_BYTES:
+            raise JwtRefused(401, "token missing or too long")
+        digest = hashlib.sha256(token.encode()).digest()
+        now = self._clock()
+        with self._lock:
+            entry = self._cache.get(digest)
+            if entry is not None:
+                st = self._clusters.get(entry.token.cluster)
+                if st is not None and st.generation == entry.generation and now < entry.valid_until:
+                    self.stats.cache_hits += 1
+                    return entry.token
+                self._cache.pop(digest, None)
+            self.stats.cache_misses += 1
+            candidates = self._candidates(token, now)
+
+        verified: list[tuple[_ClusterState, float, dict[str, Any], int]] = []
+        for st, key, until, generation in candidates:
+            self.stats.signature_checks += 1
+            try:
+                claims = pyjwt.decode(token, key=key.key, algorithms=[key.alg], options=_PYJWT_OPTIONS)
+            except pyjwt.PyJWTError:
+                continue
+            if not isinstance(claims, dict):
+                continue
+            verified.append((st, until, claims, generation))
+        if not verified:
+            raise JwtRefused(401, "token signature not valid for any trusted key")
+        if len({id(st) for st, _, _, _ in verified}) > 1:
+            raise JwtRefused(403, "token verifies under keys of more than one cluster")
+        st, key_until, claims, generation = max(verified, key=lambda v: v[1])
+
+        bound, namespace, name, secret_name, uid = _read_account(claims)
+        with self._lock:
+            ctx = TokenContext(
+                cluster=st.name,
+                claims=claims,
+                bound=bound,
+                namespace=namespace,
+                service_account=name,
+                secret_name=secret_name,
+                uid=uid,
+                token_sha256=digest.hex(),
+                now=now,
+                leeway=self._leeway,
+                issuers=st.issuers,
+                audiences=st.audiences,
+                accounts=st.accounts if st.accounts is not None else self._default_accounts,
+                secrets_configured=st.secrets_configured,
+                secret_current=st.secret_current,
+                secret_previous=tuple(st.secret_previous),
+            )
+        valid_until = key_until
+        for check in self._checks:
+            deadline = check.fn(ctx)
+            if deadline is not None:
+                valid_until = min(valid_until, deadline)
+        exp = claims.get("exp")
+        result = VerifiedToken(
+            cluster=st.name,
+            namespace=namespace,
+            service_account=name,
+            secret_name=secret_name,
+            expires_at=float(exp) if isinstance(exp, (int, float)) and not isinstance(exp, bool) else None,
+            uid=uid,
+            bound=bound,
+        )
+        with self._lock:
+            if st.generation == generation and self._clusters.get(st.name) is st:
+                self._cache[digest] = _CacheEntry(result, generation, valid_until)
+        return result
+
+    def _candidates(self, token: str, now: float) -> list[tuple[_ClusterState, TrustedKey, float, int]]:
+        try:
+            header = pyjwt.get_unverified_header(token)
+        except pyjwt.PyJWTError:
+            raise JwtRefused(401, "malformed token") from None
+        alg = header.get("alg")
+        if alg not in ALGORITHMS:
+            raise JwtRefused(401, "token algorithm not allowed (RS256 or ES256 only)")
+        kid = header.get("kid")
+        pairs: list[tuple[str, str]]
+        if isinstance(kid, str) and kid in self._kid_index:
+            pairs = self._kid_index[kid]
+        else:
+            pairs = [
+                (name, fp)
+                for name, st in self._clusters.items()
+                for fp in list(st.keys) + list(st.retired_keys)
+            ]
+            if len(pairs) > self._max_untargeted:
+                raise JwtUnknownKey(403, "no trusted key has the token's key id")
+        out = []
+        for name, fp in pairs:
+            st = self._clusters[name]
+            if fp in st.keys:
+                key, until = st.keys[fp], math.inf
+            elif fp in st.retired_keys:
+                key, until = st.retired_keys[fp]
+                if until <= now:
+                    continue
+            else:
+                continue
+            if key.alg == alg:
+                out.append((st, key, until, st.generation))
+        if not out:
+            raise JwtUnknownKey(403, "no trusted key matches the token")
+        return out
+
+    # ----------------------------------------------------------------- internals
+    def _state(self, cluster: str) -> _ClusterState:
+        if not isinstance(cluster, str) or not cluster:
+            raise ValueError("cluster id must be a non-empty string")
+        st = self._clusters.get(cluster)
+        if st is None:
+            st = self._clusters[cluster] = _ClusterState(cluster)
+            self._bump(st)
+        return st
+
+    def _bump(self, st: _ClusterState) -> None:
+        # Globally unique generations: a removed and re-added cluster never reuses one.
+        self._generation_counter += 1
+        st.generation = self._generation_counter
+
+    def _rebuild_kid_index(self) -> None:
+        index: dict[str, list[tuple[str, str]]] = {}
+        for name, st in self._clusters.items():
+            for fp, key in st.keys.items():
+                index.setdefault(key.kid, []).append((name, fp))
+            for fp, (key, _) in st.retired_keys.items():
+                index.setdefault(key.kid, []).append((name, fp))
+        self._kid_index = index
+
+
+def _account_table(pairs: Iterable[tuple[str, str]]) -> dict[str, frozenset[str]]:
+    table: dict[str, set[str]] = {}
+    for ns, name in pairs:
+        if not ns or not name:
+            raise ValueError("allowed accounts are (namespace, service account name) pairs")
+        table.setdefault(ns, set()).add(name)
+    return {ns: frozenset(names) for ns, names in table.items()}
