@@ -247,6 +247,8 @@ def _check_audience(ctx: TokenContext) -> float | None:
     if not ctx.audiences:
         return None
     aud = ctx.claims.get("aud")
+    if aud is None and not ctx.bound:
+        return None  # legacy Secret tokens carry no audience
     auds = [aud] if isinstance(aud, str) else aud if isinstance(aud, list) else []
     if not any(isinstance(a, str) and a in ctx.audiences for a in auds):
         raise _refuse("token audience not accepted")
