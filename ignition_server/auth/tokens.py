@@ -1,0 +1,85 @@
+"""Where tokens are checked: from the request's credential to the NodePool it opens.
+
+Tokens are never compared as strings: the presented token is hashed with the index's
+HMAC key and looked up, so timing reveals nothing about stored tokens, and the index on
+disk never holds one.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from payload_cache import PayloadCache, TokenRecord, TokenState
+
+
+class Refusal(Exception):
+    """A request the server answers without a payload. `reason` is safe to show: no token in it."""
+
+    def __init__(self, status: int, reason: str, *, retry_after: int | None = None) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+        self.retry_after = retry_after
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What an authenticated token opens."""
+
+    nodepool: str  # "<namespace>/<name>"
+    secret: str  # "<namespace>/<name>" of the token Secret
+
+
+def bearer_token(header: str | None) -> str:
+    """HyperShift's shape: `Authorization: Bearer <base64(token)>`."""
+    if not header:
+        raise Refusal(401, "missing Authorization header")
+    scheme, _, value = header.strip().partition(" ")
+    if scheme.lower() != "bearer" or not value.strip():
+        raise Refusal(401, "Authorization must be 'Bearer <base64 token>'")
+    try:
+        token = base64.b64decode(value.strip(), validate=True).decode()
+    except (binascii.Error, ValueError, UnicodeDecodeError):
+        raise Refusal(401, "Authorization bearer value is not base64 of a token") from None
+    if not token or not token.isprintable():
+        raise Refusal(401, "Authorization bearer value is not base64 of a token")
+    return token
+
+
+def query_token(value: str | None) -> str:
+    """MCS/IBM shape: `?token=<token>` (aiohttp has already URL-decoded it)."""
+    if not value or not value.isprintable():
+        raise Refusal(401, "missing or malformed token parameter")
+    return value
+
+
+class TokenAuthenticator:
+    def __init__(self, cache: PayloadCache, clock: Callable[[], float] = time.time) -> None:
+        self._cache = cache
+        self._clock = clock
+
+    def authenticate(self, token: str) -> Grant:
+        record = self._cache.lookup_token(token)
+        if record is None:
+            # Maybe a token this replica has not seen yet: the client retries 5xx.
+            raise Refusal(511, "token not recognised (yet)")
+        return self._grant(record)
+
+    def _grant(self, record: TokenRecord) -> Grant:
+        if record.state is TokenState.RETIRED:
+            raise Refusal(403, "token was rotated out")
+        if record.expires_at is not None and self._clock() >= record.expires_at:
+            raise Refusal(403, "token Secret has expired")
+        return Grant(nodepool=record.nodepool, secret=record.secret)
+
+
+def check_nodepool(grant: Grant, *, header: str | None = None, path_name: str | None = None) -> None:
+    """A NodePool named by the request must be the one the token opens (never the other way round)."""
+    if header is not None and header.strip() != grant.nodepool:
+        raise Refusal(403, "NodePool header does not match the token")
+    if path_name is not None and path_name != grant.nodepool.partition("/")[2]:
+        raise Refusal(403, "NodePool in the path does not match the token")

@@ -1,0 +1,210 @@
+"""`ignition-server`: wires the pieces together. Nothing imports this module.
+
+Every flag can also come from `IGNITION_SERVER_<FLAG>` (e.g. IGNITION_SERVER_TOKEN_TTL=6s).
+Exit codes: 0 done, 1 failed at run time, 2 bad usage or configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from . import __version__
+from .config import (
+    DEFAULT_LISTEN,
+    DEFAULT_METRICS_LISTEN,
+    ServeSettings,
+    TLSSettings,
+    parse_duration,
+    parse_hostport,
+)
+
+ENV_PREFIX = "IGNITION_SERVER_"
+EXIT_FAILED, EXIT_USAGE = 1, 2
+
+
+def _env(flag: str, default: Any = None) -> Any:
+    return os.environ.get(ENV_PREFIX + flag.lstrip("-").upper().replace("-", "_"), default)
+
+
+def _add(parser: argparse.ArgumentParser, flag: str, **kwargs: Any) -> None:
+    default = kwargs.pop("default", None)
+    if kwargs.get("action") == "store_true":
+        value = _env(flag)
+        kwargs["default"] = str(value).lower() in ("1", "true", "yes") if value is not None else False
+    else:
+        kwargs["default"] = _env(flag, default)
+        if kwargs.get("required") and kwargs["default"] is not None:
+            kwargs["required"] = False
+    help_text = kwargs.get("help", "")
+    kwargs["help"] = f"{help_text} [env {ENV_PREFIX}{flag.lstrip('-').upper().replace('-', '_')}]"
+    parser.add_argument(flag, **kwargs)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ignition-server", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"ignition-server {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="serve Ignition payloads")
+    _add(serve, "--source", required=True, help="directory of Kubernetes manifests")
+    _add(serve, "--cache-dir", required=True, help="where payloads, the token index and the self-made CA live")
+    _add(serve, "--listen", default=DEFAULT_LISTEN, help="HOST:PORT for the Ignition endpoint (TLS)")
+    _add(serve, "--metrics-listen", default=DEFAULT_METRICS_LISTEN, help="HOST:PORT for /metrics (plain HTTP); 'off' disables")
+    _add(serve, "--tls-cert", help="serving certificate (PEM); without it a self-made CA signs one")
+    _add(serve, "--tls-key", help="key of --tls-cert (PEM)")
+    _add(serve, "--token-ttl", default="11h", help="token lifetime; rotation at half of it (e.g. 6s, 11h)")
+    _add(serve, "--public-url", help="URL pointer configs use (also the self-made certificate's name)")
+    _add(serve, "--cache-key-file", help="key file outside the cache dir (default: <cache-dir>.key)")
+    _add(serve, "--cache-memory", default="128Mi", help="memory for payloads, in bytes (Ki/Mi/Gi suffixes)")
+    _add(serve, "--source-read-only", action="store_true", help="never write back to the source")
+    _add(serve, "--render-concurrency", default="2", help="renders running at once")
+    _add(serve, "--log-format", default="auto", choices=["auto", "json", "text"], help="log format")
+
+    render = commands.add_parser("render", help="print a NodePool's payload")
+    _add(render, "--source", required=True, help="directory of Kubernetes manifests")
+    _add(render, "--nodepool", required=True, help="NAMESPACE/NAME of the NodePool")
+    _add(render, "--spec-version", help="Ignition spec version to print (default: the lowest that expresses it)")
+
+    cache = commands.add_parser("cache", help="inspect or maintain the payload cache")
+    cache.add_argument("action", choices=["stats", "verify", "gc", "rekey"])
+    _add(cache, "--cache-dir", required=True, help="the cache directory")
+    _add(cache, "--cache-key-file", help="key file (default: <cache-dir>.key)")
+    return parser
+
+
+def parse_size(text: str) -> int:
+    units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "K": 1000, "M": 1000**2, "G": 1000**3}
+    for suffix, factor in units.items():
+        if text.endswith(suffix):
+            return int(float(text[: -len(suffix)]) * factor)
+    return int(text)
+
+
+def serve_settings(args: argparse.Namespace) -> ServeSettings:
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise ValueError("--tls-cert and --tls-key go together")
+    metrics = None if str(args.metrics_listen).lower() == "off" else parse_hostport(args.metrics_listen, 8080)
+    return ServeSettings(
+        source_dir=Path(args.source),
+        cache_dir=Path(args.cache_dir),
+        listen=parse_hostport(args.listen, 9090),
+        metrics_listen=metrics,
+        tls=TLSSettings(Path(args.tls_cert) if args.tls_cert else None, Path(args.tls_key) if args.tls_key else None),
+        token_ttl=parse_duration(args.token_ttl),
+        public_url=args.public_url,
+        cache_key_file=Path(args.cache_key_file) if args.cache_key_file else None,
+        cache_memory_bytes=parse_size(str(args.cache_memory)),
+        source_read_only=bool(args.source_read_only),
+        render_concurrency=max(1, int(args.render_concurrency)),
+        log_format=args.log_format,
+    )
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from . import logs
+    from .server import IgnitionServer
+
+    settings = serve_settings(args)
+    logs.configure(settings.log_format)
+    if not settings.source_dir.is_dir():
+        logging.getLogger("ignition_server").warning(
+            "source directory %s is not there (yet): serving what the cache knows", settings.source_dir
+        )
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        await IgnitionServer(settings).run(stop)
+
+    try:
+        import uvloop
+
+        uvloop.run(main())
+    except ImportError:
+        asyncio.run(main())
+    return 0
+
+
+def _render(args: argparse.Namespace) -> int:
+    from .render.payload import render_payload
+    from .render.spec import with_version
+    from .sources.files import FileSource
+    from .sources.manifests import is_token_secret, parse_token_secret
+    from .watch.reconciler import build_inputs
+
+    source = FileSource(Path(args.source))
+    source._rescan()
+    objects = source.objects()
+    now = time.time()
+    secrets = [parse_token_secret(o) for o in objects.values() if is_token_secret(o)]
+    matching = [s for s in secrets if s.nodepool == args.nodepool and not s.expired(now)]
+    if not matching:
+        known = sorted({s.nodepool for s in secrets})
+        print(f"no token Secret for NodePool {args.nodepool}; known: {', '.join(known) or 'none'}", file=sys.stderr)
+        return EXIT_FAILED
+    newest = max(matching, key=lambda s: (s.creation_time or 0.0))
+    rendered = render_payload(build_inputs(newest, objects.keys()))
+    body = with_version(rendered.body, args.spec_version) if args.spec_version else rendered.body
+    sys.stdout.write(body.decode() + "\n")
+    for note in rendered.notes:
+        print(f"note: {note}", file=sys.stderr)
+    return 0
+
+
+def _cache(args: argparse.Namespace) -> int:
+    from payload_cache import CacheConfig, PayloadCache
+
+    cache = PayloadCache.open(
+        CacheConfig(cache_dir=Path(args.cache_dir), key_file=Path(args.cache_key_file) if args.cache_key_file else None)
+    )
+    if args.action == "stats":
+        result: Any = cache.stats()
+    elif args.action == "verify":
+        progress = None
+        if sys.stderr.isatty():
+            def progress(done: int, total: int) -> None:
+                print(f"\rverified {done}/{total}", end="", file=sys.stderr, flush=True)
+        result = cache.verify(progress=progress)
+    elif args.action == "gc":
+        result = cache.gc()
+    else:
+        result = {"reencrypted": cache.rekey()}
+    cache.flush()
+    print(json.dumps(_plain(result), indent=2, sort_keys=True))
+    return 0
+
+
+def _plain(value: Any) -> Any:
+    import dataclasses
+
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return value
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handlers = {"serve": _serve, "render": _render, "cache": _cache}
+    try:
+        return handlers[args.command](args)
+    except ValueError as exc:
+        print(f"ignition-server {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

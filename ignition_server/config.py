@@ -1,0 +1,83 @@
+"""Settings: plain typed values built once by the CLI and passed down; nothing here does I/O."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_LISTEN = "0.0.0.0:9090"  # HyperShift's ignition server port
+DEFAULT_METRICS_LISTEN = "0.0.0.0:8080"  # HyperShift's metrics port
+DEFAULT_TOKEN_TTL = 11 * 3600.0  # HyperShift's token TTL
+SUPERSEDED_GRACE = 2 * 3600.0  # an outdated token Secret stays valid this long (DESIGN §3)
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str) -> float:
+    """'6s', '11h', '1h30m', '250ms' or plain seconds ('90') to seconds."""
+    value = text.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        pos, seconds = 0, 0.0
+        for match in _DURATION_PART.finditer(value):
+            if match.start() != pos:
+                break
+            seconds += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+            pos = match.end()
+        if pos != len(value) or not value:
+            raise ValueError(f"not a duration: {text!r} (use e.g. 6s, 30m, 11h, 1h30m)") from None
+    if seconds <= 0:
+        raise ValueError(f"a duration must be positive: {text!r}")
+    return seconds
+
+
+def parse_hostport(text: str, default_port: int) -> tuple[str, int]:
+    """'HOST:PORT', ':PORT', 'HOST' or '[v6]:PORT'."""
+    value = text.strip()
+    if value.startswith("["):
+        host, _, rest = value[1:].partition("]")
+        port = rest.lstrip(":") or str(default_port)
+    elif value.count(":") == 1:
+        host, port = value.split(":")
+    elif value.count(":") > 1:
+        host, port = value, str(default_port)
+    else:
+        host, port = value, str(default_port)
+    try:
+        number = int(port)
+    except ValueError:
+        raise ValueError(f"not HOST:PORT: {text!r}") from None
+    if not 0 <= number <= 65535:
+        raise ValueError(f"port out of range in {text!r}")
+    return host or "0.0.0.0", number
+
+
+@dataclass(frozen=True)
+class TLSSettings:
+    cert_file: Path | None = None
+    key_file: Path | None = None
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    source_dir: Path
+    cache_dir: Path
+    listen: tuple[str, int] = ("0.0.0.0", 9090)
+    metrics_listen: tuple[str, int] | None = ("0.0.0.0", 8080)
+    tls: TLSSettings = TLSSettings()
+    token_ttl: float = DEFAULT_TOKEN_TTL
+    public_url: str | None = None
+    cache_key_file: Path | None = None
+    cache_memory_bytes: int = 128 * 1024 * 1024
+    source_read_only: bool = False
+    poll_interval: float = 0.5
+    render_concurrency: int = 2
+    shutdown_timeout: float = 10.0
+    log_format: str = "text"
+
+    @property
+    def rotation_interval(self) -> float:
+        return self.token_ttl / 2

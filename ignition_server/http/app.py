@@ -1,0 +1,169 @@
+"""The HTTP contract of DESIGN §2: both request shapes, the 4xx/5xx rules, health endpoints.
+
+The app only reads: the token index and the payload cache. 5xx means "retry" to the real
+Ignition client and 4xx means "give up", so every refusal is chosen with that in mind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from aiohttp import web
+
+from payload_cache import PayloadCache
+
+from ..auth.tokens import Grant, Refusal, TokenAuthenticator, bearer_token, check_nodepool, query_token
+from ..metrics import ServerMetrics
+from ..render.spec import UnsatisfiableVersion, negotiate, with_version
+
+access_log = logging.getLogger("ignition_server.access")
+
+IGNITION_MEDIA_TYPE = "application/vnd.coreos.ignition+json"
+_REASONS = {511: "Network Authentication Required"}
+
+
+@dataclass
+class ServingState:
+    """What /readyz reports: ready once the persisted index is loaded (no render needed)."""
+
+    ready: bool = False
+    draining: bool = False
+
+
+class IgnitionHandlers:
+    def __init__(
+        self,
+        *,
+        cache: PayloadCache,
+        authenticator: TokenAuthenticator,
+        metrics: ServerMetrics,
+        state: ServingState,
+        on_served: Callable[[str], None] = lambda _secret: None,
+    ) -> None:
+        self._cache = cache
+        self._auth = authenticator
+        self._metrics = metrics
+        self._state = state
+        self._on_served = on_served
+        self._ids = itertools.count(1)
+
+    async def hypershift(self, request: web.Request) -> web.StreamResponse:
+        def grant() -> Grant:
+            token = bearer_token(request.headers.get("Authorization"))
+            granted = self._auth.authenticate(token)
+            check_nodepool(granted, header=request.headers.get("NodePool"))
+            return granted
+
+        return await self._serve(request, grant)
+
+    async def mcs(self, request: web.Request) -> web.StreamResponse:
+        def grant() -> Grant:
+            token = query_token(request.query.get("token"))
+            granted = self._auth.authenticate(token)
+            check_nodepool(granted, path_name=request.match_info["nodepool"])
+            return granted
+
+        return await self._serve(request, grant)
+
+    async def _serve(self, request: web.Request, authenticate: Callable[[], Grant]) -> web.StreamResponse:
+        started = time.perf_counter()
+        supplied = request.headers.get("X-Request-Id", "")[:64]
+        request_id = supplied if supplied and supplied.isprintable() else f"{next(self._ids):x}"
+        nodepool = "-"
+        try:
+            if not self._state.ready:
+                raise Refusal(503, "warming up", retry_after=1)
+            grant = authenticate()
+            nodepool = grant.nodepool
+            response = await self._payload(request, grant)
+            self._metrics.get_requests.inc(grant.nodepool)
+            self._on_served(grant.secret)
+        except Refusal as refusal:
+            response = _refusal_response(refusal)
+        response.headers["X-Request-Id"] = request_id
+        self._metrics.responses.labels(str(response.status)).inc()
+        _log_access(request, response, request_id, nodepool, started)
+        return response
+
+    async def _payload(self, request: web.Request, grant: Grant) -> web.Response:
+        record = self._cache.get_render(grant.secret)
+        if record is None:
+            raise Refusal(503, "payload is still rendering", retry_after=5)
+        try:
+            version = negotiate(request.headers.get("Accept"), record.min_version)
+        except UnsatisfiableVersion as exc:
+            raise Refusal(406, str(exc)) from None
+        body = await asyncio.to_thread(self._cache.get_blob, record.blob_id)
+        if body is None:
+            # Lost or failed its integrity check: the watcher re-renders it.
+            raise Refusal(503, "payload is being rebuilt", retry_after=5)
+        return web.Response(
+            body=with_version(body, version),
+            headers={
+                "Content-Type": f"{IGNITION_MEDIA_TYPE};version={version}",
+                "Cache-Control": "no-store",
+            },
+        )
+
+    async def healthz(self, _request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def readyz(self, _request: web.Request) -> web.Response:
+        if self._state.ready and not self._state.draining:
+            return web.Response(text="ready\n")
+        return web.Response(status=503, text="not ready\n", headers={"Retry-After": "1"})
+
+
+def _refusal_response(refusal: Refusal) -> web.Response:
+    headers = {"Cache-Control": "no-store"}
+    if refusal.retry_after is not None:
+        headers["Retry-After"] = str(refusal.retry_after)
+    return web.Response(
+        status=refusal.status, reason=_REASONS.get(refusal.status), text=refusal.reason + "\n", headers=headers
+    )
+
+
+def _log_access(request: web.Request, response: web.Response, request_id: str, nodepool: str, started: float) -> None:
+    if not access_log.isEnabledFor(logging.INFO):
+        return
+    # request.path never carries the query string, so `token=` cannot reach the log.
+    access_log.info(
+        "%s %s %d",
+        request.method,
+        request.path,
+        response.status,
+        extra={
+            "request_id": request_id,
+            "nodepool": nodepool,
+            "status": response.status,
+            "bytes": response.content_length or 0,
+            "duration_ms": round((time.perf_counter() - started) * 1000, 3),
+            "client": request.remote or "-",
+        },
+    )
+
+
+def build_app(handlers: IgnitionHandlers) -> web.Application:
+    app = web.Application()
+    app.router.add_get("/ignition", handlers.hypershift)
+    app.router.add_get("/config/{nodepool}", handlers.mcs)
+    app.router.add_get("/healthz", handlers.healthz)
+    app.router.add_get("/readyz", handlers.readyz)
+    return app
+
+
+def build_metrics_app(metrics: ServerMetrics) -> web.Application:
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    async def serve_metrics(_request: web.Request) -> web.Response:
+        body = await asyncio.to_thread(generate_latest, metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.router.add_get("/metrics", serve_metrics)
+    return app

@@ -1,0 +1,49 @@
+"""Logging: one JSON object per line, or plain text on a terminal. Never tokens or payload text."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+
+# Attributes every LogRecord has; anything else was passed in `extra` and is worth showing.
+_STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        entry.update({k: v for k, v in vars(record).items() if k not in _STANDARD})
+        if record.exc_info:
+            entry["error"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        extra = {k: v for k, v in vars(record).items() if k not in _STANDARD}
+        if extra:
+            line += " " + " ".join(f"{k}={v}" for k, v in extra.items())
+        return line
+
+
+def configure(log_format: str, level: int = logging.INFO) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if log_format == "auto":
+        log_format = "text" if sys.stderr.isatty() else "json"
+    handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    # aiohttp's own access log would print query strings (tokens): ours redacts by design.
+    logging.getLogger("aiohttp.access").disabled = True

@@ -1,0 +1,99 @@
+"""Prometheus metrics with HyperShift's names, so existing dashboards keep working.
+
+Every server builds its own registry (no process-global state); `/metrics` on the
+metrics port serves it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter as Tally
+from typing import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from payload_cache import CacheStats
+
+# The reference's buckets (5-60 s renders) plus fast ones for our own renderer.
+GENERATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 40, 50, 60)
+
+
+class _GetRequests(Collector):
+    """`ign_server_get_request{nodePool}` with the exact name (a Counter would append _total)."""
+
+    def __init__(self) -> None:
+        self._counts: Tally[str] = Tally()
+        self._lock = threading.Lock()
+
+    def inc(self, nodepool: str) -> None:
+        with self._lock:
+            self._counts[nodepool] += 1
+
+    def collect(self) -> Iterable[Metric]:
+        metric = Metric("ign_server_get_request", "Payload requests served, by authenticated NodePool", "counter")
+        with self._lock:
+            for nodepool, count in sorted(self._counts.items()):
+                metric.add_sample("ign_server_get_request", {"nodePool": nodepool}, float(count))
+        yield metric
+
+
+class _CacheCollector(Collector):
+    def __init__(self, stats: Callable[[], CacheStats]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterable[Metric]:
+        stats = self._stats()
+        hits = Metric("ign_server_cache_hits", "Payload cache hits by tier", "counter")
+        for tier in ("memory", "disk"):
+            hits.add_sample("ign_server_cache_hits_total", {"tier": tier}, float(getattr(stats, f"{tier}_hits", 0)))
+        yield hits
+        misses = Metric("ign_server_cache_misses", "Payload cache misses (no blob on disk)", "counter")
+        misses.add_sample("ign_server_cache_misses_total", {}, float(getattr(stats, "misses", 0)))
+        yield misses
+        size = GaugeMetricFamily("ign_server_cache_bytes", "Payload bytes held, by tier", labels=["tier"])
+        size.add_metric(["memory"], float(getattr(stats, "memory_bytes", 0)))
+        size.add_metric(["disk"], float(getattr(stats, "disk_bytes", 0)))
+        yield size
+        quarantined = Metric("ign_server_cache_quarantined_blobs", "Blobs that failed their integrity check", "counter")
+        quarantined.add_sample("ign_server_cache_quarantined_blobs_total", {}, float(getattr(stats, "quarantined", 0)))
+        yield quarantined
+        gc_runs = Metric("ign_server_cache_gc_runs", "Garbage collections of unreferenced blobs", "counter")
+        gc_runs.add_sample("ign_server_cache_gc_runs_total", {}, float(getattr(stats, "gc_runs", 0)))
+        yield gc_runs
+
+
+class ServerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.get_requests = _GetRequests()
+        self.registry.register(self.get_requests)
+        self.token_rotations = Counter(
+            "ign_server_token_rotation", "Token rotations performed", registry=self.registry
+        )
+        self.payload_cache_miss = Counter(
+            "ign_server_payload_cache_miss",
+            "Requests or reconciles that needed a payload render",
+            registry=self.registry,
+        )
+        self.payload_generation = Histogram(
+            "ign_server_payload_generation_seconds",
+            "Time to render one payload",
+            buckets=GENERATION_BUCKETS,
+            registry=self.registry,
+        )
+        self.payloads_cached = Gauge(
+            "ign_server_payload_cache_total", "Payloads ready to serve", registry=self.registry
+        )
+        self.render_failures = Counter(
+            "ign_server_render_failures", "Renders that failed (the last good payload keeps serving)",
+            registry=self.registry,
+        )
+        self.render_queue = Gauge("ign_server_render_queue_depth", "Renders waiting or running", registry=self.registry)
+        self.responses = Counter(
+            "ign_server_responses", "Responses by status code", ["code"], registry=self.registry
+        )
+
+    def watch_cache(self, stats: Callable[[], CacheStats]) -> None:
+        self.registry.register(_CacheCollector(stats))

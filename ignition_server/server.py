@@ -1,0 +1,146 @@
+"""The server's lifecycle: start-up, serving, draining shutdown.
+
+Start-up loads the persisted index and answers Ready at once (no render); the source's
+first listing is applied right after, so a restart during a boot storm costs nodes
+seconds, not minutes. One place owns signals (the CLI); this only waits for `stop`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from aiohttp import web
+
+from payload_cache import CacheConfig, PayloadCache
+
+from .auth.rotation import RotationPolicy
+from .auth.tokens import TokenAuthenticator
+from .config import ServeSettings
+from .http.app import IgnitionHandlers, ServingState, build_app, build_metrics_app
+from .http.tls import TLSFiles, ensure_self_signed, reload_on_change, server_context
+from .metrics import ServerMetrics
+from .render.payload import render_payload
+from .sources.files import FileSource
+from .watch.reconciler import Reconciler, Renderer
+
+log = logging.getLogger("ignition_server")
+
+
+def open_cache(settings: ServeSettings) -> PayloadCache:
+    return PayloadCache.open(
+        CacheConfig(
+            cache_dir=settings.cache_dir,
+            key_file=settings.cache_key_file,
+            memory_bytes=settings.cache_memory_bytes,
+        )
+    )
+
+
+@dataclass
+class IgnitionServer:
+    settings: ServeSettings
+    renderer: Renderer = render_payload
+    clock: Callable[[], float] = time.time
+    metrics: ServerMetrics = field(default_factory=ServerMetrics)
+    state: ServingState = field(default_factory=ServingState)
+    cache: PayloadCache | None = None
+    reconciler: Reconciler | None = None
+    tls_files: TLSFiles | None = None
+    ports: dict[str, int] = field(default_factory=dict)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        settings = self.settings
+        started = time.perf_counter()
+        self.cache = cache = await asyncio.to_thread(open_cache, settings)
+        self.metrics.watch_cache(cache.stats)
+        self.metrics.payloads_cached.set(len(cache.renders()))
+        source = FileSource(settings.source_dir, poll_interval=settings.poll_interval, read_only=settings.source_read_only)
+        self.reconciler = reconciler = Reconciler(
+            source=source,
+            cache=cache,
+            renderer=self.renderer,
+            policy=RotationPolicy(settings.token_ttl),
+            metrics=self.metrics,
+            render_concurrency=settings.render_concurrency,
+            clock=self.clock,
+        )
+        handlers = IgnitionHandlers(
+            cache=cache,
+            authenticator=TokenAuthenticator(cache, self.clock),
+            metrics=self.metrics,
+            state=self.state,
+            on_served=reconciler.note_served,
+        )
+        ssl_context = self._tls_context()
+        runners = [await self._start(build_app(handlers), settings.listen, ssl_context, "serving")]
+        if settings.metrics_listen is not None:
+            runners.append(await self._start(build_metrics_app(self.metrics), settings.metrics_listen, None, "metrics"))
+        self.state.ready = True
+        log.info(
+            "ready in %.3fs with %d payloads from the cache; serving on %s:%d",
+            time.perf_counter() - started, len(cache.renders()), settings.listen[0], self.ports["serving"],
+        )
+        if not source.writable:
+            log.warning("source %s is read-only: tokens are not rotated and status is not written back", source.describe())
+        tasks = [
+            asyncio.create_task(self._run_source(source, reconciler), name="source"),
+            asyncio.create_task(reconciler.run_periodic(), name="housekeeping"),
+        ]
+        if ssl_context is not None and self.tls_files is not None:
+            tasks.append(asyncio.create_task(reload_on_change(ssl_context, self.tls_files), name="tls-reload"))
+        try:
+            await stop.wait()
+        finally:
+            await self._shutdown(runners, tasks, cache)
+
+    def _tls_context(self) -> ssl.SSLContext:
+        tls = self.settings.tls
+        if tls.cert_file is not None and tls.key_file is not None:
+            self.tls_files = TLSFiles(tls.cert_file, tls.key_file, None)
+        else:
+            self.tls_files = ensure_self_signed(self.settings.cache_dir / "tls", self.settings.public_url)
+            log.info("TLS: self-made CA at %s (put it in pointer configs' certificateAuthorities)", self.tls_files.ca)
+        return server_context(self.tls_files)
+
+    async def _start(self, app: web.Application, listen: tuple[str, int], ssl_context: ssl.SSLContext | None, name: str) -> web.AppRunner:
+        runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=self.settings.shutdown_timeout)
+        await runner.setup()
+        site = web.TCPSite(runner, listen[0], listen[1], ssl_context=ssl_context, reuse_address=True)
+        await site.start()
+        server = site._server  # aiohttp exposes the bound port only here; needed for port 0
+        if server is not None and server.sockets:  # type: ignore[union-attr]
+            self.ports[name] = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        return runner
+
+    async def _run_source(self, source: FileSource, reconciler: Reconciler) -> None:
+        delay = 1.0
+        while True:
+            try:
+                await source.run(reconciler.handle)
+            except asyncio.CancelledError:
+                raise
+            except OSError as exc:
+                # The source is down (unreadable, unmounted): keep serving what the index
+                # knows and try again with back-off.
+                log.error("source %s unavailable, serving from the cache: %s (retry in %.0fs)", source.describe(), exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+
+    async def _shutdown(self, runners: list[web.AppRunner], tasks: list[asyncio.Task[None]], cache: PayloadCache) -> None:
+        log.info("draining: no new connections, finishing in-flight responses")
+        self.state.draining = True
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for runner in runners:
+            await runner.cleanup()
+        await asyncio.to_thread(cache.flush)
+        log.info("stopped")

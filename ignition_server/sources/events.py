@@ -1,0 +1,35 @@
+"""What every source (files today, Kubernetes later) hands to the watcher."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Literal, Protocol
+
+from .manifests import ObjectKey
+
+ChangeType = Literal["ADDED", "MODIFIED", "DELETED"]
+
+
+@dataclass(frozen=True)
+class Change:
+    type: ChangeType
+    key: ObjectKey
+    obj: dict[str, Any]
+
+
+ChangeHandler = Callable[[list[Change]], Awaitable[None]]
+# Changes an object in place; returns False when there is nothing to write.
+Mutation = Callable[[dict[str, Any]], bool]
+
+
+class Source(Protocol):
+    @property
+    def writable(self) -> bool: ...
+
+    def describe(self) -> str: ...
+
+    def objects(self) -> dict[ObjectKey, dict[str, Any]]: ...
+
+    async def run(self, handler: ChangeHandler) -> None: ...
+
+    async def write_back(self, key: ObjectKey, mutate: Mutation) -> dict[str, Any] | None: ...

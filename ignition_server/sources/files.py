@@ -1,0 +1,273 @@
+"""The file source: a directory (recursive) of Kubernetes YAML manifests, as `oc get -o yaml` prints them.
+
+It lists, then polls for changed files, and hands every change to the handler it runs
+with, like a Kubernetes watch (ADDED / MODIFIED / DELETED). Write-back rewrites only the
+document it changes, atomically, and never over an edit made meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+import yaml
+
+from .events import Change, ChangeHandler, Mutation
+from .manifests import ObjectKey, object_key
+
+log = logging.getLogger("ignition_server.sources.files")
+
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+_DOC_SEPARATOR = re.compile(r"(?m)^---[ \t]*(?:#.*)?\n?")
+_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
+    """Replace `path` so a crash leaves either the old or the new content, never a torn file."""
+    directory = path.parent
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def split_documents(text: str) -> list[str]:
+    """The documents of a multi-document YAML file, each with its own text kept verbatim."""
+    parts = _DOC_SEPARATOR.split(text)
+    return parts
+
+
+def _objects_of(document: Any) -> list[dict[str, Any]]:
+    if not isinstance(document, dict):
+        return []
+    if document.get("kind") == "List" or (document.get("kind", "").endswith("List") and "items" in document):
+        return [item for item in document.get("items") or [] if isinstance(item, dict)]
+    return [document]
+
+
+@dataclass
+class _FileState:
+    stamp: tuple[int, int, int]  # (mtime_ns, size, inode)
+    digest: str
+    keys: tuple[ObjectKey, ...] = ()
+
+
+@dataclass
+class FileSource:
+    root: Path
+    poll_interval: float = 0.5
+    read_only: bool = False
+    _files: dict[Path, _FileState] = field(default_factory=dict)
+    _objects: dict[ObjectKey, dict[str, Any]] = field(default_factory=dict)
+    _where: dict[ObjectKey, Path] = field(default_factory=dict)
+    _handler: ChangeHandler | None = None
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _listed: bool = False
+
+    @property
+    def writable(self) -> bool:
+        return not self.read_only and os.access(self.root, os.W_OK)
+
+    def describe(self) -> str:
+        return f"directory {self.root}"
+
+    def objects(self) -> dict[ObjectKey, dict[str, Any]]:
+        return dict(self._objects)
+
+    async def run(self, handler: ChangeHandler, *, iterations: int | None = None) -> None:
+        """List, hand the listing over as ADDED changes, then poll until cancelled.
+
+        `iterations` bounds the poll loop for tests (as kopf's watcher does).
+        """
+        self._handler = handler
+        if not self.root.is_dir():
+            raise FileNotFoundError(f"source directory {self.root} does not exist")
+        await self.poll_once()
+        count = 0
+        while iterations is None or count < iterations:
+            await asyncio.sleep(self.poll_interval)
+            try:
+                await self.poll_once()
+            except OSError as exc:
+                # An unreadable directory is an outage of the source, not of the server:
+                # keep what we know and try again.
+                log.warning("cannot read source %s: %s", self.root, exc)
+            count += 1
+
+    async def poll_once(self) -> None:
+        async with self._lock:
+            changes = await asyncio.to_thread(self._rescan)
+        # The first listing is handed over even when empty: it tells the watcher what is gone.
+        if (changes or not self._listed) and self._handler is not None:
+            self._listed = True
+            await self._handler(changes)
+
+    def _rescan(self) -> list[Change]:
+        seen: set[Path] = set()
+        changes: list[Change] = []
+        for path in self._walk():
+            seen.add(path)
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                continue
+            stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+            known = self._files.get(path)
+            if known is not None and known.stamp == stamp:
+                continue
+            changes.extend(self._reload(path, stamp))
+        for path in [p for p in self._files if p not in seen]:
+            changes.extend(self._forget(path))
+        return changes
+
+    def _walk(self) -> list[Path]:
+        found: list[Path] = []
+        for dirpath, dirnames, filenames in os.walk(self.root, onerror=_raise):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            for name in sorted(filenames):
+                if name.endswith(_SUFFIXES) and not name.startswith("."):
+                    found.append(Path(dirpath) / name)
+        return found
+
+    def _reload(self, path: Path, stamp: tuple[int, int, int]) -> list[Change]:
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return self._forget(path)
+        digest = hashlib.sha256(raw).hexdigest()
+        known = self._files.get(path)
+        if known is not None and known.digest == digest:
+            known.stamp = stamp
+            return []
+        try:
+            parsed = self._parse(raw)
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
+            # Bad input loses nothing: the objects this file held before stay as they were.
+            log.error("cannot parse %s, keeping its last good objects: %s", path, exc)
+            if known is not None:
+                known.stamp, known.digest = stamp, digest
+            else:
+                self._files[path] = _FileState(stamp, digest)
+            return []
+        old_keys = set(known.keys) if known else set()
+        changes: list[Change] = []
+        new_keys: list[ObjectKey] = []
+        for key, obj in parsed:
+            other = self._where.get(key)
+            if other is not None and other != path and other in self._files:
+                log.error("%s in %s is also defined in %s; ignoring the copy in %s", key, path, other, path)
+                continue
+            new_keys.append(key)
+            previous = self._objects.get(key)
+            if previous != obj:
+                changes.append(Change("MODIFIED" if previous is not None else "ADDED", key, obj))
+            self._objects[key] = obj
+            self._where[key] = path
+        for key in old_keys - set(new_keys):
+            changes.append(Change("DELETED", key, self._objects.pop(key)))
+            self._where.pop(key, None)
+        self._files[path] = _FileState(stamp, digest, tuple(new_keys))
+        return changes
+
+    def _forget(self, path: Path) -> list[Change]:
+        state = self._files.pop(path, None)
+        changes = []
+        for key in state.keys if state else ():
+            if self._where.get(key) == path:
+                changes.append(Change("DELETED", key, self._objects.pop(key)))
+                del self._where[key]
+        return changes
+
+    @staticmethod
+    def _parse(raw: bytes) -> list[tuple[ObjectKey, dict[str, Any]]]:
+        found = []
+        for document in yaml.load_all(raw.decode(), Loader=_Loader):
+            for obj in _objects_of(document):
+                key = object_key(obj)
+                if key is not None:
+                    found.append((key, obj))
+        return found
+
+    async def write_back(self, key: ObjectKey, mutate: Mutation) -> dict[str, Any] | None:
+        """Apply `mutate` to the freshest copy of `key` in its file and replace that file atomically.
+
+        `mutate` changes the object in place and returns False when there is nothing to
+        write. Returns the object as written, or None when nothing was written.
+        """
+        if not self.writable:
+            raise PermissionError(f"source {self.root} is read-only")
+        async with self._lock:
+            changes, written = await asyncio.to_thread(self._write_back, key, mutate)
+        if changes and self._handler is not None:
+            await self._handler(changes)
+        return written
+
+    def _write_back(self, key: ObjectKey, mutate: Mutation) -> tuple[list[Change], dict[str, Any] | None]:
+        path = self._where.get(key)
+        if path is None:
+            raise KeyError(f"{key} is not in the source")
+        for _ in range(10):
+            raw = path.read_bytes()
+            text = raw.decode()
+            documents = split_documents(text)
+            for index, doc_text in enumerate(documents):
+                document = yaml.load(doc_text, Loader=_Loader)
+                target = next((o for o in _objects_of(document) if object_key(o) == key), None)
+                if target is not None:
+                    break
+            else:
+                raise KeyError(f"{key} is no longer in {path}")
+            if not mutate(target):
+                return self._reload(path, _stamp(path)), None
+            documents[index] = yaml.dump(document, Dumper=_Dumper, sort_keys=False, default_flow_style=False)
+            new_text = _join_documents(text, documents)
+            # Compare before replacing: an edit made while we worked must not be clobbered.
+            if path.read_bytes() != raw:
+                continue
+            atomic_write(path, new_text.encode(), mode=path.stat().st_mode & 0o7777)
+            return self._reload(path, _stamp(path)), target
+        raise RuntimeError(f"{path} kept changing while writing back {key}")
+
+
+def _join_documents(original: str, documents: list[str]) -> str:
+    separators = _DOC_SEPARATOR.findall(original)
+    out = [documents[0]]
+    for separator, document in zip(separators, documents[1:]):
+        if out[-1] and not out[-1].endswith("\n"):
+            out.append("\n")
+        out.append(separator if separator.endswith("\n") else separator + "\n")
+        out.append(document)
+    return "".join(out)
+
+
+def _stamp(path: Path) -> tuple[int, int, int]:
+    st = path.stat()
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+def _raise(error: OSError) -> None:
+    raise error

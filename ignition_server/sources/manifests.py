@@ -1,0 +1,262 @@
+"""Kubernetes objects as the sources hand them over, and the token Secret contract (DESIGN §3).
+
+Pure: parsing and decoding only. A file source and a Kubernetes source both produce
+`dict` objects as `oc get -o yaml` prints them; this module turns the ones that matter
+into typed values.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import gzip
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Mapping
+
+ANNOTATION_IGNITION_CONFIG = "hypershift.openshift.io/ignition-config"
+ANNOTATION_NODEPOOL = "hypershift.openshift.io/nodePool"
+ANNOTATION_TOKEN_GENERATION = "hypershift.openshift.io/last-token-generation-time"
+ANNOTATION_TOKEN_EXPIRATION = "hypershift.openshift.io/ignition-token-expiration-timestamp"
+ANNOTATION_IGNITION_REACHED = "hypershift.openshift.io/ignition-reached"
+
+# Preconditions the reference checks before rendering: key in the token Secret -> the
+# input in the source it is the hash of (DESIGN §3).
+PRECONDITION_KEYS = ("pull-secret-hash", "hc-configuration-hash", "additional-trust-bundle-hash")
+
+
+class ManifestError(ValueError):
+    """An object that cannot be read as what it claims to be; the message says why."""
+
+
+@dataclass(frozen=True, order=True)
+class ObjectKey:
+    kind: str
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.namespace}/{self.name}"
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def object_key(obj: Mapping[str, Any]) -> ObjectKey | None:
+    """The identity of a manifest document, or None for documents that are not objects."""
+    if not isinstance(obj, Mapping):
+        return None
+    kind = obj.get("kind")
+    meta = obj.get("metadata")
+    if not isinstance(kind, str) or not isinstance(meta, Mapping):
+        return None
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        return None
+    namespace = meta.get("namespace") or "default"
+    return ObjectKey(kind, str(namespace), name)
+
+
+def secret_values(obj: Mapping[str, Any]) -> dict[str, bytes]:
+    """A Secret's values decoded: `data` is base64, `stringData` is text and wins (as the API server merges it)."""
+    values: dict[str, bytes] = {}
+    for key, value in (obj.get("data") or {}).items():
+        if value is None:
+            values[key] = b""
+            continue
+        try:
+            values[key] = base64.b64decode(str(value), validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise ManifestError(f"data.{key} is not valid base64: {exc}") from None
+    for key, value in (obj.get("stringData") or {}).items():
+        values[key] = b"" if value is None else str(value).encode()
+    return values
+
+
+def annotations(obj: Mapping[str, Any]) -> Mapping[str, str]:
+    return (obj.get("metadata") or {}).get("annotations") or {}
+
+
+def is_token_secret(obj: Mapping[str, Any]) -> bool:
+    return obj.get("kind") == "Secret" and str(annotations(obj).get(ANNOTATION_IGNITION_CONFIG, "")).lower() == "true"
+
+
+def parse_time(value: str | None) -> float | None:
+    """RFC 3339 (with nanoseconds, as Go writes them) to unix seconds."""
+    if not value:
+        return None
+    text = str(value).strip()
+    if text.endswith("Z"):
+        text = text[:-1] + "+00:00"
+    # Python parses at most microseconds: cut nanoseconds to 6 digits.
+    if "." in text:
+        head, _, rest = text.partition(".")
+        digits = "".join(c for c in rest if c.isdigit())
+        zone = rest[len(digits):]
+        text = f"{head}.{digits[:6].ljust(6, '0')}{zone}"
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        raise ManifestError(f"not an RFC 3339 time: {value!r}") from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=timezone.utc)
+    return parsed.timestamp()
+
+
+def format_time(unix: float) -> str:
+    """Unix seconds to RFC 3339 with nanoseconds in UTC, the reference's annotation format."""
+    whole = int(unix)
+    nanos = int(round((unix - whole) * 1e9))
+    if nanos >= 1_000_000_000:
+        whole, nanos = whole + 1, nanos - 1_000_000_000
+    stamp = datetime.fromtimestamp(whole, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    return f"{stamp}.{nanos:09d}Z"
+
+
+def decode_config(value: bytes) -> str:
+    """The Secret value of `config` (base64 text of gzip bytes) to MachineConfig YAML text."""
+    if not value.strip():
+        return ""
+    raw = value
+    if not raw.startswith(b"\x1f\x8b"):
+        try:
+            raw = base64.b64decode(b"".join(value.split()), validate=True)
+        except (binascii.Error, ValueError):
+            raise ManifestError("config is neither base64 of gzip data nor gzip data") from None
+    try:
+        text = gzip.decompress(raw)
+    except (OSError, EOFError) as exc:
+        raise ManifestError(f"config is not valid gzip data: {exc}") from None
+    try:
+        return text.decode()
+    except UnicodeDecodeError:
+        raise ManifestError("config does not decode to UTF-8 YAML") from None
+
+
+def encode_config(yaml_text: str) -> bytes:
+    """Inverse of decode_config: the Secret value the reference writes (mtime 0 keeps it deterministic)."""
+    return base64.b64encode(gzip.compress(yaml_text.encode(), mtime=0))
+
+
+@dataclass(frozen=True)
+class TokenSecret:
+    """One NodePool generation: the token Secret of DESIGN §3, decoded."""
+
+    key: ObjectKey
+    nodepool: str  # "<namespace>/<name>" of the NodePool object
+    token: str | None
+    old_token: str | None
+    release: str
+    release_version: str
+    config_yaml: str
+    generation_time: float | None
+    expiration: float | None
+    creation_time: float | None
+    reason: str
+    message: str
+    preconditions: Mapping[str, str]
+    ignition_reached: bool
+
+    @property
+    def ref(self) -> str:
+        return self.key.ref
+
+    def tokens(self) -> tuple[str, ...]:
+        return tuple(t for t in (self.token, self.old_token) if t)
+
+    def expired(self, now: float) -> bool:
+        return self.expiration is not None and now >= self.expiration
+
+
+def parse_token_secret(obj: Mapping[str, Any]) -> TokenSecret:
+    key = object_key(obj)
+    if key is None:
+        raise ManifestError("a Secret without metadata.name")
+    meta = obj.get("metadata") or {}
+    notes = annotations(obj)
+    values = secret_values(obj)
+
+    def text(name: str) -> str:
+        try:
+            return values.get(name, b"").decode().strip()
+        except UnicodeDecodeError:
+            raise ManifestError(f"{name} is not UTF-8 text") from None
+
+    nodepool = str(notes.get(ANNOTATION_NODEPOOL) or "").strip()
+    if not nodepool:
+        # A Secret made by hand may lack the annotation; its name still says the pool.
+        name = key.name.removeprefix("token-")
+        nodepool = f"{key.namespace}/{name.rsplit('-', 1)[0] if '-' in name else name}"
+    if nodepool.count("/") != 1:
+        raise ManifestError(f"annotation {ANNOTATION_NODEPOOL} must be <namespace>/<name>, got {nodepool!r}")
+    return TokenSecret(
+        key=key,
+        nodepool=nodepool,
+        token=text("token") or None,
+        old_token=text("old_token") or None,
+        release=text("release"),
+        release_version=text("release-version"),
+        config_yaml=decode_config(values.get("config", b"")),
+        generation_time=parse_time(notes.get(ANNOTATION_TOKEN_GENERATION)),
+        expiration=parse_time(notes.get(ANNOTATION_TOKEN_EXPIRATION)),
+        creation_time=parse_time(meta.get("creationTimestamp")),
+        reason=text("reason"),
+        message=text("message"),
+        preconditions={k: text(k) for k in PRECONDITION_KEYS if k in values},
+        ignition_reached=str(notes.get(ANNOTATION_IGNITION_REACHED, "")).lower() == "true",
+    )
+
+
+def set_secret_value(obj: dict[str, Any], key: str, value: bytes) -> None:
+    """Write one Secret value the way the manifest already holds it (`stringData` or `data`)."""
+    string_data = obj.get("stringData")
+    if isinstance(string_data, dict) and key in string_data:
+        string_data[key] = value.decode()
+        return
+    data = obj.setdefault("data", {})
+    if data is None:
+        data = obj["data"] = {}
+    data[key] = base64.b64encode(value).decode()
+
+
+def set_annotation(obj: dict[str, Any], key: str, value: str) -> None:
+    meta = obj.setdefault("metadata", {})
+    notes = meta.get("annotations")
+    if notes is None:
+        notes = meta["annotations"] = {}
+    notes[key] = value
+
+
+def build_token_secret(
+    *,
+    namespace: str,
+    nodepool: str,
+    token: str,
+    machineconfigs_yaml: str = "",
+    old_token: str | None = None,
+    release: str = "quay.io/openshift-release-dev/ocp-release@sha256:" + "0" * 64,
+    release_version: str = "4.17.3",
+    generation_time: float | None = None,
+    suffix: str = "00000000",
+) -> dict[str, Any]:
+    """A token Secret as the reference writes it (for examples, tests and fleet generation)."""
+    pool_name = nodepool.partition("/")[2]
+    data = {
+        "token": base64.b64encode(token.encode()).decode(),
+        "release": base64.b64encode(release.encode()).decode(),
+        "release-version": base64.b64encode(release_version.encode()).decode(),
+        "config": base64.b64encode(encode_config(machineconfigs_yaml) if machineconfigs_yaml else b"").decode(),
+    }
+    if old_token:
+        data["old_token"] = base64.b64encode(old_token.encode()).decode()
+    notes = {ANNOTATION_IGNITION_CONFIG: "true", ANNOTATION_NODEPOOL: nodepool}
+    if generation_time is not None:
+        notes[ANNOTATION_TOKEN_GENERATION] = format_time(generation_time)
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": f"token-{pool_name}-{suffix}", "namespace": namespace, "annotations": notes},
+        "type": "Opaque",
+        "data": data,
+    }

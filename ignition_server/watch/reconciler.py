@@ -1,0 +1,373 @@
+"""The watcher: turns source changes into token index entries, renders and write-backs.
+
+It owns every side effect between the source and the cache: the HTTP app only reads the
+index and the blobs this keeps up to date. Renders run off the event loop with bounded
+concurrency, and identical inputs render once (single-flight), so serving never stalls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from payload_cache import PayloadCache, RenderRecord, TokenRecord, TokenState
+
+from ..auth.rotation import RotationPolicy, new_token, rotation_mutation
+from ..config import SUPERSEDED_GRACE
+from ..metrics import ServerMetrics
+from ..render.inputs import InvalidConfig, NodePoolInputs, RenderedPayload
+from ..sources.events import Change, Source
+from ..sources.manifests import (
+    ANNOTATION_IGNITION_REACHED,
+    ANNOTATION_TOKEN_EXPIRATION,
+    ManifestError,
+    ObjectKey,
+    TokenSecret,
+    format_time,
+    is_token_secret,
+    parse_token_secret,
+    secret_values,
+    set_annotation,
+    set_secret_value,
+)
+from .status import Status, status_mutation
+
+log = logging.getLogger("ignition_server.watch")
+
+Renderer = Callable[[NodePoolInputs], RenderedPayload]
+# Inputs a node needs to join that the reference reads from the token Secret's namespace.
+JOIN_INPUTS = ("pull-secret", "bootstrap-kubeconfig", "user-ca-bundle")
+RETRY_MIN, RETRY_MAX = 1.0, 300.0
+
+
+def build_inputs(secret: TokenSecret, held: Iterable[ObjectKey]) -> NodePoolInputs:
+    """A NodePool's render inputs from its token Secret and what else the source holds."""
+    namespace = secret.key.namespace
+    names = {key.name for key in held if key.namespace == namespace}
+    return NodePoolInputs(
+        nodepool=secret.nodepool,
+        secret=secret.ref,
+        machineconfigs_yaml=secret.config_yaml,
+        release=secret.release,
+        release_version=secret.release_version,
+        missing=tuple(name for name in JOIN_INPUTS if name not in names),
+    )
+
+
+@dataclass
+class _Pending:
+    task: asyncio.Task[None]
+    digest: str
+
+
+@dataclass
+class Reconciler:
+    source: Source
+    cache: PayloadCache
+    renderer: Renderer
+    policy: RotationPolicy
+    metrics: ServerMetrics
+    render_concurrency: int = 2
+    clock: Callable[[], float] = time.time
+    secrets: dict[ObjectKey, TokenSecret] = field(default_factory=dict)
+    _order: dict[ObjectKey, int] = field(default_factory=dict)  # first-seen order, for ties
+    _renders: dict[str, asyncio.Task[RenderedPayload]] = field(default_factory=dict)  # by inputs digest
+    _pending: dict[ObjectKey, _Pending] = field(default_factory=dict)
+    _failures: dict[ObjectKey, tuple[str, int, float]] = field(default_factory=dict)  # digest, attempts, retry at
+    _reached_written: set[ObjectKey] = field(default_factory=set)
+    _listed: asyncio.Event = field(default_factory=asyncio.Event)
+    _semaphore: asyncio.Semaphore | None = None
+    _seq: int = 0
+
+    # -- source events -------------------------------------------------------------
+
+    async def handle(self, changes: list[Change]) -> None:
+        for change in changes:
+            if change.key.kind != "Secret":
+                continue
+            if change.type == "DELETED":
+                self._forget_secret(change.key, "its token Secret was deleted")
+            elif is_token_secret(change.obj):
+                await self._apply(change.key, change.obj)
+            elif change.key in self.secrets:
+                self._forget_secret(change.key, "it is no longer a token Secret")
+        if not self._listed.is_set():
+            self._after_first_listing()
+            self._listed.set()
+        await self._supersede_outdated()
+
+    async def _apply(self, key: ObjectKey, obj: dict[str, Any]) -> None:
+        try:
+            secret = parse_token_secret(obj)
+        except ManifestError as exc:
+            # Bad input loses nothing: the last good tokens and payload keep serving.
+            log.error("token Secret %s is invalid, keeping its last good state: %s", key, exc)
+            self._write_status_later(key, obj, Status("InvalidConfig", f"cannot read the token Secret: {exc}"))
+            return
+        if key not in self._order:
+            self._seq += 1
+            self._order[key] = self._seq
+        self.secrets[key] = secret
+        self._index_tokens(secret)
+        self._schedule_render(secret)
+
+    def _index_tokens(self, secret: TokenSecret) -> None:
+        now = self.clock()
+        known = self.cache.tokens_of_secret(secret.ref)
+        wanted: dict[bytes, TokenState] = {}
+        if secret.expired(now):
+            pass  # every token of an expired Secret retires: refused (403) for one more TTL
+        elif secret.token:
+            wanted[self.cache.token_key(secret.token)] = TokenState.CURRENT
+        if secret.old_token and not secret.expired(now):
+            wanted.setdefault(self.cache.token_key(secret.old_token), TokenState.PREVIOUS)
+        for token_key, state in wanted.items():
+            record = TokenRecord(secret.nodepool, secret.ref, state, secret.expiration)
+            if known.get(token_key) != record:
+                self.cache.put_token_key(token_key, record)
+        for token_key, record in known.items():
+            if token_key not in wanted and record.state is not TokenState.RETIRED:
+                self._retire(token_key, record, now)
+
+    def _retire(self, token_key: bytes, record: TokenRecord, now: float) -> None:
+        # Remembered for one TTL, so a stale pointer config fails fast (403) instead of
+        # retrying for ever (511).
+        self.cache.put_token_key(
+            token_key, TokenRecord(record.nodepool, record.secret, TokenState.RETIRED, now + self.policy.ttl)
+        )
+
+    def _forget_secret(self, key: ObjectKey, why: str) -> None:
+        now = self.clock()
+        self.secrets.pop(key, None)
+        pending = self._pending.pop(key, None)
+        if pending:
+            pending.task.cancel()
+        for token_key, record in self.cache.tokens_of_secret(key.ref).items():
+            if record.state is not TokenState.RETIRED:
+                self._retire(token_key, record, now)
+        if self.cache.get_render(key.ref) is not None:
+            self.cache.drop_render(key.ref)
+            log.info("dropped the payload of %s: %s", key.ref, why)
+        self.metrics.payloads_cached.set(len(self.cache.renders()))
+
+    def _after_first_listing(self) -> None:
+        # The index was loaded before the source answered; what it holds for Secrets the
+        # source no longer has was deleted while we were down.
+        present = {key.ref for key in self.secrets}
+        for record in self.cache.renders():
+            if record.secret not in present:
+                namespace, _, name = record.secret.partition("/")
+                self._forget_secret(ObjectKey("Secret", namespace, name), "deleted while the server was down")
+
+    # -- renders ----------------------------------------------------------------------
+
+    def inputs_for(self, secret: TokenSecret) -> NodePoolInputs:
+        return build_inputs(secret, self.source.objects().keys())
+
+    def _schedule_render(self, secret: TokenSecret) -> None:
+        inputs = self.inputs_for(secret)
+        digest = inputs.digest()
+        record = self.cache.get_render(secret.ref)
+        if record is not None and record.inputs_digest == digest and self.cache.has_blob(record.blob_id):
+            self._failures.pop(secret.key, None)
+            return
+        pending = self._pending.get(secret.key)
+        if pending is not None:
+            if pending.digest == digest:
+                return
+            pending.task.cancel()
+        failure = self._failures.get(secret.key)
+        if failure is not None and failure[0] == digest and failure[2] > self.clock():
+            return  # the retry timer will come back to it
+        task = asyncio.create_task(self._render_and_store(secret, inputs, digest), name=f"render {secret.ref}")
+        self._pending[secret.key] = _Pending(task, digest)
+        self.metrics.render_queue.set(len(self._pending))
+
+    async def _render_and_store(self, secret: TokenSecret, inputs: NodePoolInputs, digest: str) -> None:
+        try:
+            try:
+                rendered = await self._render_once(inputs, digest)
+                blob_id = await asyncio.to_thread(self.cache.put_blob, rendered.body)
+            except InvalidConfig as exc:
+                self._render_failed(secret, digest, str(exc))
+                return
+            except Exception as exc:  # a renderer bug must not take the watcher down
+                log.exception("render of %s failed", secret.ref)
+                self._render_failed(secret, digest, f"render failed: {type(exc).__name__}: {exc}")
+                return
+            self.cache.put_render(
+                RenderRecord(secret.ref, secret.nodepool, digest, blob_id, rendered.min_version, self.clock())
+            )
+            self.metrics.payloads_cached.set(len(self.cache.renders()))
+            self._failures.pop(secret.key, None)
+            log.info("payload ready for %s (%s, %d bytes)", secret.nodepool, secret.ref, len(rendered.body))
+            message = "; ".join(rendered.notes)
+            await self._write_status(secret.key, Status("AsExpected", message))
+        finally:
+            current = self._pending.get(secret.key)
+            if current is not None and current.task is asyncio.current_task():
+                del self._pending[secret.key]
+            self.metrics.render_queue.set(len(self._pending))
+
+    async def _render_once(self, inputs: NodePoolInputs, digest: str) -> RenderedPayload:
+        running = self._renders.get(digest)
+        if running is None:
+            running = asyncio.ensure_future(self._render(inputs))
+            self._renders[digest] = running
+            running.add_done_callback(lambda _t: self._renders.pop(digest, None))
+        return await asyncio.shield(running)
+
+    async def _render(self, inputs: NodePoolInputs) -> RenderedPayload:
+        if self._semaphore is None:
+            self._semaphore = asyncio.Semaphore(self.render_concurrency)
+        async with self._semaphore:
+            self.metrics.payload_cache_miss.inc()
+            started = time.perf_counter()
+            try:
+                return await asyncio.to_thread(self.renderer, inputs)
+            finally:
+                self.metrics.payload_generation.observe(time.perf_counter() - started)
+
+    def _render_failed(self, secret: TokenSecret, digest: str, message: str) -> None:
+        self.metrics.render_failures.inc()
+        previous = self._failures.get(secret.key)
+        attempts = previous[1] + 1 if previous and previous[0] == digest else 1
+        delay = min(RETRY_MAX, RETRY_MIN * 2 ** (attempts - 1))
+        self._failures[secret.key] = (digest, attempts, self.clock() + delay)
+        serving = "the last good payload keeps serving" if self.cache.get_render(secret.ref) else "no payload yet"
+        log.error("render of %s failed (%s; retry in %.0fs): %s", secret.ref, serving, delay, message)
+        self._write_status_later(secret.key, None, Status("InvalidConfig", message))
+
+    async def retry_failed(self) -> None:
+        now = self.clock()
+        for key, (_digest, _attempts, retry_at) in list(self._failures.items()):
+            secret = self.secrets.get(key)
+            if secret is None:
+                self._failures.pop(key, None)
+            elif retry_at <= now and key not in self._pending:
+                self._failures[key] = (_digest, _attempts, 0.0)
+                self._schedule_render(secret)
+
+    async def wait_idle(self) -> None:
+        """Until no render is pending (tests and graceful shutdown)."""
+        while self._pending:
+            await asyncio.gather(*(p.task for p in list(self._pending.values())), return_exceptions=True)
+
+    # -- write-backs -----------------------------------------------------------------
+
+    def _write_status_later(self, key: ObjectKey, obj: dict[str, Any] | None, status: Status) -> None:
+        asyncio.create_task(self._write_status(key, status, obj))
+
+    async def _write_status(self, key: ObjectKey, status: Status, obj: dict[str, Any] | None = None) -> None:
+        # Only when it changes: the reference flooded its API server otherwise (OCPBUGS-42320).
+        current = self.secrets.get(key)
+        if current is not None and (current.reason, current.message) == (status.reason, status.message):
+            return
+        if obj is not None:
+            values = secret_values(obj) if obj.get("data") is not None or obj.get("stringData") else {}
+            if (values.get("reason", b"").decode(), values.get("message", b"").decode()) == status.as_tuple():
+                return
+        await self._write_back(key, status_mutation(status), "status")
+
+    async def _write_back(self, key: ObjectKey, mutate: Callable[[dict[str, Any]], bool], what: str) -> bool:
+        if not self.source.writable:
+            log.info("source %s is read-only: %s of %s not written back", self.source.describe(), what, key)
+            return False
+        try:
+            return await self.source.write_back(key, mutate) is not None
+        except (OSError, KeyError, RuntimeError) as exc:
+            log.warning("could not write %s back to %s: %s", what, key, exc)
+            return False
+
+    async def rotate_due(self) -> int:
+        """Rotate every Secret whose current token has lived TTL/2. Returns how many rotated."""
+        now = self.clock()
+        rotated = 0
+        if not self.source.writable:
+            return 0
+        for key, secret in list(self.secrets.items()):
+            if not self.policy.is_due(secret, now):
+                continue
+            # Retire the outgoing old token before the source forgets it, and persist that,
+            # so a crash between the two cannot turn a 403 into a 511.
+            if secret.old_token and secret.old_token != secret.token:
+                token_key = self.cache.token_key(secret.old_token)
+                record = self.cache.lookup_token_key(token_key)
+                if record is not None and record.state is not TokenState.RETIRED:
+                    self._retire(token_key, record, now)
+                    await asyncio.to_thread(self.cache.flush)
+            mutate = rotation_mutation(secret.token, new_token(), now)
+            if await self._write_back(key, mutate, "token rotation"):
+                rotated += 1
+                self.metrics.token_rotations.inc()
+                log.info("rotated the token of %s (NodePool %s)", key.ref, secret.nodepool)
+        return rotated
+
+    async def _supersede_outdated(self) -> None:
+        """A NodePool's newer token Secret outdates the older ones: they expire in 2 h."""
+        now = self.clock()
+        by_pool: dict[str, list[TokenSecret]] = {}
+        for secret in self.secrets.values():
+            if secret.expiration is None:
+                by_pool.setdefault(secret.nodepool, []).append(secret)
+        for secrets in by_pool.values():
+            if len(secrets) < 2:
+                continue
+            secrets.sort(key=lambda s: (s.creation_time or 0.0, self._order.get(s.key, 0)))
+            for outdated in secrets[:-1]:
+                stamp = format_time(now + SUPERSEDED_GRACE)
+
+                def mutate(obj: dict[str, Any], stamp: str = stamp) -> bool:
+                    notes = (obj.get("metadata") or {}).get("annotations") or {}
+                    if notes.get(ANNOTATION_TOKEN_EXPIRATION):
+                        return False
+                    set_annotation(obj, ANNOTATION_TOKEN_EXPIRATION, stamp)
+                    return True
+
+                log.info("%s is outdated by a newer token Secret of %s: expires at %s", outdated.ref, outdated.nodepool, stamp)
+                await self._write_back(outdated.key, mutate, "expiration")
+
+    def note_served(self, secret_ref: str) -> None:
+        """Set `ignition-reached` once per Secret, off the request path (the reference paid a GET+UPDATE per request)."""
+        namespace, _, name = secret_ref.partition("/")
+        key = ObjectKey("Secret", namespace, name)
+        secret = self.secrets.get(key)
+        if secret is None or secret.ignition_reached or key in self._reached_written:
+            return
+        self._reached_written.add(key)
+
+        def mutate(obj: dict[str, Any]) -> bool:
+            notes = (obj.get("metadata") or {}).get("annotations") or {}
+            if str(notes.get(ANNOTATION_IGNITION_REACHED, "")).lower() == "true":
+                return False
+            set_annotation(obj, ANNOTATION_IGNITION_REACHED, "True")
+            return True
+
+        asyncio.create_task(self._write_back(key, mutate, "ignition-reached"))
+
+    # -- housekeeping ----------------------------------------------------------------
+
+    async def run_periodic(self, *, tick: float = 0.5) -> None:
+        """Rotation, render retries and index persistence, until cancelled."""
+        last_forget = 0.0
+        while True:
+            await asyncio.sleep(tick)
+            try:
+                await self.rotate_due()
+                await self.retry_failed()
+                now = self.clock()
+                for secret in list(self.secrets.values()):
+                    if secret.expired(now):
+                        self._index_tokens(secret)
+                if now - last_forget > 60:
+                    self.cache.forget_expired(now)
+                    last_forget = now
+                if self.cache.dirty:
+                    await asyncio.to_thread(self.cache.flush)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("housekeeping failed; trying again")

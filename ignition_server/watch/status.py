@@ -1,0 +1,29 @@
+"""`data.reason` / `data.message` on the token Secret: how a NodePool's payload is doing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..sources.manifests import secret_values, set_secret_value
+
+
+@dataclass(frozen=True)
+class Status:
+    reason: str  # "AsExpected" or why not, e.g. "InvalidConfig"
+    message: str = ""
+
+    def as_tuple(self) -> tuple[str, str]:
+        return (self.reason, self.message)
+
+
+def status_mutation(status: Status) -> Callable[[dict[str, Any]], bool]:
+    def mutate(obj: dict[str, Any]) -> bool:
+        values = secret_values(obj)
+        if (values.get("reason", b"").decode(), values.get("message", b"").decode()) == status.as_tuple():
+            return False
+        set_secret_value(obj, "reason", status.reason.encode())
+        set_secret_value(obj, "message", status.message.encode())
+        return True
+
+    return mutate

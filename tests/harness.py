@@ -1,0 +1,215 @@
+"""Test harness: the real server as a process, and the real Ignition client against it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+IGNITION = "/usr/lib/dracut/modules.d/30ignition/ignition"
+EXAMPLE_MACHINECONFIG = """\
+apiVersion: machineconfiguration.openshift.io/v1
+kind: MachineConfig
+metadata:
+  name: 50-{name}
+  labels:
+    machineconfiguration.openshift.io/role: worker
+spec:
+  config:
+    ignition:
+      version: 3.2.0
+    storage:
+      files:
+      - path: /etc/{name}.conf
+        mode: 420
+        overwrite: true
+        contents:
+          source: data:,hello%20from%20{name}%0A
+    systemd:
+      units:
+      - name: {name}.service
+        enabled: true
+        contents: |
+          [Unit]
+          Description={name}
+          [Service]
+          Type=oneshot
+          ExecStart=/usr/bin/true
+          [Install]
+          WantedBy=multi-user.target
+"""
+
+
+def have_ignition() -> bool:
+    return os.access(IGNITION, os.X_OK)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def write_manifests(path: Path, *objects: dict[str, Any]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump_all(list(objects), sort_keys=False))
+    return path
+
+
+@dataclass
+class ServerProcess:
+    source: Path
+    cache_dir: Path
+    token_ttl: str = "11h"
+    extra: list[str] = field(default_factory=list)
+    port: int = field(default_factory=free_port)
+    metrics_port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+    log_path: Path | None = None
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    @property
+    def ca_file(self) -> Path:
+        return self.cache_dir / "tls" / "ca.crt"
+
+    def start(self, wait: bool = True) -> "ServerProcess":
+        self.log_path = self.cache_dir.parent / f"server-{self.port}.log"
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "ignition_server", "serve",
+                "--source", str(self.source), "--cache-dir", str(self.cache_dir),
+                "--listen", f"127.0.0.1:{self.port}", "--metrics-listen", f"127.0.0.1:{self.metrics_port}",
+                "--token-ttl", self.token_ttl, "--public-url", f"https://127.0.0.1:{self.port}",
+                "--log-format", "json", *self.extra,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        if wait:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout: float = 20.0) -> float:
+        started = time.monotonic()
+        while time.monotonic() - started < timeout:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.logs()}")
+            try:
+                if self.get("/readyz")[0] == 200:
+                    return time.monotonic() - started
+            except (OSError, urllib.error.URLError):
+                pass
+            time.sleep(0.05)
+        raise TimeoutError(f"server not ready after {timeout}s:\n{self.logs()}")
+
+    def logs(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                return self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.proc.returncode
+
+    def ssl_context(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=str(self.ca_file))
+
+    def get(self, path: str, headers: dict[str, str] | None = None, method: str = "GET") -> tuple[int, dict[str, str], bytes]:
+        request = urllib.request.Request(self.url + path, headers=headers or {}, method=method)
+        try:
+            with urllib.request.urlopen(request, context=self.ssl_context(), timeout=10) as response:
+                return response.status, dict(response.headers), response.read()
+        except urllib.error.HTTPError as error:
+            return error.code, dict(error.headers), error.read()
+
+    def metrics(self) -> dict[str, float]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        values: dict[str, float] = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                values[name] = float(value)
+        return values
+
+
+@dataclass
+class IgnitionRun:
+    returncode: int | None
+    output: str
+    config: dict[str, Any] | None
+
+
+def ignition_fetch(pointer: dict[str, Any], workdir: Path, *, timeout: float = 30.0, background: bool = False) -> IgnitionRun | subprocess.Popen[str]:
+    """Run the real client's fetch stage with `pointer` as the platform config."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "root").mkdir(exist_ok=True)
+    pointer_file = workdir / "pointer.ign"
+    pointer_file.write_text(json.dumps(pointer))
+    cache = workdir / "config-cache.json"
+    if cache.exists():
+        cache.unlink()
+    command = [
+        IGNITION, "-platform", "file", "-stage", "fetch", "-log-to-stdout",
+        "-config-cache", str(cache), "-state-file", str(workdir / "state"),
+        "-neednet", str(workdir / "neednet"), "-root", str(workdir / "root"),
+        "-fetch-timeout", "60s",
+    ]
+    env = {**os.environ, "IGNITION_CONFIG_FILE": str(pointer_file)}
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if background:
+        return proc
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        output, _ = proc.communicate()
+        return IgnitionRun(None, output, None)
+    return finish_fetch(proc, output, workdir)
+
+
+def finish_fetch(proc: subprocess.Popen[str], output: str, workdir: Path) -> IgnitionRun:
+    cache = workdir / "config-cache.json"
+    config = json.loads(cache.read_text()) if cache.exists() else None
+    return IgnitionRun(proc.returncode, output, config)
+
+
+def files_in(config: dict[str, Any]) -> dict[str, str]:
+    """path -> source of every file in a fetched config."""
+    return {f["path"]: f.get("contents", {}).get("source", "") for f in config.get("storage", {}).get("files", [])}
+
+
+def require_ignition() -> None:
+    import pytest
+
+    if not have_ignition():
+        pytest.skip("the real Ignition client is not installed (apt-get install ignition)")
+    if shutil.which("ignition-validate") is None:
+        pytest.skip("ignition-validate is not installed")

@@ -1,0 +1,226 @@
+"""The serving core end to end: a real server process, real TLS, the real Ignition client."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness import (
+    EXAMPLE_MACHINECONFIG,
+    ServerProcess,
+    files_in,
+    finish_fetch,
+    ignition_fetch,
+    require_ignition,
+    write_manifests,
+)
+from ignition_server.render.userdata import pointer_config
+from ignition_server.sources.manifests import build_token_secret, parse_token_secret
+
+pytestmark = pytest.mark.ignition
+
+
+def token_secret(pool: str, token: str, *, generation_time: float | None = None, suffix: str = "0a1b2c3d") -> dict:
+    return build_token_secret(
+        namespace="clusters-demo",
+        nodepool=f"clusters/{pool}",
+        token=token,
+        machineconfigs_yaml=EXAMPLE_MACHINECONFIG.format(name=pool),
+        generation_time=time.time() if generation_time is None else generation_time,
+        suffix=suffix,
+    )
+
+
+def current_secret(path: Path) -> dict:
+    return next(d for d in yaml.safe_load_all(path.read_text()) if d and d.get("kind") == "Secret")
+
+
+def wait_for(predicate, timeout: float = 15.0, interval: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout}s")
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": "Bearer " + base64.b64encode(token.encode()).decode()}
+
+
+@pytest.fixture
+def server(tmp_path: Path):
+    servers: list[ServerProcess] = []
+
+    def make(token_ttl: str = "11h", source: Path | None = None, cache_dir: Path | None = None) -> ServerProcess:
+        proc = ServerProcess(source or tmp_path / "source", cache_dir or tmp_path / "cache", token_ttl=token_ttl)
+        proc.source.mkdir(exist_ok=True)
+        servers.append(proc)
+        return proc
+
+    yield make
+    for proc in servers:
+        proc.kill()
+
+
+def wait_rendered(proc: ServerProcess, count: int) -> None:
+    wait_for(lambda: proc.metrics().get("ign_server_payload_cache_total") == count)
+
+
+@pytest.mark.parametrize("shape", ["hypershift", "mcs"])
+def test_real_client_fetches_payload_in_both_shapes(server, tmp_path: Path, shape: str) -> None:
+    require_ignition()
+    proc = server()
+    write_manifests(proc.source / "pool.yaml", token_secret("workers", "tok-alpha-1"))
+    proc.start()
+    wait_rendered(proc, 1)
+    pointer = pointer_config(
+        source_url=proc.url, token="tok-alpha-1", ca_pem=proc.ca_file.read_bytes(), shape=shape, nodepool="clusters/workers"
+    )
+    run = ignition_fetch(pointer, tmp_path / "node")
+    assert run.returncode == 0, run.output
+    assert run.config is not None
+    assert files_in(run.config)["/etc/workers.conf"] == "data:,hello%20from%20workers%0A"
+    units = {u["name"]: u for u in run.config["systemd"]["units"]}
+    assert units["workers.service"]["enabled"] is True
+    assert "tok-alpha-1" not in proc.logs()
+    assert proc.metrics()['ign_server_get_request{nodePool="clusters/workers"}'] == 1
+
+
+def test_refusals_follow_the_retry_contract(server) -> None:
+    proc = server()
+    write_manifests(proc.source / "pool.yaml", token_secret("workers", "tok-good"))
+    proc.start()
+    wait_rendered(proc, 1)
+    assert proc.get("/ignition")[0] == 401
+    assert proc.get("/ignition", {"Authorization": "Bearer %%%"})[0] == 401
+    assert proc.get("/ignition", {"Authorization": "Basic " + base64.b64encode(b"a:b").decode()})[0] == 401
+    assert proc.get("/ignition", bearer("never-seen"))[0] == 511
+    assert proc.get("/ignition", {**bearer("tok-good"), "NodePool": "clusters/other"})[0] == 403
+    assert proc.get("/config/other?token=tok-good")[0] == 403
+    assert proc.get("/ignition", bearer("tok-good"), method="POST")[0] == 405
+    status, headers, body = proc.get("/ignition", {**bearer("tok-good"), "NodePool": "clusters/workers"})
+    assert status == 200
+    assert headers["Cache-Control"] == "no-store"
+    assert json.loads(body)["ignition"]["version"] == "3.2.0"
+    assert proc.get("/config/workers?token=tok-good")[0] == 200
+    # The client's maximum decides the version it gets.
+    status, headers, body = proc.get(
+        "/ignition", {**bearer("tok-good"), "Accept": "application/vnd.coreos.ignition+json;version=3.1.0, */*;q=0.1"}
+    )
+    assert status == 200 and json.loads(body)["ignition"]["version"] == "3.1.0"
+    assert headers["Content-Type"].endswith("version=3.1.0")
+    status, _, body = proc.get(
+        "/ignition", {**bearer("tok-good"), "Accept": "application/vnd.coreos.ignition+json;version=3.6.0"}
+    )
+    assert status == 200 and json.loads(body)["ignition"]["version"] == "3.6.0"
+    logs = proc.logs()
+    assert "tok-good" not in logs and "never-seen" not in logs
+
+
+def test_unknown_token_gets_511_and_the_client_retries_until_it_appears(server, tmp_path: Path) -> None:
+    require_ignition()
+    proc = server()
+    write_manifests(proc.source / "other.yaml", token_secret("other", "tok-other"))
+    proc.start()
+    pointer = pointer_config(source_url=proc.url, token="tok-late", ca_pem=proc.ca_file.read_bytes(), nodepool="clusters/late")
+    client = ignition_fetch(pointer, tmp_path / "node", background=True)
+    time.sleep(3)
+    assert client.poll() is None, "the client must keep retrying a 511"
+    write_manifests(proc.source / "late.yaml", token_secret("late", "tok-late"))
+    output, _ = client.communicate(timeout=30)
+    run = finish_fetch(client, output, tmp_path / "node")
+    assert run.returncode == 0, output
+    assert "/etc/late.conf" in files_in(run.config or {})
+    assert output.count("511") >= 2, output
+
+
+def test_rotation_keeps_the_previous_token_and_retires_the_one_before(server, tmp_path: Path) -> None:
+    require_ignition()
+    proc = server(token_ttl="6s")
+    path = write_manifests(proc.source / "pool.yaml", token_secret("workers", "tok-gen-0"))
+    proc.start()
+    wait_rendered(proc, 1)
+    ca = proc.ca_file.read_bytes()
+
+    def token_now() -> str:
+        return parse_token_secret(current_secret(path)).token or ""
+
+    # First rotation: tok-gen-0 becomes old_token and must still boot a node.
+    first = wait_for(lambda: token_now() if token_now() != "tok-gen-0" else None, timeout=10)
+    assert parse_token_secret(current_secret(path)).old_token == "tok-gen-0"
+    run = ignition_fetch(pointer_config(source_url=proc.url, token="tok-gen-0", ca_pem=ca), tmp_path / "node-a")
+    assert run.returncode == 0, run.output
+    # Second rotation: tok-gen-0 is two rotations old: refused for good (403, the client stops).
+    wait_for(lambda: token_now() not in ("tok-gen-0", first), timeout=10)
+    assert proc.get("/ignition", bearer("tok-gen-0"))[0] == 403
+    run = ignition_fetch(pointer_config(source_url=proc.url, token="tok-gen-0", ca_pem=ca), tmp_path / "node-b", timeout=20)
+    assert run.returncode not in (0, None), run.output
+    assert proc.metrics()["ign_server_token_rotation_total"] >= 2
+    # Also after a crash and restart: the retired token is remembered as a keyed hash.
+    proc.kill()
+    proc.start()
+    assert proc.get("/ignition", bearer("tok-gen-0"))[0] == 403
+    assert proc.get("/ignition", bearer(token_now()))[0] == 200
+    # Rotation never re-renders.
+    assert proc.metrics().get("ign_server_payload_cache_miss_total", 0) == 0
+
+
+def test_restart_after_kill_serves_every_payload_before_any_render(server) -> None:
+    proc = server()
+    pools = [f"pool-{i}" for i in range(6)]
+    for pool in pools:
+        write_manifests(proc.source / f"{pool}.yaml", token_secret(pool, f"tok-{pool}"))
+    proc.start()
+    wait_rendered(proc, len(pools))
+    assert proc.metrics()["ign_server_payload_cache_miss_total"] == len(pools)
+    proc.kill()
+    proc.start(wait=False)
+    proc.wait_ready()
+    for pool in pools:
+        status, _, body = proc.get("/ignition", bearer(f"tok-{pool}"))
+        assert status == 200, body
+        assert f"/etc/{pool}.conf".encode() in body
+    time.sleep(1.5)  # the first listing has been applied by now: still nothing to render
+    metrics = proc.metrics()
+    assert metrics.get("ign_server_payload_cache_miss_total", 0) == 0
+    assert metrics.get("ign_server_payload_generation_seconds_count", 0) == 0
+
+
+def test_invalid_config_keeps_the_last_good_payload_and_says_why(server) -> None:
+    proc = server()
+    path = write_manifests(proc.source / "pool.yaml", token_secret("workers", "tok-w"))
+    proc.start()
+    wait_rendered(proc, 1)
+    wait_for(lambda: parse_token_secret(current_secret(path)).reason == "AsExpected")
+    good = proc.get("/ignition", bearer("tok-w"))[2]
+    broken = current_secret(path)
+    bad_config = EXAMPLE_MACHINECONFIG.format(name="workers").replace("path: /etc/workers.conf", "path: etc/relative")
+    broken["data"]["config"] = build_token_secret(
+        namespace="x", nodepool="x/y", token="t", machineconfigs_yaml=bad_config
+    )["data"]["config"]
+    write_manifests(path, broken)
+    secret = wait_for(lambda: (s := parse_token_secret(current_secret(path))).reason == "InvalidConfig" and s)
+    assert "etc/relative" in secret.message
+    assert proc.get("/ignition", bearer("tok-w"))[2] == good
+    # Fixed again: back to AsExpected, and the new payload is served.
+    fixed = current_secret(path)
+    fixed["data"]["config"] = build_token_secret(
+        namespace="x", nodepool="x/y", token="t", machineconfigs_yaml=EXAMPLE_MACHINECONFIG.format(name="fixed")
+    )["data"]["config"]
+    write_manifests(path, fixed)
+    wait_for(lambda: parse_token_secret(current_secret(path)).reason == "AsExpected")
+    assert b"/etc/fixed.conf" in proc.get("/ignition", bearer("tok-w"))[2]
+
+
+def test_sigterm_drains_and_exits_zero(server) -> None:
+    proc = server()
+    write_manifests(proc.source / "pool.yaml", token_secret("workers", "tok-t"))
+    proc.start()
+    assert proc.stop() == 0
