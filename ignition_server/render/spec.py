@@ -184,7 +184,8 @@ def _scheme(source: str) -> str:
 def _version_problems(config: dict, version: str) -> Iterator[tuple[tuple, str, str]]:
     """(path, why, feature) for what `version` cannot express. `ignition.version` is ignored."""
     probe = dict(config)
-    probe["ignition"] = {**(config.get("ignition") or {}), "version": version}
+    ign = config.get("ignition", {})
+    probe["ignition"] = {**ign, "version": version} if isinstance(ign, dict) else ign
     root = _schema(version)
     for path in _unknown_keys(probe, root, root, ()):
         yield path, f"unknown key in spec {version}", _fmt(path)
