@@ -1,0 +1,390 @@
+"""PayloadCache: the persistent, encrypted, crash-safe payload store.
+
+Two tiers for payload blobs — a byte-bounded LRU in memory in front of
+encrypted files on disk — plus the token index, which is held entirely in
+memory and persisted as one encrypted snapshot by ``flush()``.
+
+Threads: ``get_blob``/``put_blob``/``flush``/``gc``/``verify``/``rekey`` may run
+on worker threads while the event loop reads the index; shared structures are
+guarded by locks, single-key index reads are lock-free.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+
+from cachetools import LRUCache
+
+from .blobstore import BlobStore, open_with_reload, quarantine_file
+from .config import CacheConfig
+from .envelope import INDEX_CONTEXT, EnvelopeError, envelope_key_id, seal
+from .errors import CacheKeyError
+from .fsio import atomic_write
+from .index import IndexDecodeError, TokenIndex
+from .keys import KeySource, create_key_file, load_key_file
+from .layout import FORMAT_LINE, Layout
+from .records import RenderRecord, TokenRecord
+from .reports import GcReport, VerifyReport
+from .stats import CacheStats, Counters
+
+log = logging.getLogger("payload_cache")
+
+# Temp files younger than this may belong to a live writer in another process.
+_TEMP_FILE_MIN_AGE = 600.0
+
+
+class PayloadCache:
+    """Use ``PayloadCache.open(config)``; the constructor wires already-loaded parts."""
+
+    def __init__(self, config: CacheConfig, layout: Layout, keys: KeySource, index: TokenIndex, counters: Counters) -> None:
+        self.config = config
+        self.layout = layout
+        self._keys = keys
+        self._index = index
+        self._blobs = BlobStore(layout, keys)
+        self._counters = counters
+        # Guards the memory tier and the counters (LRUCache reorders on every read).
+        self._lock = threading.Lock()
+        # Serialises "is this blob on disk / keep it" (put_blob) against gc deleting it.
+        self._disk_lock = threading.Lock()
+        # One snapshot writer at a time, so an older snapshot never replaces a newer one.
+        self._flush_lock = threading.Lock()
+        self._memory: LRUCache[str, bytes] = LRUCache(maxsize=config.memory_bytes, getsizeof=len)
+        self._flushed_generation = index.generation
+
+    # -- opening ----------------------------------------------------------
+    @classmethod
+    def open(cls, config: CacheConfig) -> PayloadCache:
+        """Create directories and the key file as needed, check the format, load the index.
+
+        No blob is read: start-up cost is one directory listing plus the index.
+        """
+        layout = Layout(config.cache_dir)
+        key_path = config.resolved_key_file
+        _ensure_outside(key_path, config.cache_dir)
+        layout.prepare()
+        if key_path.exists():
+            ring = load_key_file(key_path)
+        else:
+            if layout.index_file.exists():
+                # Not fatal: the cache is rebuilt from the sources. The old index is
+                # quarantined below (it cannot be decrypted), so it can be recovered
+                # if the original key file turns up.
+                log.error(
+                    "key file %s is missing but %s holds an index; creating new keys, the old "
+                    "contents cannot be read and will be re-rendered", key_path, layout.root,
+                )
+            ring = create_key_file(key_path)
+        keys = KeySource(key_path, ring)
+        counters = Counters()
+        counters.on_disk = BlobStore(layout, keys).scan()
+        counters.disk_bytes = sum(counters.on_disk.values())
+        index = _load_index(layout, keys, counters)
+        return cls(config, layout, keys, index, counters)
+
+    @property
+    def key_file(self) -> Path:
+        return self._keys.path
+
+    def key_ids(self) -> list[str]:
+        """AES key ids (hex), newest (encrypting) first."""
+        return self._keys.ring.key_ids()
+
+    # -- blobs ------------------------------------------------------------
+    def put_blob(self, payload: bytes) -> str:
+        """Store a payload (idempotent) and return its blob id."""
+        payload = bytes(payload)
+        ring = self._keys.refresh()
+        blob_id = ring.hmac(payload).hex()
+        with self._disk_lock:
+            present = self._blobs.touch(blob_id)
+        if present:
+            if blob_id not in self._counters.on_disk:
+                stat = self._blobs.mtime_and_size(blob_id)
+                if stat is not None:
+                    with self._lock:
+                        self._counters.disk_added(blob_id, stat[1])
+        else:
+            ciphertext = self._blobs.encrypt(blob_id, payload, ring)
+            self._blobs.write(blob_id, ciphertext)
+            with self._lock:
+                self._counters.disk_added(blob_id, len(ciphertext))
+                self._counters.blobs_written += 1
+        self._remember(blob_id, payload)
+        return blob_id
+
+    def get_blob(self, blob_id: str) -> bytes | None:
+        """The payload, or None if absent or unreadable (then the caller re-renders)."""
+        path = self._blobs.path(blob_id)  # validates the id before it reaches the filesystem
+        with self._lock:
+            cached = self._memory.get(blob_id)
+            if cached is not None:
+                self._counters.memory_hits += 1
+                return cached
+        try:
+            with open(path, "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            with self._lock:
+                self._counters.misses += 1
+                self._counters.disk_removed(blob_id)
+            return None
+        try:
+            payload, _ = self._blobs.decrypt(blob_id, raw)
+        except EnvelopeError as exc:
+            self._quarantine(blob_id, str(exc))
+            with self._lock:
+                self._counters.misses += 1
+            return None
+        with self._lock:
+            self._counters.disk_hits += 1
+        self._remember(blob_id, payload)
+        return payload
+
+    def has_blob(self, blob_id: str) -> bool:
+        """Whether the blob file exists (not whether it would decrypt)."""
+        return self._blobs.exists(blob_id)
+
+    def _remember(self, blob_id: str, payload: bytes) -> None:
+        # LRUCache refuses items larger than the whole budget; such payloads just stay on disk.
+        if len(payload) > self._memory.maxsize:
+            return
+        with self._lock:
+            self._memory[blob_id] = payload
+
+    def _forget(self, blob_id: str) -> None:
+        with self._lock:
+            self._memory.pop(blob_id, None)
+            self._counters.disk_removed(blob_id)
+
+    def _quarantine(self, blob_id: str, reason: str) -> None:
+        moved = self._blobs.quarantine(blob_id, reason)
+        self._forget(blob_id)
+        if moved:
+            with self._lock:
+                self._counters.quarantined += 1
+
+    # -- token index ------------------------------------------------------
+    def token_key(self, token: str) -> bytes:
+        """HMAC-SHA256(index key, token): the only form in which a token is stored."""
+        return self._keys.ring.hmac(token.encode("utf-8"))
+
+    def lookup_token(self, token: str) -> TokenRecord | None:
+        return self._index.lookup(self.token_key(token))
+
+    def lookup_token_key(self, key: bytes) -> TokenRecord | None:
+        return self._index.lookup(key)
+
+    def put_token(self, token: str, record: TokenRecord) -> None:
+        self._index.put_token(self.token_key(token), record)
+
+    def put_token_key(self, key: bytes, record: TokenRecord) -> None:
+        if len(key) != 32:
+            raise ValueError("token keys are 32-byte HMAC-SHA256 digests; use token_key()")
+        self._index.put_token(bytes(key), record)
+
+    def drop_token_key(self, key: bytes) -> None:
+        self._index.drop_token(key)
+
+    def tokens_of_secret(self, secret: str) -> dict[bytes, TokenRecord]:
+        return self._index.tokens_of_secret(secret)
+
+    def get_render(self, secret: str) -> RenderRecord | None:
+        return self._index.get_render(secret)
+
+    def put_render(self, record: RenderRecord) -> None:
+        self._index.put_render(record)
+
+    def drop_render(self, secret: str) -> None:
+        self._index.drop_render(secret)
+
+    def renders(self) -> list[RenderRecord]:
+        return self._index.renders()
+
+    def seal(self, name: str, data: bytes) -> None:
+        """Keep a small secret record; persisted (encrypted) with the index on flush."""
+        self._index.seal(name, data)
+
+    def unseal(self, name: str) -> bytes | None:
+        return self._index.unseal(name)
+
+    def unseal_names(self) -> list[str]:
+        return self._index.unseal_names()
+
+    def drop_sealed(self, name: str) -> None:
+        self._index.drop_sealed(name)
+
+    def forget_expired(self, now: float, grace: float = 0.0) -> int:
+        """Drop token records whose expires_at is before now - grace; returns how many."""
+        return self._index.forget_expired(now - grace)
+
+    @property
+    def dirty(self) -> bool:
+        """Whether the index changed since the last flush."""
+        return self._index.generation != self._flushed_generation
+
+    def flush(self) -> None:
+        """Persist the index snapshot if it changed (temp file, fsync, rename, fsync dir)."""
+        with self._flush_lock:
+            if self.dirty:
+                self._write_index()
+
+    def _write_index(self) -> None:
+        data, generation = self._index.encode()
+        atomic_write(self.layout.index_file, seal(self._keys.refresh(), data, INDEX_CONTEXT), 0o600)
+        self._flushed_generation = generation
+
+    def close(self) -> None:
+        self.flush()
+
+    def __enter__(self) -> PayloadCache:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    # -- maintenance ------------------------------------------------------
+    def gc(self, now: float | None = None) -> GcReport:
+        """Delete blobs no render record references whose file is older than the grace period."""
+        now = time.time() if now is None else now
+        cutoff = now - self.config.gc_grace_seconds
+        referenced = self._index.referenced_blobs()
+        on_disk = self._blobs.scan()
+        deleted = freed = 0
+        for blob_id, size in list(on_disk.items()):
+            if blob_id in referenced:
+                continue
+            with self._disk_lock:
+                stat = self._blobs.mtime_and_size(blob_id)
+                if stat is None or stat[0] >= cutoff:
+                    continue
+                self._blobs.delete(blob_id)
+            del on_disk[blob_id]
+            self._forget(blob_id)
+            deleted += 1
+            freed += stat[1]
+        temp_removed = self._blobs.remove_stale_temp(min(cutoff, now - _TEMP_FILE_MIN_AGE))
+        with self._lock:
+            # The scan is the truth (other processes may have written); resync the levels.
+            for blob_id, size in on_disk.items():
+                self._counters.disk_added(blob_id, size)
+            self._counters.gc_runs += 1
+            self._counters.gc_deleted += deleted
+        if deleted:
+            log.info("gc deleted %d unreferenced blobs (%d bytes)", deleted, freed)
+        return GcReport(deleted=deleted, bytes_freed=freed, kept=len(on_disk), temp_removed=temp_removed)
+
+    def verify(self, progress: Callable[[int, int], None] | None = None) -> VerifyReport:
+        """Decrypt every blob and check it is named by the HMAC of its content; quarantine bad ones."""
+        ids = sorted(self._blobs.scan())
+        total = len(ids)
+        bad: list[str] = []
+        by_key: dict[str, int] = {}
+        checked = 0
+        for done, blob_id in enumerate(ids, 1):
+            raw = self._blobs.read(blob_id)
+            if raw is not None:
+                checked += 1
+                try:
+                    payload, kid = self._blobs.decrypt(blob_id, raw)
+                except EnvelopeError as exc:
+                    self._quarantine(blob_id, str(exc))
+                    bad.append(blob_id)
+                else:
+                    if self._keys.ring.hmac(payload).hex() != blob_id:
+                        self._quarantine(blob_id, "content does not match its blob id")
+                        bad.append(blob_id)
+                    else:
+                        by_key[kid.hex()] = by_key.get(kid.hex(), 0) + 1
+            if progress is not None:
+                progress(done, total)
+        missing = sorted(b for b in self._index.referenced_blobs() if not self._blobs.exists(b))
+        return VerifyReport(
+            checked=checked, ok=checked - len(bad), quarantined=tuple(bad), missing=tuple(missing), by_key=by_key
+        )
+
+    def rekey(self) -> int:
+        """Re-encrypt every blob and the index under the newest key; returns blobs re-encrypted.
+
+        Re-reads the key file first, so ``add_key`` then ``rekey`` works without a restart.
+        Idempotent and safe to interrupt: blobs already under the newest key are skipped.
+        """
+        ring = self._keys.refresh()
+        count = 0
+        for blob_id in sorted(self._blobs.scan()):
+            raw = self._blobs.read(blob_id)
+            if raw is None or envelope_key_id(raw) == ring.newest_id:
+                continue
+            try:
+                payload, _ = self._blobs.decrypt(blob_id, raw)
+            except EnvelopeError as exc:
+                self._quarantine(blob_id, str(exc))
+                continue
+            ciphertext = self._blobs.encrypt(blob_id, payload, ring)
+            self._blobs.write(blob_id, ciphertext)
+            with self._lock:
+                self._counters.disk_added(blob_id, len(ciphertext))
+            count += 1
+        with self._flush_lock:
+            self._write_index()
+        log.info("rekey re-encrypted %d blobs and the index under key %s", count, ring.newest_id.hex())
+        return count
+
+    def stats(self) -> CacheStats:
+        with self._lock:
+            c = self._counters
+            return CacheStats(
+                memory_hits=c.memory_hits,
+                disk_hits=c.disk_hits,
+                misses=c.misses,
+                memory_bytes=int(self._memory.currsize),
+                memory_items=len(self._memory),
+                disk_bytes=c.disk_bytes,
+                blob_count=len(c.on_disk),
+                quarantined=c.quarantined,
+                gc_runs=c.gc_runs,
+                gc_deleted=c.gc_deleted,
+                blobs_written=c.blobs_written,
+                tokens=self._index.token_count(),
+                renders=self._index.render_count(),
+            )
+
+    def quarantine_files(self) -> int:
+        return self._blobs.quarantined_count()
+
+    @property
+    def format(self) -> str:
+        return FORMAT_LINE
+
+
+def _ensure_outside(key_file: Path, cache_dir: Path) -> None:
+    key = Path(os.path.abspath(key_file)).resolve()
+    root = Path(os.path.abspath(cache_dir)).resolve()
+    if key == root or key.is_relative_to(root):
+        raise CacheKeyError(
+            f"key file {key_file} is inside the cache directory {cache_dir}; keep it outside "
+            f"(default: {str(cache_dir)}.key) so a copy of the cache reveals nothing"
+        )
+
+
+def _load_index(layout: Layout, keys: KeySource, counters: Counters) -> TokenIndex:
+    """Load the snapshot; an unreadable one is quarantined and replaced by an empty index
+    (the server re-renders from its sources) rather than stopping start-up."""
+    try:
+        raw = layout.index_file.read_bytes()
+    except FileNotFoundError:
+        return TokenIndex()
+    try:
+        plaintext, _ = open_with_reload(keys, raw, INDEX_CONTEXT)
+        return TokenIndex.decode(plaintext)
+    except (EnvelopeError, IndexDecodeError) as exc:
+        reason = f"index unreadable, starting with an empty index: {exc}"
+    if quarantine_file(layout.index_file, layout.quarantine_dir, reason) is not None:
+        counters.quarantined += 1
+    return TokenIndex()
