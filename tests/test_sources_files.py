@@ -1,0 +1,177 @@
+"""The file source: listing, change events, atomic write-back that keeps the rest of the file."""
+
+from __future__ import annotations
+
+import base64
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ignition_server.auth.rotation import RotationPolicy, rotation_mutation
+from ignition_server.config import parse_duration, parse_hostport
+from ignition_server.sources.events import Change
+from ignition_server.sources.files import FileSource
+from ignition_server.sources.manifests import (
+    ManifestError,
+    ObjectKey,
+    build_token_secret,
+    decode_config,
+    encode_config,
+    format_time,
+    parse_time,
+    parse_token_secret,
+)
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "token-secret.yaml"
+CONFIGMAP = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm", "namespace": "ns"}, "data": {"a": "1"}}
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.batches: list[list[Change]] = []
+
+    async def __call__(self, changes: list[Change]) -> None:
+        self.batches.append(changes)
+
+    def flat(self) -> list[tuple[str, str]]:
+        return [(c.type, c.key.name) for batch in self.batches for c in batch]
+
+
+def test_example_secret_as_oc_prints_it_decodes() -> None:
+    secret = parse_token_secret(yaml.safe_load(EXAMPLE.read_text()))
+    assert secret.nodepool == "clusters/example-np"
+    assert secret.token == "7d3f6a0e-5c1b-4e8a-9b2f-1a2b3c4d5e6f"
+    assert "kind: MachineConfig" in secret.config_yaml and "/etc/motd" in secret.config_yaml
+    assert secret.release.startswith("quay.io/openshift-release-dev/ocp-release@sha256:")
+    assert secret.preconditions["pull-secret-hash"] == "0f0f0f0f"
+
+
+def test_string_data_and_data_are_equivalent() -> None:
+    built = build_token_secret(namespace="ns", nodepool="ns/np", token="abc", machineconfigs_yaml="a: 1\n")
+    as_string_data = dict(built)
+    as_string_data["stringData"] = {k: base64.b64decode(v).decode() for k, v in built["data"].items()}
+    del as_string_data["data"]
+    assert parse_token_secret(built) == parse_token_secret(as_string_data)
+
+
+def test_bad_values_are_clear_errors() -> None:
+    built = build_token_secret(namespace="ns", nodepool="ns/np", token="abc")
+    built["data"]["token"] = "not base64!!"
+    with pytest.raises(ManifestError, match="data.token is not valid base64"):
+        parse_token_secret(built)
+    with pytest.raises(ManifestError, match="gzip"):
+        decode_config(base64.b64encode(b"plain text, not gzip"))
+    assert decode_config(encode_config("x: 1\n")) == "x: 1\n"
+
+
+def test_times_round_trip_with_nanoseconds() -> None:
+    stamp = format_time(1700000000.123456789)
+    assert stamp == "2023-11-14T22:13:20.123456835Z" or stamp.startswith("2023-11-14T22:13:20.1234")
+    assert abs(parse_time(stamp) - 1700000000.123456) < 1e-5  # type: ignore[operator]
+    assert parse_time("2024-01-01T00:00:00Z") == 1704067200.0
+
+
+def test_durations_and_addresses() -> None:
+    assert parse_duration("6s") == 6 and parse_duration("11h") == 39600 and parse_duration("1h30m") == 5400
+    assert parse_duration("250ms") == 0.25 and parse_duration("90") == 90
+    for bad in ("", "6x", "-1", "h"):
+        with pytest.raises(ValueError):
+            parse_duration(bad)
+    assert parse_hostport("0.0.0.0:9090", 1) == ("0.0.0.0", 9090)
+    assert parse_hostport("[::1]:9", 1) == ("::1", 9)
+    assert parse_hostport(":80", 1) == ("0.0.0.0", 80)
+
+
+def test_rotation_policy() -> None:
+    policy = RotationPolicy(ttl=10.0)
+    fresh = parse_token_secret(build_token_secret(namespace="n", nodepool="n/p", token="t", generation_time=100.0))
+    assert not policy.is_due(fresh, 104.9) and policy.is_due(fresh, 105.0)
+    unstamped = parse_token_secret(build_token_secret(namespace="n", nodepool="n/p", token="t"))
+    assert policy.is_due(unstamped, 0.0)
+    obj = build_token_secret(namespace="n", nodepool="n/p", token="t1", old_token="t0")
+    assert rotation_mutation("t1", "t2", 200.0)(obj)
+    rotated = parse_token_secret(obj)
+    assert (rotated.token, rotated.old_token, rotated.generation_time) == ("t2", "t1", 200.0)
+    # A rotation based on a stale view writes nothing.
+    assert not rotation_mutation("t1", "t3", 201.0)(obj)
+
+
+async def test_listing_and_changes(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "a.yaml").write_text(yaml.safe_dump_all([CONFIGMAP, build_token_secret(namespace="ns", nodepool="ns/p", token="t")]))
+    (tmp_path / "list.yml").write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "pull-secret", "namespace": "ns"}, "data": {}}]}))
+    (tmp_path / "notes.txt").write_text("ignored")
+    source = FileSource(tmp_path)
+    recorder = Recorder()
+    source._handler = recorder
+    await source.poll_once()
+    assert sorted(recorder.flat()) == [("ADDED", "cm"), ("ADDED", "pull-secret"), ("ADDED", "token-p-00000000")]
+    await source.poll_once()
+    assert len(recorder.batches) == 1  # nothing changed: nothing handed over
+    changed = dict(CONFIGMAP, data={"a": "2"})
+    (tmp_path / "sub" / "a.yaml").write_text(yaml.safe_dump_all([changed, build_token_secret(namespace="ns", nodepool="ns/p", token="t")]))
+    await source.poll_once()
+    assert recorder.flat()[-1] == ("MODIFIED", "cm")
+    (tmp_path / "list.yml").unlink()
+    await source.poll_once()
+    assert recorder.flat()[-1] == ("DELETED", "pull-secret")
+
+
+async def test_unparseable_file_keeps_its_last_good_objects(tmp_path: Path) -> None:
+    path = tmp_path / "a.yaml"
+    path.write_text(yaml.safe_dump(CONFIGMAP))
+    source = FileSource(tmp_path)
+    source._handler = Recorder()
+    await source.poll_once()
+    path.write_text("kind: [unclosed\n")
+    await source.poll_once()
+    assert ObjectKey("ConfigMap", "ns", "cm") in source.objects()
+
+
+async def test_write_back_rewrites_one_document_atomically(tmp_path: Path) -> None:
+    path = tmp_path / "pool.yaml"
+    secret = build_token_secret(namespace="ns", nodepool="ns/p", token="t1")
+    text = "# a comment the other document keeps\n" + yaml.safe_dump(CONFIGMAP) + "---\n" + yaml.safe_dump(secret) + "---\n# trailing\nkind: ConfigMap\napiVersion: v1\nmetadata: {name: z, namespace: ns}\n"
+    path.write_text(text)
+    path.chmod(0o640)
+    source = FileSource(tmp_path)
+    recorder = Recorder()
+    source._handler = recorder
+    await source.poll_once()
+    key = ObjectKey("Secret", "ns", "token-p-00000000")
+    written = await source.write_back(key, rotation_mutation("t1", "t2", time.time()))
+    assert written is not None
+    new_text = path.read_text()
+    assert new_text.startswith("# a comment the other document keeps\n" + yaml.safe_dump(CONFIGMAP))
+    assert new_text.endswith("# trailing\nkind: ConfigMap\napiVersion: v1\nmetadata: {name: z, namespace: ns}\n")
+    assert parse_token_secret(source.objects()[key]).token == "t2"
+    assert recorder.flat()[-1] == ("MODIFIED", "token-p-00000000")
+    assert path.stat().st_mode & 0o777 == 0o640
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp files left
+
+
+async def test_write_back_applies_to_an_edit_made_meanwhile(tmp_path: Path) -> None:
+    path = tmp_path / "pool.yaml"
+    path.write_text(yaml.safe_dump(build_token_secret(namespace="ns", nodepool="ns/p", token="t1")))
+    source = FileSource(tmp_path)
+    source._handler = Recorder()
+    await source.poll_once()
+    # Someone edits the file (adds a key) before the server has re-read it.
+    edited = yaml.safe_load(path.read_text())
+    edited["data"]["hc-configuration-hash"] = base64.b64encode(b"new").decode()
+    path.write_text(yaml.safe_dump(edited))
+    key = ObjectKey("Secret", "ns", "token-p-00000000")
+    await source.write_back(key, rotation_mutation("t1", "t2", time.time()))
+    result = yaml.safe_load(path.read_text())
+    assert base64.b64decode(result["data"]["hc-configuration-hash"]) == b"new"
+    assert base64.b64decode(result["data"]["token"]) == b"t2"
+
+
+async def test_read_only_source_refuses_write_back(tmp_path: Path) -> None:
+    source = FileSource(tmp_path, read_only=True)
+    assert not source.writable
+    with pytest.raises(PermissionError):
+        await source.write_back(ObjectKey("Secret", "a", "b"), lambda obj: True)
