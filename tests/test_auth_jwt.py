@@ -526,6 +526,7 @@ def test_decode_transport_token(keys):
     std = base64.b64encode(token.encode()).decode()
     assert decode_transport_token(std) == token
     assert decode_transport_token(std.rstrip("=")) == token
+    assert decode_transport_token(std.replace("+", " ")) == token  # form-decoded '+' 
     assert decode_transport_token(base64.urlsafe_b64encode(token.encode()).decode()) == token
     for bad in ["", token, "%%%", base64.b64encode(b"hello").decode(), "A" * 70000]:
         with pytest.raises(JwtRefused) as err:

@@ -303,7 +303,8 @@ def looks_like_jwt(text: str) -> bool:
 def decode_transport_token(value: str) -> str:
     """The JWT inside a ``token=`` parameter or Bearer value (base64, standard or url-safe,
     padding optional; URL decoding is the HTTP layer's job). Refuses (401) anything else."""
-    value = value.strip()
+    # A query parser may have turned base64's '+' into ' ' (form decoding); base64 has no spaces.
+    value = value.strip().replace(" ", "+")
     if not value or len(value) > MAX_TOKEN_BYTES * 2:
         raise JwtRefused(401, "token missing or too long")
     if looks_like_jwt(value):

@@ -1,0 +1,291 @@
+"""An HAProxy (2.6+) frontend that checks service-account JWTs at the edge.
+
+IBM's design puts a token-checking HAProxy in front of the payload server:
+``GET /config/<pool>?token=<base64(jwt)>``. This module renders that frontend (a reusable
+piece: a full SNI front proxy can embed the ``frontend`` section) so forged tokens are
+answered ``403`` by HAProxy and never reach the server. The server verifies again with
+:class:`ignition_server.auth.jwt.ServiceAccountVerifier` (token Secret, cluster, cache);
+the edge checks what HAProxy can check without state:
+
+* the token: URL parameter ``token`` → ``url_dec,b64dec`` (optionally the Bearer value,
+  ``http_auth_bearer,b64dec``), compact-JWS shaped;
+* ``alg`` from the JOSE header is RS256 or ES256, and it is the alg of the key file used:
+  one ``jwt_verify("<alg>","<key file>")`` per key file (current key and previous keys
+  within their overlap window), accepted when any of them returns exactly 1;
+* ``iss`` is one of the accepted issuers, ``sub`` is ``system:serviceaccount:<ns>:<name>``
+  for an allowed pair (both token forms carry ``sub``);
+* ``exp`` (when present) is after ``date()`` minus leeway, ``nbf`` (when present) before
+  ``date()`` plus leeway; a present but non-integer ``exp``/``nbf`` is refused.
+
+Refusals use ``http-request return status 403`` (HAProxy 2.6 has no ``deny_status 511``
+for this, and a forged token can never succeed, so 4xx is right). Bodies never echo the
+token, and the optional log format logs the path without the query string.
+
+:func:`render_edge_config` is pure: re-render it when keys rotate (the set of key files
+changes) and reload HAProxy. :func:`write_key_files` writes the PEM public key files
+(HAProxy 2.6 ``jwt_verify`` reads a SubjectPublicKeyInfo PEM, loaded at start-up).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ignition_server.auth.jwks import KeySource, TrustedKey, load_public_keys
+from ignition_server.auth.jwt import DEFAULT_ALLOWED_ACCOUNTS, LEGACY_ISSUER
+
+__all__ = ["EdgeKey", "render_edge_config", "write_key_files"]
+
+EDGE_ALGORITHMS = ("RS256", "ES256")
+
+# Words HAProxy takes verbatim in ACL patterns, quoted arguments, and server lines.
+_SAFE_WORD = re.compile(r"^[A-Za-z0-9._:/@%+=~\[\]-]+$")
+_SAFE_PATH = re.compile(r"^/[A-Za-z0-9._/+@=~-]*$")
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+_JWS_REGEX = "'^eyJ[A-Za-z0-9_-]+[.][A-Za-z0-9_-]+[.][A-Za-z0-9_-]+$'"
+
+
+@dataclass(frozen=True)
+class EdgeKey:
+    """A public key file for ``jwt_verify`` and the one alg it verifies."""
+
+    path: str
+    alg: str  # "RS256" or "ES256"
+
+
+def _word(value: str, what: str) -> str:
+    if not isinstance(value, str) or not _SAFE_WORD.match(value):
+        raise ValueError(f"{what} {value!r} cannot be written into the HAProxy config safely")
+    return value
+
+
+def _keys(key_files: Sequence[str | EdgeKey]) -> list[EdgeKey]:
+    out: list[EdgeKey] = []
+    for item in key_files:
+        if isinstance(item, EdgeKey):
+            if item.alg not in EDGE_ALGORITHMS:
+                raise ValueError(f"key alg {item.alg!r} not allowed (RS256 or ES256)")
+            candidates = [item]
+        else:
+            # Type unknown without reading the file: verify under both algs; jwt_verify with
+            # the wrong alg for the key type fails, and the header alg must match either way.
+            candidates = [EdgeKey(item, alg) for alg in EDGE_ALGORITHMS]
+        for key in candidates:
+            if not _SAFE_PATH.match(key.path):
+                raise ValueError(f"key file path {key.path!r} must be absolute and plain")
+            if key not in out:
+                out.append(key)
+    if not out:
+        raise ValueError("at least one key file is needed")
+    return out
+
+
+def _refuse(reason: str, condition: str) -> str:
+    return (
+        f'    http-request return status 403 content-type "text/plain" '
+        f'string "{reason}\\n" hdr Cache-Control no-store {condition}'
+    )
+
+
+def render_edge_config(
+    *,
+    bind: str,
+    backend_servers: list[str],
+    key_files: Sequence[str | EdgeKey],
+    issuers: Sequence[str] = (LEGACY_ISSUER,),
+    allowed_accounts: Iterable[tuple[str, str]] = DEFAULT_ALLOWED_ACCOUNTS,
+    token_param: str = "token",
+    bearer: bool = False,
+    open_paths: Sequence[str] = (),
+    leeway_seconds: int = 60,
+    name: str = "ignition_edge",
+    bind_options: str = "",
+    server_options: str = "",
+    log_target: str | None = None,
+    maxconn: int | None = None,
+    timeout_client: str = "30s",
+    timeout_server: str = "120s",
+    timeout_connect: str = "5s",
+    with_global: bool = True,
+) -> str:
+    """A complete HAProxy config (or, with ``with_global=False``, only the frontend and
+    backend sections) that forwards to ``backend_servers`` (``host:port``) only requests
+    carrying a JWT that passes the checks in the module doc.
+
+    ``bind`` is ``addr:port`` (plus ``bind_options``, e.g. ``ssl crt /path/to.pem``).
+    ``key_files`` are absolute PEM public key paths (plain strings: alg from the header,
+    RS256 or ES256) or :class:`EdgeKey` (alg fixed by the key type: preferred, as returned
+    by :func:`write_key_files`). ``issuers``: accepted ``iss`` values (the legacy
+    ``kubernetes/serviceaccount`` and the cluster's bound-token issuer). ``open_paths``:
+    exact paths forwarded without a token (e.g. ``/healthz``).
+    """
+    keys = _keys(key_files)
+    if not backend_servers:
+        raise ValueError("at least one backend server is needed")
+    _word(bind, "bind address")
+    servers = [_word(s, "backend server") for s in backend_servers]
+    iss = [_word(i, "issuer") for i in issuers]
+    if not iss:
+        raise ValueError("at least one issuer is needed")
+    subs = []
+    for ns, sa in allowed_accounts:
+        sub = f"system:serviceaccount:{_word(ns, 'namespace')}:{_word(sa, 'service account')}"
+        if sub not in subs:
+            subs.append(sub)
+    if not subs:
+        raise ValueError("at least one allowed (namespace, service account) pair is needed")
+    if not _SAFE_NAME.match(name) or not _SAFE_NAME.match(token_param):
+        raise ValueError("name and token_param must be plain identifiers")
+    for p in open_paths:
+        if not _SAFE_PATH.match(p):
+            raise ValueError(f"open path {p!r} must be a plain absolute path")
+    for opt, what in ((bind_options, "bind options"), (server_options, "server options")):
+        if any(c in opt for c in "\n\r#\"'"):
+            raise ValueError(f"{what} must be a single plain line")
+    leeway = int(leeway_seconds)
+    if leeway < 0:
+        raise ValueError("leeway_seconds must be >= 0")
+
+    out: list[str] = [
+        f"# Generated by proxy/edge.py: JWT checks in front of the Ignition payload server.",
+        f"# Key files: {len(keys)}. Re-render and reload when the signing keys rotate.",
+    ]
+    if with_global:
+        out.append("global")
+        if maxconn is not None:  # default: derived by HAProxy from the FD limit
+            out.append(f"    maxconn {int(maxconn)}")
+        if log_target:
+            out.append(f"    log {_word(log_target, 'log target')} format raw local0")
+        out += [
+            "",
+            "defaults",
+            "    mode http",
+            f"    timeout connect {_word(timeout_connect, 'timeout')}",
+            f"    timeout client {_word(timeout_client, 'timeout')}",
+            f"    timeout server {_word(timeout_server, 'timeout')}",
+            "    timeout http-request 10s",
+            "",
+        ]
+    out += [f"frontend {name}", f"    bind {bind}{(' ' + bind_options) if bind_options else ''}"]
+    if log_target:
+        # Never log the query string: it holds the token.
+        out += [
+            "    log global",
+            '    log-format "%ci:%cp [%tr] %ft %b/%s %TR/%Tw/%Tc/%Tr/%Ta %ST %B %tsc %HM %HPO"',
+        ]
+    out += [
+        "    option forwardfor",
+        "    http-request set-var(txn.jwt_open) bool(true) if { path "
+        + " ".join(open_paths)
+        + " }"
+        if open_paths
+        else "    # no open paths: every request needs a token",
+        "    # The token: base64 of the JWT in the URL parameter (MCS / IBM shape).",
+        f"    http-request set-var(txn.jwt) url_param({token_param}),url_dec,b64dec"
+        " unless { var(txn.jwt_open) -m bool }",
+    ]
+    if bearer:
+        out.append(
+            "    http-request set-var(txn.jwt) http_auth_bearer,b64dec"
+            " if !{ var(txn.jwt) -m found } !{ var(txn.jwt_open) -m bool }"
+        )
+    guard = "!{ var(txn.jwt_open) -m bool }"
+    out += [
+        _refuse("token missing or not base64 of a JWT",
+                f"if {guard} !{{ var(txn.jwt) -m reg {_JWS_REGEX} }}"),
+        "    http-request set-var(txn.jwt_alg) var(txn.jwt),jwt_header_query('$.alg') if " + guard,
+        _refuse("token algorithm not allowed",
+                f"if {guard} !{{ var(txn.jwt_alg) -m str {' '.join(EDGE_ALGORITHMS)} }}"),
+        "    # One jwt_verify per key file (current and previous keys); any exact 1 accepts.",
+    ]
+    for key in keys:
+        out.append(
+            f"    http-request set-var(txn.jwt_ok) bool(true) if {guard}"
+            f" {{ var(txn.jwt_alg) -m str {key.alg} }}"
+            f' {{ var(txn.jwt),jwt_verify("{key.alg}","{key.path}") -m int 1 }}'
+        )
+    out += [
+        _refuse("token signature not valid", f"if {guard} !{{ var(txn.jwt_ok) -m bool }}"),
+        "    http-request set-var(txn.jwt_iss) var(txn.jwt),jwt_payload_query('$.iss') if " + guard,
+        _refuse("token issuer not accepted", f"if {guard} !{{ var(txn.jwt_iss) -m str {' '.join(iss)} }}"),
+        "    http-request set-var(txn.jwt_sub) var(txn.jwt),jwt_payload_query('$.sub') if " + guard,
+        _refuse("service account not allowed", f"if {guard} !{{ var(txn.jwt_sub) -m str {' '.join(subs)} }}"),
+        "    # exp / nbf when present, against date() with a leeway.",
+        "    http-request set-var(txn.jwt_now) date() if " + guard,
+    ]
+    for claim, sign_expr, reason in (
+        ("exp", f"var(txn.jwt_exp),add({leeway}),sub(txn.jwt_now)", "token expired"),
+        ("nbf", f"var(txn.jwt_now),add({leeway}),sub(txn.jwt_nbf)", "token not valid yet"),
+    ):
+        out += [
+            f"    http-request set-var(txn.jwt_{claim}_raw) var(txn.jwt),jwt_payload_query('$.{claim}') if {guard}",
+            f"    http-request set-var(txn.jwt_{claim}) var(txn.jwt),jwt_payload_query('$.{claim}','int') if {guard}",
+            _refuse(f"token {claim} is not an integer",
+                    f"if {guard} {{ var(txn.jwt_{claim}_raw) -m found }} !{{ var(txn.jwt_{claim}) -m found }}"),
+            f"    http-request set-var(txn.jwt_{claim}_margin) {sign_expr} if {guard} {{ var(txn.jwt_{claim}) -m found }}",
+            _refuse(reason, f"if {guard} {{ var(txn.jwt_{claim}) -m found }} {{ var(txn.jwt_{claim}_margin) -m int le 0 }}"),
+        ]
+    out += [
+        f"    default_backend {name}_servers",
+        "",
+        f"backend {name}_servers",
+        "    balance roundrobin",
+    ]
+    for i, server in enumerate(servers):
+        out.append(f"    server s{i} {server}{(' ' + server_options) if server_options else ''}")
+    return "\n".join(out) + "\n"
+
+
+def write_key_files(
+    directory: str | os.PathLike[str],
+    keys: Iterable[TrustedKey | KeySource] | TrustedKey | KeySource,
+    *,
+    prefix: str = "sa",
+    prune: bool = True,
+) -> list[EdgeKey]:
+    """Write each public key as ``<directory>/<prefix>-<fingerprint>.pem`` (atomically,
+    mode 0644) and return the :class:`EdgeKey` list for :func:`render_edge_config`.
+
+    Keys come from the verifier (``ServiceAccountVerifier.trusted_keys(cluster)``) or any
+    public key source; a private key is refused (``PrivateKeyRefused``). With ``prune``,
+    other ``<prefix>-*.pem`` files in the directory (keys past their window) are removed.
+    """
+    if not _SAFE_NAME.match(prefix):
+        raise ValueError("prefix must be a plain identifier")
+    if isinstance(keys, TrustedKey):
+        keys = [keys]
+    items = list(keys) if isinstance(keys, (list, tuple)) else [keys]
+    trusted: list[TrustedKey] = []
+    for item in items:
+        trusted.extend([item] if isinstance(item, TrustedKey) else load_public_keys(item))
+    base = Path(directory)
+    base.mkdir(parents=True, exist_ok=True)
+    out: list[EdgeKey] = []
+    wanted: set[str] = set()
+    for key in trusted:
+        path = base / f"{prefix}-{key.fingerprint[:32]}.pem"
+        if path.name in wanted:
+            continue
+        wanted.add(path.name)
+        data = key.pem()
+        if not path.exists() or path.read_bytes() != data:
+            fd, tmp = tempfile.mkstemp(dir=base, prefix=f".{prefix}-", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(data)
+                os.chmod(tmp, 0o644)
+                os.replace(tmp, path)
+            except BaseException:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+                raise
+        out.append(EdgeKey(str(path.resolve()), key.alg))
+    if prune:
+        for stale in base.glob(f"{prefix}-*.pem"):
+            if stale.name not in wanted:
+                stale.unlink()
+    return out
