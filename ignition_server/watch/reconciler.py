@@ -80,6 +80,7 @@ class Reconciler:
     _reached_written: set[ObjectKey] = field(default_factory=set)
     _listed: asyncio.Event = field(default_factory=asyncio.Event)
     _semaphore: asyncio.Semaphore | None = None
+    _next_flush: asyncio.Future[None] | None = None
     _seq: int = 0
 
     # -- source events -------------------------------------------------------------
@@ -203,6 +204,8 @@ class Reconciler:
             )
             self.metrics.payloads_cached.set(len(self.cache.renders()))
             self._failures.pop(secret.key, None)
+            # Durable before we say so: a crash after "AsExpected" must not cost a render.
+            await self.persist_index()
             log.info("payload ready for %s (%s, %d bytes)", secret.nodepool, secret.ref, len(rendered.body))
             message = "; ".join(rendered.notes)
             await self._write_status(secret.key, Status("AsExpected", message))
@@ -251,6 +254,17 @@ class Reconciler:
                 self._failures[key] = (_digest, _attempts, 0.0)
                 self._schedule_render(secret)
 
+    async def persist_index(self) -> None:
+        """Flush the index soon; callers arriving together share one flush."""
+        if self._next_flush is None:
+            self._next_flush = asyncio.ensure_future(self._flush_later())
+        await asyncio.shield(self._next_flush)
+
+    async def _flush_later(self) -> None:
+        await asyncio.sleep(0.05)
+        self._next_flush = None  # changes from now on go into the next flush
+        await asyncio.to_thread(self.cache.flush)
+
     async def wait_idle(self) -> None:
         """Until no render is pending (tests and graceful shutdown)."""
         while self._pending:
@@ -298,7 +312,7 @@ class Reconciler:
                 record = self.cache.lookup_token_key(token_key)
                 if record is not None and record.state is not TokenState.RETIRED:
                     self._retire(token_key, record, now)
-                    await asyncio.to_thread(self.cache.flush)
+                    await self.persist_index()
             mutate = rotation_mutation(secret.token, new_token(), now)
             if await self._write_back(key, mutate, "token rotation"):
                 rotated += 1
@@ -366,7 +380,7 @@ class Reconciler:
                     self.cache.forget_expired(now)
                     last_forget = now
                 if self.cache.dirty:
-                    await asyncio.to_thread(self.cache.flush)
+                    await self.persist_index()
             except asyncio.CancelledError:
                 raise
             except Exception:
