@@ -270,10 +270,14 @@ class PayloadCache:
             deleted += 1
             freed += stat[1]
         temp_removed = self._blobs.remove_stale_temp(min(cutoff, now - _TEMP_FILE_MIN_AGE))
+        # Resync the disk levels with the scan (another process may have written or
+        # deleted blobs); a blob known but not scanned may be a write that raced the scan.
+        vanished = [b for b in list(self._counters.on_disk) if b not in on_disk and not self._blobs.exists(b)]
         with self._lock:
-            # The scan is the truth (other processes may have written); resync the levels.
             for blob_id, size in on_disk.items():
                 self._counters.disk_added(blob_id, size)
+            for blob_id in vanished:
+                self._counters.disk_removed(blob_id)
             self._counters.gc_runs += 1
             self._counters.gc_deleted += deleted
         if deleted:

@@ -41,7 +41,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from .errors import CacheKeyError
-from .fsio import atomic_write, fsync_dir, temp_path_for, write_exclusive
+from .fsio import atomic_write, fsync_dir, make_dir, temp_path_for, write_exclusive
 
 KEY_BYTES = 32
 KEY_ID_BYTES = 8
@@ -143,6 +143,7 @@ def create_key_file(path: Path) -> KeyRing:
     key file and never overwrites one.
     """
     ring = KeyRing.generate()
+    make_dir(path.parent)
     tmp = temp_path_for(path)
     write_exclusive(tmp, ring.serialize(), 0o600)
     try:

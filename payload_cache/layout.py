@@ -60,9 +60,6 @@ class Layout:
         # Two-hex-digit shards keep directories small at thousands of blobs.
         return self.blobs_dir / blob_id[:2] / blob_id
 
-    def has_data(self) -> bool:
-        return self.index_file.exists() or self.blobs_dir.exists()
-
     def prepare(self) -> None:
         """Create a fresh cache directory, or check an existing one's format."""
         make_dir(self.root)

@@ -212,3 +212,19 @@ def test_concurrent_puts_and_gets(tmp_path: Path) -> None:
     assert stats.blob_count == 40
     assert stats.memory_bytes <= 20_000
     assert len(blob_files(tmp_path / "cache")) == 40
+
+
+def test_gc_resyncs_disk_accounting_with_other_processes(tmp_path: Path) -> None:
+    server = open_cache(tmp_path)
+    kept = server.put_blob(b"kept")
+    gone = server.put_blob(b"gone")
+    server.put_render(render("ns/kept", kept))
+    other_process = open_cache(tmp_path)
+    extra = other_process.put_blob(b"written elsewhere")
+    (tmp_path / "cache" / "blobs" / gone[:2] / gone).unlink()
+    assert server.stats().blob_count == 2  # not yet aware
+    server.gc(time.time())  # extra is young, so it survives
+    stats = server.stats()
+    assert stats.blob_count == 2
+    assert server.has_blob(extra) and server.has_blob(kept)
+    assert stats.disk_bytes == sum(p.stat().st_size for p in blob_files(tmp_path / "cache"))

@@ -295,3 +295,9 @@ def test_missing_key_file_with_existing_cache_rebuilds(tmp_path: Path, caplog: p
     assert "key file" in caplog.text and "missing" in caplog.text
     assert reopened.lookup_token(TOKEN) is None
     assert key_id(load_key_file(tmp_path / "cache.key").aes_keys[0]) != key_id(old.aes_keys[0])
+
+
+def test_key_file_in_new_directory(tmp_path: Path) -> None:
+    key_file = tmp_path / "keys" / "nested" / "cache.key"
+    open_cache(tmp_path / "cache", key_file=key_file)
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
