@@ -539,3 +539,14 @@ def test_seed_example_prefix_is_an_rs256_header():
     # starts {"alg":"RS256","ki... (the verifier's expected transport shape).
     head = base64.b64decode("ZXlKaGJHY2lPaUpTVXpJMU5pSXNJbXRwWkNJNkls").decode()
     assert base64.urlsafe_b64decode(head[:24] + "=" * (-len(head[:24]) % 4)).startswith(b'{"alg":"RS256","ki')
+
+
+def test_configure_change_invalidates_cached_acceptance(keys):
+    v = trusting(keys, "rsa")
+    token = sign(legacy(), keys["rsa"])
+    v.verify(token)
+    v.verify(token)
+    assert v.stats.cache_hits == 1
+    v.configure(CLUSTER, issuers=[BOUND_ISSUER], allowed_accounts=[("openshift-machine-config-operator", "node-bootstrapper")])
+    with pytest.raises(JwtRefused, match="namespace"):
+        v.verify(token)

@@ -177,15 +177,23 @@ def test_rendered_config_passes_haproxy_check(tmp_path, keys):
 
 def test_frontend_only_section_embeds(keys, tmp_path):
     kf = write_key_files(tmp_path, keys["current"].public_key())
-    cfg = render_edge_config(bind="127.0.0.1:0", backend_servers=["127.0.0.1:1"], key_files=kf, with_global=False)
-    assert cfg.lstrip("# \n").find("global") == -1 or "\nglobal" not in cfg
+    cfg = render_edge_config(bind="127.0.0.1:8443", backend_servers=["127.0.0.1:1"], key_files=kf, with_global=False)
+    assert "\nglobal" not in cfg and "\ndefaults" not in cfg
     assert "frontend ignition_edge" in cfg and "backend ignition_edge_servers" in cfg
+    # embedded into a bigger config of the caller's own
+    whole = "global\n    nbthread 1\n\ndefaults\n    mode http\n    timeout connect 1s\n" \
+        "    timeout client 1s\n    timeout server 1s\n\n" + cfg
+    (tmp_path / "whole.cfg").write_text(whole)
+    res = subprocess.run([HAPROXY, "-c", "-f", str(tmp_path / "whole.cfg")], capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stdout + res.stderr
 
 
 def test_renderer_refuses_unsafe_values(tmp_path, keys):
     kf = write_key_files(tmp_path, keys["current"].public_key())
     bad = [
         dict(bind="127.0.0.1:1 ssl", backend_servers=["127.0.0.1:1"], key_files=kf),
+        dict(bind="127.0.0.1:0", backend_servers=["127.0.0.1:1"], key_files=kf),
+        dict(bind="127.0.0.1:1", backend_servers=["127.0.0.1:70000"], key_files=kf),
         dict(bind="127.0.0.1:1", backend_servers=["127.0.0.1:1\n    server evil 10.0.0.1:80"], key_files=kf),
         dict(bind="127.0.0.1:1", backend_servers=["127.0.0.1:1"], key_files=['/tmp/a".pem']),
         dict(bind="127.0.0.1:1", backend_servers=["127.0.0.1:1"], key_files=["relative.pem"]),
