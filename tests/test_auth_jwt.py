@@ -21,6 +21,7 @@ from ignition_server.auth.jwt import (
     ServiceAccountVerifier,
     TokenSecretRef,
     decode_transport_token,
+    is_transport_jwt,
 )
 
 T0 = 1_900_000_000.0
@@ -524,6 +525,7 @@ def test_cache_is_bounded(keys):
 def test_decode_transport_token(keys):
     token = sign(legacy(), keys["rsa"])
     std = base64.b64encode(token.encode()).decode()
+    assert is_transport_jwt(std) and not is_transport_jwt(base64.b64encode(b"5f1e8c1a-opaque").decode())
     assert decode_transport_token(std) == token
     assert decode_transport_token(std.rstrip("=")) == token
     assert decode_transport_token(std.replace("+", " ")) == token  # form-decoded '+' 

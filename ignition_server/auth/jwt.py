@@ -54,6 +54,7 @@ __all__ = [
     "VerifiedToken",
     "VerifierStats",
     "decode_transport_token",
+    "is_transport_jwt",
     "looks_like_jwt",
 ]
 
@@ -298,6 +299,12 @@ class _CacheEntry:
 def looks_like_jwt(text: str) -> bool:
     """Compact JWS shape: three base64url segments, header starting ``{"`` (``eyJ``)."""
     return text.startswith("eyJ") and text.count(".") == 2 and len(text) <= MAX_TOKEN_BYTES
+
+
+def is_transport_jwt(value: str) -> bool:
+    """Whether a ``token=`` / Bearer value is base64 of a JWT (base64 of ``eyJ`` is ``ZXlK``)
+    rather than an opaque HyperShift token: how the HTTP layer picks the verifier."""
+    return value.lstrip().startswith("ZXlK")
 
 
 def decode_transport_token(value: str) -> str:
