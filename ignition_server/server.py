@@ -87,7 +87,10 @@ class IgnitionServer:
             time.perf_counter() - started, len(cache.renders()), settings.listen[0], self.ports["serving"],
         )
         if not source.writable:
-            log.warning("source %s is read-only: tokens are not rotated and status is not written back", source.describe())
+            log.warning(
+                "source %s is read-only: token rotation state is kept (encrypted) in the cache dir %s, "
+                "and status is not written back", source.describe(), settings.cache_dir,
+            )
         tasks = [
             asyncio.create_task(self._run_source(source, reconciler), name="source"),
             asyncio.create_task(reconciler.run_periodic(), name="housekeeping"),

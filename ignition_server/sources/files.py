@@ -12,12 +12,13 @@ import hashlib
 import logging
 import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 import yaml
+
+from payload_cache.fsio import atomic_write
 
 from .events import Change, ChangeHandler, Mutation
 from .manifests import ObjectKey, object_key
@@ -28,31 +29,6 @@ _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 _DOC_SEPARATOR = re.compile(r"(?m)^---[ \t]*(?:#.*)?\n?")
 _SUFFIXES = (".yaml", ".yml", ".json")
-
-
-def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
-    """Replace `path` so a crash leaves either the old or the new content, never a torn file."""
-    directory = path.parent
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def split_documents(text: str) -> list[str]:

@@ -8,9 +8,10 @@ concurrency, and identical inputs render once (single-flight), so serving never 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable
 
 from payload_cache import PayloadCache, RenderRecord, TokenRecord, TokenState
@@ -41,6 +42,10 @@ Renderer = Callable[[NodePoolInputs], RenderedPayload]
 # Inputs a node needs to join that the reference reads from the token Secret's namespace.
 JOIN_INPUTS = ("pull-secret", "bootstrap-kubeconfig", "user-ca-bundle")
 RETRY_MIN, RETRY_MAX = 1.0, 300.0
+
+
+def _rotation_name(secret_ref: str) -> str:
+    return f"rotation/{secret_ref}"
 
 
 def build_inputs(secret: TokenSecret, held: Iterable[ObjectKey]) -> NodePoolInputs:
@@ -78,6 +83,7 @@ class Reconciler:
     _pending: dict[ObjectKey, _Pending] = field(default_factory=dict)
     _failures: dict[ObjectKey, tuple[str, int, float]] = field(default_factory=dict)  # digest, attempts, retry at
     _reached_written: set[ObjectKey] = field(default_factory=set)
+    _source_tokens: dict[ObjectKey, str | None] = field(default_factory=dict)  # token as the source holds it
     _listed: asyncio.Event = field(default_factory=asyncio.Event)
     _semaphore: asyncio.Semaphore | None = None
     _next_flush: asyncio.Future[None] | None = None
@@ -111,6 +117,8 @@ class Reconciler:
         if key not in self._order:
             self._seq += 1
             self._order[key] = self._seq
+        self._source_tokens[key] = secret.token
+        secret = self._with_rotation_state(secret)
         self.secrets[key] = secret
         self._index_tokens(secret)
         self._schedule_render(secret)
@@ -296,14 +304,45 @@ class Reconciler:
             log.warning("could not write %s back to %s: %s", what, key, exc)
             return False
 
+    # A read-only source cannot take rotations: they live in the cache dir instead, sealed
+    # (encrypted) with the index, and apply for as long as the source keeps its own token.
+
+    def _with_rotation_state(self, secret: TokenSecret) -> TokenSecret:
+        if self.source.writable:
+            return secret
+        sealed = self.cache.unseal(_rotation_name(secret.ref))
+        if sealed is None:
+            return secret
+        state = json.loads(sealed)
+        if state["base"] != secret.token:
+            self.cache.drop_sealed(_rotation_name(secret.ref))  # the source moved on by itself
+            return secret
+        return replace(secret, token=state["token"], old_token=state["old_token"], generation_time=state["generation_time"])
+
+    def _rotate_in_cache(self, key: ObjectKey, secret: TokenSecret, now: float) -> None:
+        state = {
+            "base": self._source_tokens.get(key),
+            "token": new_token(),
+            "old_token": secret.token,
+            "generation_time": now,
+        }
+        self.cache.seal(_rotation_name(secret.ref), json.dumps(state).encode())
+        rotated = replace(secret, token=state["token"], old_token=secret.token, generation_time=now)
+        self.secrets[key] = rotated
+        self._index_tokens(rotated)
+
     async def rotate_due(self) -> int:
         """Rotate every Secret whose current token has lived TTL/2. Returns how many rotated."""
         now = self.clock()
         rotated = 0
-        if not self.source.writable:
-            return 0
         for key, secret in list(self.secrets.items()):
             if not self.policy.is_due(secret, now):
+                continue
+            if not self.source.writable:
+                self._rotate_in_cache(key, secret, now)
+                await self.persist_index()
+                rotated += 1
+                self.metrics.token_rotations.inc()
                 continue
             # Retire the outgoing old token before the source forgets it, and persist that,
             # so a crash between the two cannot turn a 403 into a 511.

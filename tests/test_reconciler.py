@@ -1,0 +1,215 @@
+"""The watcher with a real file source, a real encrypted cache and the real renderer, on a test clock."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness import EXAMPLE_MACHINECONFIG, write_manifests
+from ignition_server.auth.rotation import RotationPolicy
+from ignition_server.auth.tokens import Refusal, TokenAuthenticator
+from ignition_server.metrics import ServerMetrics
+from ignition_server.render.payload import render_payload
+from ignition_server.sources.files import FileSource
+from ignition_server.sources.manifests import (
+    ANNOTATION_TOKEN_EXPIRATION,
+    build_token_secret,
+    format_time,
+    parse_token_secret,
+)
+from ignition_server.watch.reconciler import Reconciler
+from payload_cache import CacheConfig, PayloadCache, TokenState
+
+T0 = 1_800_000_000.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def world(tmp_path: Path):
+    clock = Clock()
+    source_dir = tmp_path / "source"
+    source_dir.mkdir()
+
+    def make(read_only: bool = False) -> tuple[Reconciler, FileSource, PayloadCache]:
+        cache = PayloadCache.open(CacheConfig(cache_dir=tmp_path / "cache"))
+        source = FileSource(source_dir, read_only=read_only)
+        reconciler = Reconciler(
+            source=source, cache=cache, renderer=render_payload, policy=RotationPolicy(ttl=100.0),
+            metrics=ServerMetrics(), clock=clock,
+        )
+        source._handler = reconciler.handle
+        return reconciler, source, cache
+
+    return make, clock, source_dir
+
+
+def secret(pool: str, token: str, **kwargs) -> dict:
+    return build_token_secret(
+        namespace="clusters-a", nodepool=f"clusters/{pool}", token=token,
+        machineconfigs_yaml=EXAMPLE_MACHINECONFIG.format(name=pool), generation_time=kwargs.pop("generation_time", T0), **kwargs,
+    )
+
+
+async def settle(reconciler: Reconciler, source: FileSource) -> None:
+    await source.poll_once()
+    await reconciler.wait_idle()
+    await source.poll_once()
+
+
+async def test_expiration_annotation_refuses_the_secrets_tokens(world) -> None:
+    make, clock, source_dir = world
+    reconciler, source, cache = make()
+    obj = secret("p", "tok-1", old_token="tok-0")
+    obj["metadata"]["annotations"][ANNOTATION_TOKEN_EXPIRATION] = format_time(T0 + 10)
+    write_manifests(source_dir / "p.yaml", obj)
+    await settle(reconciler, source)
+    auth = TokenAuthenticator(cache, clock)
+    assert auth.authenticate("tok-1").nodepool == "clusters/p"
+    assert auth.authenticate("tok-0").nodepool == "clusters/p"
+    clock.now = T0 + 11
+    for token in ("tok-1", "tok-0"):
+        with pytest.raises(Refusal) as refused:
+            auth.authenticate(token)
+        assert refused.value.status == 403
+    # Expired Secrets are not rotated.
+    assert await reconciler.rotate_due() == 0
+
+
+async def test_a_newer_secret_outdates_the_older_one_for_two_hours(world) -> None:
+    make, clock, source_dir = world
+    reconciler, source, cache = make()
+    old = secret("p", "tok-old", suffix="old00000")
+    old["metadata"]["creationTimestamp"] = "2027-01-01T00:00:00Z"
+    write_manifests(source_dir / "old.yaml", old)
+    await settle(reconciler, source)
+    new = secret("p", "tok-new", suffix="new00000")
+    new["metadata"]["creationTimestamp"] = "2027-01-02T00:00:00Z"
+    new["data"]["config"] = build_token_secret(
+        namespace="x", nodepool="x/y", token="t", machineconfigs_yaml=EXAMPLE_MACHINECONFIG.format(name="newer")
+    )["data"]["config"]
+    write_manifests(source_dir / "new.yaml", new)
+    await settle(reconciler, source)
+    written = yaml.safe_load((source_dir / "old.yaml").read_text())
+    expiry = parse_token_secret(written).expiration
+    assert expiry == pytest.approx(T0 + 7200, abs=1)
+    assert parse_token_secret(yaml.safe_load((source_dir / "new.yaml").read_text())).expiration is None
+    # Both generations serve their own payload until then.
+    auth = TokenAuthenticator(cache, clock)
+    old_blob = cache.get_blob(cache.get_render(auth.authenticate("tok-old").secret).blob_id)
+    new_blob = cache.get_blob(cache.get_render(auth.authenticate("tok-new").secret).blob_id)
+    assert b"/etc/p.conf" in old_blob and b"/etc/newer.conf" in new_blob
+
+
+async def test_rotation_on_the_clock_and_across_a_restart(world) -> None:
+    make, clock, source_dir = world
+    reconciler, source, cache = make()
+    path = write_manifests(source_dir / "p.yaml", secret("p", "tok-0"))
+    await settle(reconciler, source)
+    renders = reconciler.metrics.payload_cache_miss._value.get()
+    clock.now = T0 + 49
+    assert await reconciler.rotate_due() == 0
+    clock.now = T0 + 50
+    assert await reconciler.rotate_due() == 1
+    first = parse_token_secret(yaml.safe_load(path.read_text()))
+    assert first.old_token == "tok-0" and first.token not in (None, "tok-0")
+    clock.now = T0 + 100
+    assert await reconciler.rotate_due() == 1
+    second = parse_token_secret(yaml.safe_load(path.read_text()))
+    assert second.old_token == first.token
+    auth = TokenAuthenticator(cache, clock)
+    assert cache.lookup_token("tok-0").state is TokenState.RETIRED
+    with pytest.raises(Refusal) as refused:
+        auth.authenticate("tok-0")
+    assert refused.value.status == 403
+    assert auth.authenticate(first.token).secret == "clusters-a/token-p-00000000"
+    assert reconciler.metrics.payload_cache_miss._value.get() == renders  # rotation never re-renders
+    await reconciler.persist_index()
+    # A new process: the retired token is still refused, and forgotten one TTL later.
+    reconciler2, source2, cache2 = make()
+    await settle(reconciler2, source2)
+    auth2 = TokenAuthenticator(cache2, clock)
+    with pytest.raises(Refusal) as refused:
+        auth2.authenticate("tok-0")
+    assert refused.value.status == 403
+    assert reconciler2.metrics.payload_cache_miss._value.get() == 0
+    clock.now = T0 + 100 + 101
+    cache2.forget_expired(clock.now)
+    with pytest.raises(Refusal) as refused:
+        auth2.authenticate("tok-0")
+    assert refused.value.status == 511
+
+
+async def test_secret_deleted_while_down_is_forgotten_after_the_first_listing(world) -> None:
+    make, clock, source_dir = world
+    reconciler, source, cache = make()
+    write_manifests(source_dir / "a.yaml", secret("a", "tok-a"))
+    write_manifests(source_dir / "b.yaml", secret("b", "tok-b"))
+    await settle(reconciler, source)
+    await reconciler.persist_index()
+    (source_dir / "b.yaml").unlink()
+    reconciler2, source2, cache2 = make()
+    auth = TokenAuthenticator(cache2, clock)
+    assert auth.authenticate("tok-b")  # before the first listing: served from the index
+    await settle(reconciler2, source2)
+    with pytest.raises(Refusal) as refused:
+        auth.authenticate("tok-b")
+    assert refused.value.status == 403
+    assert cache2.get_render("clusters-a/token-b-00000000") is None
+    assert auth.authenticate("tok-a")
+
+
+async def test_read_only_source_rotates_in_the_cache_dir(world) -> None:
+    make, clock, source_dir = world
+    reconciler, source, cache = make(read_only=True)
+    path = write_manifests(source_dir / "p.yaml", secret("p", "tok-0"))
+    before = path.read_bytes()
+    await settle(reconciler, source)
+    clock.now = T0 + 50
+    assert await reconciler.rotate_due() == 1
+    clock.now = T0 + 100
+    assert await reconciler.rotate_due() == 1
+    assert path.read_bytes() == before  # never written
+    current = reconciler.secrets[next(iter(reconciler.secrets))]
+    auth = TokenAuthenticator(cache, clock)
+    assert auth.authenticate(current.token) and auth.authenticate(current.old_token)
+    with pytest.raises(Refusal):
+        auth.authenticate("tok-0")
+    await reconciler.persist_index()
+    # The rotation state survives a restart (sealed in the cache), and the token is not on disk in clear.
+    reconciler2, source2, cache2 = make(read_only=True)
+    await settle(reconciler2, source2)
+    assert reconciler2.secrets[current.key].token == current.token
+    for file in (source_dir.parent / "cache").rglob("*"):
+        if file.is_file():
+            assert current.token.encode() not in file.read_bytes()
+    # When the source's own token changes (rotated elsewhere), the source wins.
+    write_manifests(path, secret("p", "tok-from-elsewhere"))
+    await settle(reconciler2, source2)
+    assert reconciler2.secrets[current.key].token == "tok-from-elsewhere"
+
+
+def test_render_command_prints_the_payload(tmp_path: Path) -> None:
+    write_manifests(tmp_path / "p.yaml", secret("workers", "tok"))
+    result = subprocess.run(
+        [sys.executable, "-m", "ignition_server", "render", "--source", str(tmp_path), "--nodepool", "clusters/workers"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert '"path":"/etc/workers.conf"' in result.stdout
+    assert "pull-secret not in the source" in result.stderr
+    missing = subprocess.run(
+        [sys.executable, "-m", "ignition_server", "render", "--source", str(tmp_path), "--nodepool", "clusters/nope"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert missing.returncode == 1 and "clusters/workers" in missing.stderr
