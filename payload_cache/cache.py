@@ -119,14 +119,20 @@ class PayloadCache:
         self._remember(blob_id, payload)
         return blob_id
 
-    def get_blob(self, blob_id: str) -> bytes | None:
-        """The payload, or None if absent or unreadable (then the caller re-renders)."""
-        path = self._blobs.path(blob_id)  # validates the id before it reaches the filesystem
+    def get_blob_from_memory(self, blob_id: str) -> bytes | None:
+        """The payload if the memory tier holds it; never touches the disk (safe on an event loop)."""
         with self._lock:
             cached = self._memory.get(blob_id)
             if cached is not None:
                 self._counters.memory_hits += 1
-                return cached
+            return cached
+
+    def get_blob(self, blob_id: str) -> bytes | None:
+        """The payload, or None if absent or unreadable (then the caller re-renders)."""
+        path = self._blobs.path(blob_id)  # validates the id before it reaches the filesystem
+        cached = self.get_blob_from_memory(blob_id)
+        if cached is not None:
+            return cached
         try:
             with open(path, "rb") as f:
                 raw = f.read()

@@ -227,3 +227,27 @@ def test_sigterm_drains_and_exits_zero(server) -> None:
     write_manifests(proc.source / "pool.yaml", token_secret("workers", "tok-t"))
     proc.start()
     assert proc.stop() == 0
+
+
+def test_cache_survives_an_unreadable_source_and_holds_no_plaintext(server, tmp_path: Path) -> None:
+    proc = server()
+    marker_token = "tok-secret-marker-9f8e7d"
+    write_manifests(proc.source / "pool.yaml", token_secret("marker", marker_token))
+    proc.start()
+    wait_rendered(proc, 1)
+    status, _, body = proc.get("/ignition", bearer(marker_token))
+    assert status == 200
+    # Nothing in the cache dir (or its key file's neighbours) holds the payload or the token in clear.
+    needles = [marker_token.encode(), base64.b64encode(marker_token.encode()), b"hello%20from%20marker", body[:64]]
+    for file in proc.cache_dir.rglob("*"):
+        if file.is_file() and file.parent.name != "tls":
+            content = file.read_bytes()
+            for needle in needles:
+                assert needle not in content, f"{needle!r} found in {file}"
+    # As if the API server were down: the source is gone after a restart; the cache still serves.
+    proc.kill()
+    proc.source.rename(tmp_path / "source-away")
+    proc.start()
+    status, _, again = proc.get("/ignition", bearer(marker_token))
+    assert status == 200 and again == body
+    assert "unavailable, serving from the cache" in proc.logs()

@@ -98,7 +98,9 @@ class IgnitionHandlers:
             version = negotiate(request.headers.get("Accept"), record.min_version)
         except UnsatisfiableVersion as exc:
             raise Refusal(406, str(exc)) from None
-        body = await asyncio.to_thread(self._cache.get_blob, record.blob_id)
+        body = self._cache.get_blob_from_memory(record.blob_id)
+        if body is None:
+            body = await asyncio.to_thread(self._cache.get_blob, record.blob_id)
         if body is None:
             # Lost or failed its integrity check: the watcher re-renders it.
             raise Refusal(503, "payload is being rebuilt", retry_after=5)
