@@ -171,3 +171,32 @@ def test_user_data_secret_hashes_user_data_otherwise():
     assert a["metadata"]["name"] != b["metadata"]["name"]
     assert c["metadata"]["name"] == a["metadata"]["name"]
     assert a["metadata"]["annotations"]["hypershift.openshift.io/nodePool"] == "ns/np1"
+
+
+JWT = (
+    "eyJhbGciOiJSUzI1NiIsImtpZCI6ImFiYyJ9."
+    "eyJpc3MiOiJrdWJlcm5ldGVzL3NlcnZpY2VhY2NvdW50Iiwic3ViIjoic3lzdGVtOnNlcnZpY2VhY2NvdW50Om9wZW5zaGlmdC1pbmZyYTpub2RlLWJvb3RzdHJhcHBlciJ9."
+    "c2lnbmF0dXJl"
+)
+
+
+def test_mcs_shape_sends_a_jwt_as_base64():
+    cfg = pointer_config(source_url="https://h", token=JWT, ca_pem=CA, shape="mcs", nodepool="ns/np")
+    (sent,) = parse_qs(urlsplit(cfg["ignition"]["config"]["merge"][0]["source"]).query)["token"]
+    assert base64.b64decode(sent).decode() == JWT
+    # forced either way
+    cfg = pointer_config(source_url="https://h", token=JWT, ca_pem=CA, shape="mcs", nodepool="ns/np", token_kind="opaque")
+    assert parse_qs(urlsplit(cfg["ignition"]["config"]["merge"][0]["source"]).query)["token"] == [JWT]
+    cfg = pointer_config(source_url="https://h", token="opaque", ca_pem=CA, shape="mcs", nodepool="ns/np", token_kind="jwt")
+    assert parse_qs(urlsplit(cfg["ignition"]["config"]["merge"][0]["source"]).query)["token"] == [
+        base64.b64encode(b"opaque").decode()
+    ]
+    # the header shape is base64 of the token, whatever it is
+    cfg = pointer_config(source_url="https://h", token=JWT, ca_pem=CA)
+    bearer = cfg["ignition"]["config"]["merge"][0]["httpHeaders"][0]["value"]
+    assert base64.b64decode(bearer.removeprefix("Bearer ")).decode() == JWT
+
+
+def test_uuid_token_is_not_taken_for_a_jwt():
+    cfg = pointer_config(source_url="https://h", token=TOKEN, ca_pem=CA, shape="mcs", nodepool="ns/np")
+    assert parse_qs(urlsplit(cfg["ignition"]["config"]["merge"][0]["source"]).query)["token"] == [TOKEN]

@@ -27,6 +27,7 @@ __all__ = [
     "pointer_config",
     "pointer_user_data",
     "fits",
+    "looks_like_jwt",
     "user_data_secret",
     "user_data_secret_name",
 ]
@@ -49,6 +50,14 @@ def ca_data_url(ca_pem: str | bytes) -> str:
     return "data:;base64," + base64.b64encode(raw).decode("ascii")
 
 
+_JWT_RE = re.compile(r"^eyJ[A-Za-z0-9_-]*\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*$")
+
+
+def looks_like_jwt(token: str) -> bool:
+    """A compact JWS: three base64url segments, the header a JSON object (``eyJ``...)."""
+    return bool(_JWT_RE.match(token))
+
+
 def _nodepool_name(nodepool: str) -> str:
     """``<namespace>/<name>`` or ``<name>`` -> ``<name>``."""
     return nodepool.rsplit("/", 1)[-1]
@@ -63,6 +72,7 @@ def pointer_config(
     nodepool: str | None = None,
     version: str = "3.2.0",
     target_config_version_hash: str | None = None,
+    token_kind: str = "auto",
 ) -> dict:
     """The pointer Ignition config (a dict in Ignition 3.x shape).
 
@@ -71,6 +81,11 @@ def pointer_config(
     hypershift shape (sent as the ``NodePool`` header) and required for the mcs shape (the
     path uses its name). ``target_config_version_hash`` adds HyperShift's
     ``TargetConfigVersionHash`` header (hypershift shape only).
+
+    Token encodings (DESIGN §2): the Bearer value is always base64 of the token; in the
+    mcs URL an opaque token is sent as it is and a JWT (a node-bootstrapper service-account
+    token) as base64 of the JWT, both URL-encoded. ``token_kind`` is ``"opaque"``,
+    ``"jwt"`` or ``"auto"`` (a JWT is recognised by its shape).
     """
     if shape not in SHAPES:
         raise ValueError(f"unknown pointer shape {shape!r}; expected one of {', '.join(SHAPES)}")
@@ -99,8 +114,12 @@ def pointer_config(
         if not nodepool:
             raise ValueError("the mcs pointer shape needs nodepool (<namespace>/<name>)")
         name = _nodepool_name(nodepool)
+        if token_kind not in ("auto", "opaque", "jwt"):
+            raise ValueError(f"token_kind must be 'auto', 'opaque' or 'jwt', got {token_kind!r}")
+        is_jwt = token_kind == "jwt" or (token_kind == "auto" and looks_like_jwt(token))
+        sent = base64.b64encode(token.encode()).decode("ascii") if is_jwt else token
         merge = {
-            "source": f"{base}/config/{quote(name, safe='')}?token={quote(token, safe='')}",
+            "source": f"{base}/config/{quote(name, safe='')}?token={quote(sent, safe='')}",
         }
 
     return {
