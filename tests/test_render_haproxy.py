@@ -305,3 +305,130 @@ def test_fragment_haproxy_cfg_passes_check(tmp_path):
     frag = render_haproxy_fragment(access, "img")
     cfg = next(f for f in frag["storage"]["files"] if f["path"] == HAPROXY_CFG_PATH)
     assert_valid(tmp_path, decode(cfg["contents"]["source"]).decode())
+
+
+# --- a real HAProxy with the rendered config: TLS health checks and failover to backup ------
+
+import datetime  # noqa: E402
+import http.client  # noqa: E402
+import socket  # noqa: E402
+import ssl  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer  # noqa: E402
+
+
+def _self_signed(tmp_path):
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fake-apiserver")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+        .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(hours=1)).sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = tmp_path / "apiserver.crt", tmp_path / "apiserver.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+class FakeApiserver:
+    """HTTPS server answering /version (and /livez) like a kube-apiserver, named by its body."""
+
+    def __init__(self, name: str, cert, key):
+        outer = self
+        self.name, self.healthy, self.health_checks = name, True, 0
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                if self.path.split("?")[0] in ("/version", "/livez"):
+                    outer.health_checks += 1
+                code = 200 if outer.healthy else 500
+                body = outer.name.encode()
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.load_cert_chain(cert, key)
+        self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ask(port: int) -> str:
+    ctx = ssl._create_unverified_context()
+    conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=5, context=ctx)
+    try:
+        conn.request("GET", "/version")
+        return conn.getresponse().read().decode()
+    finally:
+        conn.close()
+
+
+def _wait(pred, timeout=15.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if pred():
+                return True
+        except OSError:
+            pass
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.haproxy
+@needs_haproxy
+def test_real_haproxy_checks_over_tls_and_fails_over_to_backup(tmp_path):
+    cert, key = _self_signed(tmp_path)
+    primary, backup = FakeApiserver("primary", cert, key), FakeApiserver("backup", cert, key)
+    listen = _free_port()
+    access = ApiServerAccess(
+        listen_ip="127.0.0.1", listen_port=listen,
+        backends=(Backend("127.0.0.1", backup.port, backup=True), Backend("localhost", primary.port)),
+        health_check=HEALTH_CHECK_LIVEZ,
+    )
+    # Same config, faster checks (10 s x 3 in production).
+    cfg = render_haproxy_cfg(access).replace("inter 10s fall 3 rise 3", "inter 200ms fall 1 rise 1")
+    assert_valid(tmp_path, cfg)
+    (tmp_path / "haproxy.cfg").write_text(cfg)
+    proc = subprocess.Popen([HAPROXY, "-db", "-f", str(tmp_path / "haproxy.cfg")],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        assert _wait(lambda: _ask(listen) == "primary"), "traffic never reached the primary"
+        assert primary.health_checks > 0  # checks really run, over TLS, on the DNS-named primary
+        assert all(_ask(listen) == "primary" for _ in range(5))  # backup idle while a primary is up
+        primary.healthy = False  # /livez fails: haproxy takes the primary out
+        assert _wait(lambda: _ask(listen) == "backup"), "no failover to the backup"
+        primary.healthy = True
+        assert _wait(lambda: _ask(listen) == "primary"), "no failback to the primary"
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=10)
+        primary.stop()
+        backup.stop()
+    assert b"Health check" in out or b"health" in out.lower()
