@@ -62,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add(serve, "--tls-cert", help="serving certificate (PEM); without it a self-made CA signs one")
     _add(serve, "--tls-key", help="key of --tls-cert (PEM)")
     _add(serve, "--token-ttl", default="11h", help="token lifetime; rotation at half of it (e.g. 6s, 11h)")
+    _add(serve, "--service-account-overlap", default="1h", help="how long a replaced service-account key or token Secret stays accepted")
     _add(serve, "--public-url", help="URL pointer configs use (also the self-made certificate's name)")
     _add(serve, "--cache-key-file", help="key file outside the cache dir (default: <cache-dir>.key)")
     _add(serve, "--cache-memory", default="128Mi", help="memory for payloads, in bytes (Ki/Mi/Gi suffixes)")
@@ -100,6 +101,7 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         metrics_listen=metrics,
         tls=TLSSettings(Path(args.tls_cert) if args.tls_cert else None, Path(args.tls_key) if args.tls_key else None),
         token_ttl=parse_duration(args.token_ttl),
+        service_account_overlap=parse_duration(args.service_account_overlap),
         public_url=args.public_url,
         cache_key_file=Path(args.cache_key_file) if args.cache_key_file else None,
         cache_memory_bytes=parse_size(str(args.cache_memory)),

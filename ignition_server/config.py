@@ -69,6 +69,8 @@ class ServeSettings:
     metrics_listen: tuple[str, int] | None = ("0.0.0.0", 8080)
     tls: TLSSettings = TLSSettings()
     token_ttl: float = DEFAULT_TOKEN_TTL
+    # How long a replaced service-account signing key or token Secret stays accepted.
+    service_account_overlap: float = 3600.0
     public_url: str | None = None
     cache_key_file: Path | None = None
     cache_memory_bytes: int = 128 * 1024 * 1024

@@ -20,6 +20,7 @@ from aiohttp import web
 from payload_cache import CacheConfig, PayloadCache
 
 from .auth.rotation import RotationPolicy
+from .auth.jwt import ServiceAccountVerifier
 from .auth.tokens import TokenAuthenticator
 from .config import ServeSettings
 from .http.app import IgnitionHandlers, ServingState, build_app, build_metrics_app
@@ -28,6 +29,7 @@ from .metrics import ServerMetrics
 from .render.payload import render_payload
 from .sources.files import FileSource
 from .watch.reconciler import Reconciler, Renderer
+from .watch.trust import TrustWatcher
 
 log = logging.getLogger("ignition_server")
 
@@ -61,6 +63,7 @@ class IgnitionServer:
         self.metrics.watch_cache(cache.stats)
         self.metrics.payloads_cached.set(len(cache.renders()))
         source = FileSource(settings.source_dir, poll_interval=settings.poll_interval, read_only=settings.source_read_only)
+        verifier = ServiceAccountVerifier(clock=self.clock, overlap_seconds=settings.service_account_overlap)
         self.reconciler = reconciler = Reconciler(
             source=source,
             cache=cache,
@@ -69,10 +72,11 @@ class IgnitionServer:
             metrics=self.metrics,
             render_concurrency=settings.render_concurrency,
             clock=self.clock,
+            trust=TrustWatcher(verifier),
         )
         handlers = IgnitionHandlers(
             cache=cache,
-            authenticator=TokenAuthenticator(cache, self.clock),
+            authenticator=TokenAuthenticator(cache, self.clock, verifier=verifier, directory=reconciler),
             metrics=self.metrics,
             state=self.state,
             on_served=reconciler.note_served,

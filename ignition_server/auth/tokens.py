@@ -11,9 +11,11 @@ import base64
 import binascii
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
 from payload_cache import PayloadCache, TokenRecord, TokenState
+
+from .jwt import JwtRefused, ServiceAccountVerifier, decode_transport_token, is_transport_jwt, looks_like_jwt
 
 
 class Refusal(Exception):
@@ -32,6 +34,24 @@ class Grant:
 
     nodepool: str  # "<namespace>/<name>"
     secret: str  # "<namespace>/<name>" of the token Secret
+
+
+def credential(*, header: str | None = None, query_value: str | None = None) -> tuple[str, bool]:
+    """The presented token and whether it is a service-account JWT, from either request shape.
+
+    Header shape: the Bearer value is base64 of the token, whatever its kind. URL shape: an
+    opaque token as it is, a JWT as base64 of the JWT (as in IBM's design).
+    """
+    if query_value is not None:
+        value = query_token(query_value)
+        if is_transport_jwt(value):
+            try:
+                return decode_transport_token(value), True
+            except JwtRefused as refused:
+                raise Refusal(401, refused.reason) from None
+        return value, False
+    token = bearer_token(header)
+    return token, looks_like_jwt(token)
 
 
 def bearer_token(header: str | None) -> str:
@@ -57,10 +77,41 @@ def query_token(value: str | None) -> str:
     return value
 
 
+class NodePoolDirectory(Protocol):
+    def grant_for(self, namespace: str, pool_name: str) -> Grant | None: ...
+
+
 class TokenAuthenticator:
-    def __init__(self, cache: PayloadCache, clock: Callable[[], float] = time.time) -> None:
+    """Opaque per-NodePool tokens (HyperShift) via the token index; service-account JWTs
+    (IBM's design) via the offline verifier, when one is configured."""
+
+    def __init__(
+        self,
+        cache: PayloadCache,
+        clock: Callable[[], float] = time.time,
+        *,
+        verifier: ServiceAccountVerifier | None = None,
+        directory: NodePoolDirectory | None = None,
+    ) -> None:
         self._cache = cache
         self._clock = clock
+        self._verifier = verifier
+        self._directory = directory
+
+    def service_account(self, jwt: str, pool_name: str | None) -> Grant:
+        """A hosted cluster's node-bootstrapper JWT opens only that cluster's NodePools."""
+        if self._verifier is None or self._directory is None:
+            raise Refusal(403, "service-account tokens are not accepted here")
+        try:
+            verified = self._verifier.verify(jwt)
+        except JwtRefused as refused:
+            raise Refusal(refused.status, refused.reason) from None
+        if not pool_name:
+            raise Refusal(403, "a service-account token needs the NodePool (header or path)")
+        grant = self._directory.grant_for(verified.cluster, pool_name)
+        if grant is None:
+            raise Refusal(403, "the token's cluster has no such NodePool")
+        return grant
 
     def authenticate(self, token: str) -> Grant:
         record = self._cache.lookup_token(token)

@@ -17,7 +17,7 @@ from aiohttp import web
 
 from payload_cache import PayloadCache
 
-from ..auth.tokens import Grant, Refusal, TokenAuthenticator, bearer_token, check_nodepool, query_token
+from ..auth.tokens import Grant, Refusal, TokenAuthenticator, check_nodepool, credential
 from ..metrics import ServerMetrics
 from ..render.spec import UnsatisfiableVersion, negotiate, with_version
 
@@ -54,18 +54,23 @@ class IgnitionHandlers:
 
     async def hypershift(self, request: web.Request) -> web.StreamResponse:
         def grant() -> Grant:
-            token = bearer_token(request.headers.get("Authorization"))
-            granted = self._auth.authenticate(token)
-            check_nodepool(granted, header=request.headers.get("NodePool"))
+            token, is_jwt = credential(header=request.headers.get("Authorization"))
+            header = request.headers.get("NodePool")
+            if is_jwt:
+                granted = self._auth.service_account(token, header.partition("/")[2] if header else None)
+            else:
+                granted = self._auth.authenticate(token)
+            check_nodepool(granted, header=header)
             return granted
 
         return await self._serve(request, grant)
 
     async def mcs(self, request: web.Request) -> web.StreamResponse:
         def grant() -> Grant:
-            token = query_token(request.query.get("token"))
-            granted = self._auth.authenticate(token)
-            check_nodepool(granted, path_name=request.match_info["nodepool"])
+            pool_name = request.match_info["nodepool"]
+            token, is_jwt = credential(query_value=request.query.get("token", ""))
+            granted = self._auth.service_account(token, pool_name) if is_jwt else self._auth.authenticate(token)
+            check_nodepool(granted, path_name=pool_name)
             return granted
 
         return await self._serve(request, grant)

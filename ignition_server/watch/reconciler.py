@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable
 
 from payload_cache import PayloadCache, RenderRecord, TokenRecord, TokenState
 
+from ..auth.tokens import Grant
 from ..auth.rotation import RotationPolicy, new_token, rotation_mutation
 from ..config import SUPERSEDED_GRACE
 from ..metrics import ServerMetrics
@@ -35,6 +36,7 @@ from ..sources.manifests import (
     set_secret_value,
 )
 from .status import Status, status_mutation
+from .trust import TrustWatcher
 
 log = logging.getLogger("ignition_server.watch")
 
@@ -42,6 +44,10 @@ Renderer = Callable[[NodePoolInputs], RenderedPayload]
 # Inputs a node needs to join that the reference reads from the token Secret's namespace.
 JOIN_INPUTS = ("pull-secret", "bootstrap-kubeconfig", "user-ca-bundle")
 RETRY_MIN, RETRY_MAX = 1.0, 300.0
+
+
+def _pool_of(secret: TokenSecret) -> tuple[str, str]:
+    return (secret.key.namespace, secret.nodepool.partition("/")[2])
 
 
 def _rotation_name(secret_ref: str) -> str:
@@ -77,6 +83,7 @@ class Reconciler:
     metrics: ServerMetrics
     render_concurrency: int = 2
     clock: Callable[[], float] = time.time
+    trust: TrustWatcher | None = None
     secrets: dict[ObjectKey, TokenSecret] = field(default_factory=dict)
     _order: dict[ObjectKey, int] = field(default_factory=dict)  # first-seen order, for ties
     _renders: dict[str, asyncio.Task[RenderedPayload]] = field(default_factory=dict)  # by inputs digest
@@ -84,6 +91,7 @@ class Reconciler:
     _failures: dict[ObjectKey, tuple[str, int, float]] = field(default_factory=dict)  # digest, attempts, retry at
     _reached_written: set[ObjectKey] = field(default_factory=set)
     _source_tokens: dict[ObjectKey, str | None] = field(default_factory=dict)  # token as the source holds it
+    _pools: dict[tuple[str, str], set[ObjectKey]] = field(default_factory=dict)  # (namespace, pool name) -> Secrets
     _listed: asyncio.Event = field(default_factory=asyncio.Event)
     _semaphore: asyncio.Semaphore | None = None
     _next_flush: asyncio.Future[None] | None = None
@@ -93,6 +101,8 @@ class Reconciler:
 
     async def handle(self, changes: list[Change]) -> None:
         for change in changes:
+            if self.trust is not None:
+                self.trust.handle(change)
             if change.key.kind != "Secret":
                 continue
             if change.type == "DELETED":
@@ -119,7 +129,9 @@ class Reconciler:
             self._order[key] = self._seq
         self._source_tokens[key] = secret.token
         secret = self._with_rotation_state(secret)
+        self._unlist_pool(key)
         self.secrets[key] = secret
+        self._pools.setdefault(_pool_of(secret), set()).add(key)
         self._index_tokens(secret)
         self._schedule_render(secret)
 
@@ -150,6 +162,7 @@ class Reconciler:
 
     def _forget_secret(self, key: ObjectKey, why: str) -> None:
         now = self.clock()
+        self._unlist_pool(key)
         self.secrets.pop(key, None)
         pending = self._pending.pop(key, None)
         if pending:
@@ -161,6 +174,13 @@ class Reconciler:
             self.cache.drop_render(key.ref)
             log.info("dropped the payload of %s: %s", key.ref, why)
         self.metrics.payloads_cached.set(len(self.cache.renders()))
+
+    def _unlist_pool(self, key: ObjectKey) -> None:
+        previous = self.secrets.get(key)
+        if previous is not None:
+            keys = self._pools.get(_pool_of(previous))
+            if keys is not None:
+                keys.discard(key)
 
     def _after_first_listing(self) -> None:
         # The index was loaded before the source answered; what it holds for Secrets the
@@ -382,6 +402,21 @@ class Reconciler:
 
                 log.info("%s is outdated by a newer token Secret of %s: expires at %s", outdated.ref, outdated.nodepool, stamp)
                 await self._write_back(outdated.key, mutate, "expiration")
+
+    def grant_for(self, namespace: str, pool_name: str) -> Grant | None:
+        """The NodePool `pool_name` of the hosted cluster in `namespace`: its newest live generation.
+
+        Service-account tokens name a cluster, not a NodePool, so the request's NodePool
+        picks the token Secret (and so the payload) among that cluster's.
+        """
+        now = self.clock()
+        candidates = [
+            s for s in (self.secrets[k] for k in self._pools.get((namespace, pool_name), ())) if not s.expired(now)
+        ]
+        if not candidates:
+            return None
+        newest = max(candidates, key=lambda s: (s.creation_time or 0.0, self._order.get(s.key, 0)))
+        return Grant(nodepool=newest.nodepool, secret=newest.ref)
 
     def note_served(self, secret_ref: str) -> None:
         """Set `ignition-reached` once per Secret, off the request path (the reference paid a GET+UPDATE per request)."""

@@ -1,0 +1,1 @@
+"""Benchmarks: fleet generator (`bench.fleet`) and scenarios (`bench.run`). See bench/README.md."""

@@ -1,0 +1,84 @@
+"""Which service-account JWTs each hosted cluster accepts, kept up to date from the source.
+
+A hosted cluster (identified by its control plane namespace, where its token Secrets live)
+publishes its service-account *public* keys in a ConfigMap (or Secret) annotated
+`ignition-server.openshift.io/service-account-keys: "true"`:
+
+    data:
+      jwks.json: <the JWKS the hosted API server serves at /openid/v1/jwks>   # and/or
+      sa.pub:    <PEM public key(s)>                                          # any *.pub / *.pem key
+      issuer:    <the cluster's --service-account-issuer, for bound tokens>   # optional
+      token-secret-name: node-bootstrapper-token-abcde                        # optional: the current token Secret
+
+A Secret that holds a private key is refused as a whole: this server never holds a
+cluster's signing key (HyperShift's `sa-signing-key` Secret must not be pointed at).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Mapping
+
+from ..auth.jwt import ServiceAccountVerifier, TokenSecretRef
+from ..sources.events import Change
+from ..sources.manifests import ManifestError, ObjectKey, annotations, secret_values
+
+log = logging.getLogger("ignition_server.watch.trust")
+
+ANNOTATION_SERVICE_ACCOUNT_KEYS = "ignition-server.openshift.io/service-account-keys"
+_KEY_SUFFIXES = (".pub", ".pem")
+
+
+def is_trust_object(obj: Mapping[str, Any]) -> bool:
+    return obj.get("kind") in ("ConfigMap", "Secret") and str(
+        annotations(obj).get(ANNOTATION_SERVICE_ACCOUNT_KEYS, "")
+    ).lower() == "true"
+
+
+def _values(obj: Mapping[str, Any]) -> dict[str, str]:
+    if obj.get("kind") == "Secret":
+        return {k: v.decode(errors="replace") for k, v in secret_values(obj).items()}
+    return {k: str(v) for k, v in (obj.get("data") or {}).items()}
+
+
+class TrustWatcher:
+    def __init__(self, verifier: ServiceAccountVerifier) -> None:
+        self.verifier = verifier
+        self._providers: dict[str, ObjectKey] = {}  # cluster -> the object its keys came from
+
+    def handle(self, change: Change) -> None:
+        cluster = change.key.namespace
+        if change.type == "DELETED" or not is_trust_object(change.obj):
+            if self._providers.get(cluster) == change.key:
+                del self._providers[cluster]
+                self.verifier.remove_cluster(cluster)
+                log.info("no service-account keys for %s any more: its JWTs are refused", cluster)
+            return
+        provider = self._providers.setdefault(cluster, change.key)
+        if provider != change.key:
+            log.error("%s: %s already publishes the service-account keys of %s; ignored", change.key, provider, cluster)
+            return
+        try:
+            values = _values(change.obj)
+        except ManifestError as exc:
+            log.error("%s: cannot read service-account keys, keeping the last good ones: %s", change.key, exc)
+            return
+        if any("PRIVATE KEY" in value for value in values.values()):
+            log.error("%s holds a private key: refused; publish only public keys", change.key)
+            return
+        sources: list[str] = [values["jwks.json"]] if values.get("jwks.json", "").strip() else []
+        sources += [v for k, v in sorted(values.items()) if k.endswith(_KEY_SUFFIXES) and v.strip()]
+        if not sources:
+            log.error("%s has no jwks.json and no *.pub/*.pem key: keeping the last good keys", change.key)
+            return
+        try:
+            issuer = values.get("issuer", "").strip()
+            self.verifier.configure(cluster, issuers=[issuer] if issuer else [])
+            keys = self.verifier.set_keys(cluster, sources)
+        except ValueError as exc:
+            log.error("%s: unusable service-account keys, keeping the last good ones: %s", change.key, exc)
+            return
+        secret_name = values.get("token-secret-name", "").strip()
+        if secret_name:
+            self.verifier.set_token_secrets(cluster, TokenSecretRef(name=secret_name))
+        log.info("service-account keys for %s: %d key(s)%s", cluster, len(keys), f", token Secret {secret_name}" if secret_name else "")

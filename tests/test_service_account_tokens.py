@@ -1,0 +1,144 @@
+"""IBM's token shape end to end: node-bootstrapper service-account JWTs, real keys, the real client."""
+
+from __future__ import annotations
+
+import base64
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+import jwt as pyjwt
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+
+from harness import EXAMPLE_MACHINECONFIG, ServerProcess, files_in, ignition_fetch, require_ignition, write_manifests
+from ignition_server.render.userdata import pointer_config
+from ignition_server.sources.manifests import build_token_secret
+from ignition_server.watch.trust import ANNOTATION_SERVICE_ACCOUNT_KEYS
+
+OVERLAP = 3.0
+
+
+def public_pem(key) -> str:
+    return key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    ).decode()
+
+
+def keys_configmap(namespace: str, key, token_secret: str) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "node-bootstrapper-keys", "namespace": namespace,
+                     "annotations": {ANNOTATION_SERVICE_ACCOUNT_KEYS: "true"}},
+        "data": {"sa.pub": public_pem(key), "token-secret-name": token_secret},
+    }
+
+
+def legacy_jwt(key, secret_name: str, *, namespace: str = "openshift-infra", alg: str = "RS256") -> str:
+    claims = {
+        "iss": "kubernetes/serviceaccount",
+        "kubernetes.io/serviceaccount/namespace": namespace,
+        "kubernetes.io/serviceaccount/secret.name": secret_name,
+        "kubernetes.io/serviceaccount/service-account.name": "node-bootstrapper",
+        "kubernetes.io/serviceaccount/service-account.uid": "2f3c6a51-0000-4000-8000-000000000001",
+        "sub": f"system:serviceaccount:{namespace}:node-bootstrapper",
+    }
+    return pyjwt.encode(claims, key, algorithm=alg)
+
+
+def url_token(token: str) -> str:
+    return quote(base64.b64encode(token.encode()).decode(), safe="")
+
+
+@pytest.fixture
+def cluster_pair(tmp_path: Path):
+    key_a = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    key_b = ec.generate_private_key(ec.SECP256R1())
+    source = tmp_path / "source"
+    for namespace, key, pool in (("clusters-a", key_a, "workers"), ("clusters-b", key_b, "infra")):
+        write_manifests(
+            source / f"{namespace}.yaml",
+            keys_configmap(namespace, key, "node-bootstrapper-token-one"),
+            build_token_secret(namespace=namespace, nodepool=f"clusters/{pool}", token=f"opaque-{pool}",
+                               machineconfigs_yaml=EXAMPLE_MACHINECONFIG.format(name=pool), generation_time=time.time()),
+        )
+    proc = ServerProcess(source, tmp_path / "cache", extra=["--service-account-overlap", f"{OVERLAP}s"]).start()
+    deadline = time.monotonic() + 15
+    while proc.metrics().get("ign_server_payload_cache_total") != 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    yield proc, key_a, key_b
+    proc.kill()
+
+
+def test_real_client_boots_with_a_service_account_jwt(cluster_pair, tmp_path: Path) -> None:
+    require_ignition()
+    proc, key_a, _ = cluster_pair
+    token = legacy_jwt(key_a, "node-bootstrapper-token-one")
+    # The URL shape carries base64 of the JWT, as in IBM's design; pointer_config quotes it.
+    pointer = pointer_config(
+        source_url=proc.url, token=base64.b64encode(token.encode()).decode(), ca_pem=proc.ca_file.read_bytes(),
+        shape="mcs", nodepool="clusters/workers",
+    )
+    run = ignition_fetch(pointer, tmp_path / "node")
+    assert run.returncode == 0, run.output
+    assert "/etc/workers.conf" in files_in(run.config or {})
+    # The header shape takes the same JWT (base64 in the Bearer value) with the NodePool header.
+    status, _, body = proc.get("/ignition", {
+        "Authorization": "Bearer " + base64.b64encode(token.encode()).decode(), "NodePool": "clusters/workers"})
+    assert status == 200 and b"/etc/workers.conf" in body
+    assert token not in proc.logs()
+
+
+def test_forged_and_foreign_tokens_are_refused(cluster_pair) -> None:
+    proc, key_a, key_b = cluster_pair
+    good = legacy_jwt(key_a, "node-bootstrapper-token-one")
+    assert proc.get(f"/config/workers?token={url_token(good)}")[0] == 200
+    # Cluster B's valid token on cluster A's NodePool, and on a pool B does not have.
+    foreign = legacy_jwt(key_b, "node-bootstrapper-token-one", alg="ES256")
+    assert proc.get(f"/config/infra?token={url_token(foreign)}")[0] == 200
+    assert proc.get(f"/config/workers?token={url_token(foreign)}")[0] == 403
+    stranger = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    header, payload, signature = good.split(".")
+    tampered_claims = base64.urlsafe_b64encode(
+        base64.urlsafe_b64decode(payload + "==").replace(b"openshift-infra", b"openshift-other")
+    ).rstrip(b"=").decode()
+    none_alg = pyjwt.encode({"iss": "kubernetes/serviceaccount"}, None, algorithm="none")
+    forged = {
+        "wrong key": legacy_jwt(stranger, "node-bootstrapper-token-one"),
+        "altered claims": f"{header}.{tampered_claims}.{signature}",
+        "alg none": none_alg,
+        "wrong namespace": legacy_jwt(key_a, "node-bootstrapper-token-one", namespace="default"),
+        "old token Secret": legacy_jwt(key_a, "node-bootstrapper-token-zero"),
+    }
+    for name, token in forged.items():
+        status = proc.get(f"/config/workers?token={url_token(token)}")[0]
+        assert 400 <= status < 500, f"{name}: {status}"
+
+
+def test_token_secret_and_signing_key_rotations_overlap(cluster_pair) -> None:
+    proc, key_a, _ = cluster_pair
+    before_secret_rotation = legacy_jwt(key_a, "node-bootstrapper-token-one")
+    path = proc.source / "clusters-a.yaml"
+    import yaml
+
+    documents = list(yaml.safe_load_all(path.read_text()))
+    documents[0]["data"]["token-secret-name"] = "node-bootstrapper-token-two"
+    write_manifests(path, *documents)
+    time.sleep(1.2)  # picked up by the poller
+    after = legacy_jwt(key_a, "node-bootstrapper-token-two")
+    assert proc.get(f"/config/workers?token={url_token(after)}")[0] == 200
+    assert proc.get(f"/config/workers?token={url_token(before_secret_rotation)}")[0] == 200  # inside the window
+    # Signing-key rotation: the new key signs from now on; the old key's tokens stay good for the window.
+    new_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    documents[0]["data"]["sa.pub"] = public_pem(new_key)
+    write_manifests(path, *documents)
+    time.sleep(1.2)
+    assert proc.get(f"/config/workers?token={url_token(legacy_jwt(new_key, 'node-bootstrapper-token-two'))}")[0] == 200
+    assert proc.get(f"/config/workers?token={url_token(after)}")[0] == 200  # old key, inside the window
+    time.sleep(OVERLAP + 0.5)
+    # After the window: the old key verifies nothing (401), the old Secret's token is refused (403).
+    assert proc.get(f"/config/workers?token={url_token(after)}")[0] == 401
+    assert proc.get(f"/config/workers?token={url_token(legacy_jwt(new_key, 'node-bootstrapper-token-one'))}")[0] == 403
+    assert proc.get(f"/config/workers?token={url_token(legacy_jwt(new_key, 'node-bootstrapper-token-two'))}")[0] == 200
