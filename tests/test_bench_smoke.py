@@ -1,0 +1,39 @@
+"""Smoke test of the benchmark code (bench/): a tiny fleet, the cold and warm-restart scenarios end
+to end against the real server process. The benchmarks themselves run at full size by hand
+(bench/README.md), not in CI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import fleet, run
+
+
+def test_fleet_is_deterministic_and_distinct(tmp_path: Path) -> None:
+    meta = fleet.generate(tmp_path / "f", 1, 2, 20, progress=False)
+    assert meta["tokens"]["clusters-c0/np-1"] == fleet.fleet_token(fleet.DEFAULT_SEED, 0, 1)
+    assert fleet.current_tokens(tmp_path / "f") == meta["tokens"]
+    a = fleet.machineconfigs_for("s", 0, 0, 20)
+    assert a == fleet.machineconfigs_for("s", 0, 0, 20)
+    assert a != fleet.machineconfigs_for("s", 0, 1, 20)
+    assert "clusters-c0/np-0" in a
+
+
+def test_warm_restart_serves_every_nodepool_without_rendering(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fleet_dir = tmp_path / "fleet"
+    assert fleet.main(["--clusters", "2", "--pools", "3", "--payload-kib", "20", "--out", str(fleet_dir)]) == 0
+    code = run.main([
+        "--fleet", str(fleet_dir), "--work", str(tmp_path / "work"), "--scenarios", "cold,warm,memory",
+        "--json", "--cold-timeout", "60", "--serve-timeout", "30",
+    ])
+    out = capsys.readouterr().out
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["cold"]["payloads"] == 6, out
+    assert summary["warm"]["renders_after_restart"] == 0, out
+    assert summary["warm"]["served"] == 6 and summary["warm"]["statuses"] == {"200": 6}, out
+    assert summary["warm"]["corrupt"] == 0, out
+    assert summary["memory"]["rss_mib"] > 0
+    assert code == 0, out
