@@ -175,3 +175,30 @@ async def test_read_only_source_refuses_write_back(tmp_path: Path) -> None:
     assert not source.writable
     with pytest.raises(PermissionError):
         await source.write_back(ObjectKey("Secret", "a", "b"), lambda obj: True)
+
+
+async def test_write_back_never_clobbers_a_concurrent_in_place_edit(tmp_path: Path) -> None:
+    path = tmp_path / "pool.yaml"
+    path.write_text(yaml.safe_dump(build_token_secret(namespace="ns", nodepool="ns/p", token="t1")))
+    source = FileSource(tmp_path)
+    source._handler = Recorder()
+    await source.poll_once()
+    key = ObjectKey("Secret", "ns", "token-p-00000000")
+    calls = []
+
+    def mutate_while_someone_edits(obj: dict) -> bool:
+        if not calls:  # an operator writes the file in place while the server is mid-write-back
+            edited = yaml.safe_load(path.read_text())
+            edited["data"]["hc-configuration-hash"] = base64.b64encode(b"operator").decode()
+            with open(path, "r+") as handle:
+                handle.write(yaml.safe_dump(edited))
+                handle.truncate()
+        calls.append(1)
+        obj["data"]["release-version"] = base64.b64encode(b"9.9.9").decode()
+        return True
+
+    await source.write_back(key, mutate_while_someone_edits)
+    result = yaml.safe_load(path.read_text())
+    assert base64.b64decode(result["data"]["hc-configuration-hash"]) == b"operator"
+    assert base64.b64decode(result["data"]["release-version"]) == b"9.9.9"
+    assert len(calls) == 2  # the mutation was applied again on top of the edit

@@ -12,13 +12,14 @@ import hashlib
 import logging
 import os
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 import yaml
 
-from payload_cache.fsio import atomic_write
+from payload_cache.fsio import atomic_write, fsync_dir, temp_path_for, write_exclusive
 
 from .events import Change, ChangeHandler, Mutation
 from .manifests import ObjectKey, object_key
@@ -29,6 +30,7 @@ _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 _DOC_SEPARATOR = re.compile(r"(?m)^---[ \t]*(?:#.*)?\n?")
 _SUFFIXES = (".yaml", ".yml", ".json")
+_RACY_NS = 2_000_000_000
 
 
 def split_documents(text: str) -> list[str]:
@@ -105,6 +107,7 @@ class FileSource:
     def _rescan(self) -> list[Change]:
         seen: set[Path] = set()
         changes: list[Change] = []
+        now_ns = time.time_ns()
         for path in self._walk():
             seen.add(path)
             try:
@@ -113,7 +116,10 @@ class FileSource:
                 continue
             stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
             known = self._files.get(path)
-            if known is not None and known.stamp == stamp:
+            # Timestamps are coarse (a few ms): a same-size rewrite within one tick keeps the
+            # stamp, so a recently modified file is re-hashed until its stamp is old (as git
+            # does for "racily clean" entries).
+            if known is not None and known.stamp == stamp and now_ns - st.st_mtime_ns > _RACY_NS:
                 continue
             changes.extend(self._reload(path, stamp))
         for path in [p for p in self._files if p not in seen]:
@@ -207,26 +213,53 @@ class FileSource:
         if path is None:
             raise KeyError(f"{key} is not in the source")
         for _ in range(10):
-            raw = path.read_bytes()
-            text = raw.decode()
-            documents = split_documents(text)
-            for index, doc_text in enumerate(documents):
-                document = yaml.load(doc_text, Loader=_Loader)
-                target = next((o for o in _objects_of(document) if object_key(o) == key), None)
-                if target is not None:
-                    break
-            else:
-                raise KeyError(f"{key} is no longer in {path}")
-            if not mutate(target):
-                return self._reload(path, _stamp(path)), None
-            documents[index] = yaml.dump(document, Dumper=_Dumper, sort_keys=False, default_flow_style=False)
-            new_text = _join_documents(text, documents)
-            # Compare before replacing: an edit made while we worked must not be clobbered.
-            if path.read_bytes() != raw:
-                continue
-            atomic_write(path, new_text.encode(), mode=path.stat().st_mode & 0o7777)
+            with open(path, "rb") as original:
+                raw = original.read()
+                inode = os.fstat(original.fileno()).st_ino
+                edited = self._edit(path, raw, key, mutate)
+                if edited is None:
+                    return self._reload(path, _stamp(path)), None
+                new_text, target = edited
+                tmp = temp_path_for(path)
+                write_exclusive(tmp, new_text.encode(), path.stat().st_mode & 0o7777)
+                # Compare before replacing: an edit made while we worked must not be clobbered.
+                if os.stat(path).st_ino != inode or os.pread(original.fileno(), len(raw) + 1, 0) != raw:
+                    os.unlink(tmp)
+                    continue
+                os.replace(tmp, path)
+                fsync_dir(path.parent)
+                # An in-place write racing the rename landed in the old file: it wins, and
+                # the mutation is applied again on top of it.
+                late = _read_all(original.fileno())
+                if late != raw:
+                    atomic_write(path, late, path.stat().st_mode & 0o7777)
+                    continue
             return self._reload(path, _stamp(path)), target
         raise RuntimeError(f"{path} kept changing while writing back {key}")
+
+    @staticmethod
+    def _edit(path: Path, raw: bytes, key: ObjectKey, mutate: Mutation) -> tuple[str, dict[str, Any]] | None:
+        text = raw.decode()
+        documents = split_documents(text)
+        for index, doc_text in enumerate(documents):
+            document = yaml.load(doc_text, Loader=_Loader)
+            target = next((o for o in _objects_of(document) if object_key(o) == key), None)
+            if target is not None:
+                break
+        else:
+            raise KeyError(f"{key} is no longer in {path}")
+        if not mutate(target):
+            return None
+        documents[index] = yaml.dump(document, Dumper=_Dumper, sort_keys=False, default_flow_style=False)
+        return _join_documents(text, documents), target
+
+
+def _read_all(fd: int) -> bytes:
+    chunks, offset = [], 0
+    while chunk := os.pread(fd, 1 << 20, offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
 
 
 def _join_documents(original: str, documents: list[str]) -> str:
