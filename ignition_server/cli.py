@@ -75,6 +75,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add(render, "--nodepool", required=True, help="NAMESPACE/NAME of the NodePool")
     _add(render, "--spec-version", help="Ignition spec version to print (default: the lowest that expresses it)")
 
+    userdata = commands.add_parser("userdata", help="print a NodePool's pointer config (cloud user-data)")
+    _add(userdata, "--source", required=True, help="directory of Kubernetes manifests")
+    _add(userdata, "--nodepool", required=True, help="NAMESPACE/NAME of the NodePool")
+    _add(userdata, "--shape", default="hypershift", choices=["hypershift", "mcs"], help="request shape")
+    _add(userdata, "--public-url", required=True, help="https://HOST:PORT nodes reach the server at")
+    _add(userdata, "--ca-file", help="CA the pointer config trusts (default: <cache-dir>/tls/ca.crt)")
+    _add(userdata, "--cache-dir", default=".", help="the server's cache dir, for its self-made CA")
+
     cache = commands.add_parser("cache", help="inspect or maintain the payload cache")
     cache.add_argument("action", choices=["stats", "verify", "gc", "rekey"])
     _add(cache, "--cache-dir", required=True, help="the cache directory")
@@ -138,29 +146,57 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _newest_secret(source_dir: Path, nodepool: str) -> tuple[Any, Any, Any]:
+    """The source as one listing, the NodePool's newest live token Secret, and the release catalog."""
+    from .sources.files import FileSource
+    from .sources.manifests import is_token_secret, parse_token_secret
+    from .watch.releases import ReleaseCatalog, is_catalog
+
+    source = FileSource(source_dir)
+    source._rescan()
+    objects = source.objects()
+    catalog = ReleaseCatalog()
+    for key, obj in objects.items():
+        if is_catalog(obj):
+            catalog.update(key, obj)
+    now = time.time()
+    secrets = [parse_token_secret(o) for o in objects.values() if is_token_secret(o)]
+    matching = [s for s in secrets if s.nodepool == nodepool and not s.expired(now)]
+    if not matching:
+        known = sorted({s.nodepool for s in secrets})
+        raise LookupError(f"no token Secret for NodePool {nodepool}; known: {', '.join(known) or 'none'}")
+    return source, max(matching, key=lambda s: (s.creation_time or 0.0)), catalog
+
+
 def _render(args: argparse.Namespace) -> int:
     from .render.payload import render_payload
     from .render.spec import with_version
-    from .sources.files import FileSource
-    from .sources.manifests import is_token_secret, parse_token_secret
-    from .watch.reconciler import build_inputs
+    from .watch.gather import gather
 
-    source = FileSource(Path(args.source))
-    source._rescan()
-    objects = source.objects()
-    now = time.time()
-    secrets = [parse_token_secret(o) for o in objects.values() if is_token_secret(o)]
-    matching = [s for s in secrets if s.nodepool == args.nodepool and not s.expired(now)]
-    if not matching:
-        known = sorted({s.nodepool for s in secrets})
-        print(f"no token Secret for NodePool {args.nodepool}; known: {', '.join(known) or 'none'}", file=sys.stderr)
-        return EXIT_FAILED
-    newest = max(matching, key=lambda s: (s.creation_time or 0.0))
-    rendered = render_payload(build_inputs(newest, objects.keys()))
+    source, secret, catalog = _newest_secret(Path(args.source), args.nodepool)
+    inputs, _deps = gather(secret, secret.annotations, source.get, catalog)
+    rendered = render_payload(inputs)
     body = with_version(rendered.body, args.spec_version) if args.spec_version else rendered.body
     sys.stdout.write(body.decode() + "\n")
     for note in rendered.notes:
         print(f"note: {note}", file=sys.stderr)
+    return 0
+
+
+def _userdata(args: argparse.Namespace) -> int:
+    from .render.userdata import fits, pointer_user_data
+
+    _source, secret, _catalog = _newest_secret(Path(args.source), args.nodepool)
+    if not secret.token:
+        raise LookupError(f"token Secret {secret.ref} holds no token yet")
+    ca_file = Path(args.ca_file) if args.ca_file else Path(args.cache_dir) / "tls" / "ca.crt"
+    user_data = pointer_user_data(
+        source_url=args.public_url, token=secret.token, ca_pem=ca_file.read_bytes(), shape=args.shape,
+        nodepool=secret.nodepool,
+    )
+    sys.stdout.write(user_data.decode() + "\n")
+    limits = fits(user_data)
+    print(f"note: {len(user_data)} bytes; fits " + ", ".join(f"{cloud}: {'yes' if ok else 'no'}" for cloud, ok in limits.items()), file=sys.stderr)
     return 0
 
 
@@ -198,9 +234,12 @@ def _plain(value: Any) -> Any:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    handlers = {"serve": _serve, "render": _render, "cache": _cache}
+    handlers = {"serve": _serve, "render": _render, "userdata": _userdata, "cache": _cache}
     try:
         return handlers[args.command](args)
+    except LookupError as exc:
+        print(f"ignition-server {args.command}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     except ValueError as exc:
         print(f"ignition-server {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE

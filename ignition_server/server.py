@@ -29,6 +29,7 @@ from .metrics import ServerMetrics
 from .render.payload import render_payload
 from .sources.files import FileSource
 from .watch.reconciler import Reconciler, Renderer
+from .watch.outputs import PointerSettings, TokenOutputs
 from .watch.trust import TrustWatcher
 
 log = logging.getLogger("ignition_server")
@@ -64,6 +65,8 @@ class IgnitionServer:
         self.metrics.payloads_cached.set(len(cache.renders()))
         source = FileSource(settings.source_dir, poll_interval=settings.poll_interval, read_only=settings.source_read_only)
         verifier = ServiceAccountVerifier(clock=self.clock, overlap_seconds=settings.service_account_overlap)
+        ssl_context = self._tls_context()
+        outputs = TokenOutputs(source, settings.cache_dir / "edge" / "tokens.map", self._pointer_settings())
         self.reconciler = reconciler = Reconciler(
             source=source,
             cache=cache,
@@ -73,6 +76,7 @@ class IgnitionServer:
             render_concurrency=settings.render_concurrency,
             clock=self.clock,
             trust=TrustWatcher(verifier),
+            outputs=outputs,
         )
         handlers = IgnitionHandlers(
             cache=cache,
@@ -81,7 +85,6 @@ class IgnitionServer:
             state=self.state,
             on_served=reconciler.note_served,
         )
-        ssl_context = self._tls_context()
         runners = [await self._start(build_app(handlers), settings.listen, ssl_context, "serving")]
         if settings.metrics_listen is not None:
             runners.append(await self._start(build_metrics_app(self.metrics), settings.metrics_listen, None, "metrics"))
@@ -105,6 +108,13 @@ class IgnitionServer:
             await stop.wait()
         finally:
             await self._shutdown(runners, tasks, cache)
+
+    def _pointer_settings(self) -> PointerSettings | None:
+        ca = self.tls_files.ca if self.tls_files is not None else None
+        if self.settings.public_url is None or ca is None:
+            log.info("user-data Secrets are not written: they need --public-url and the self-made CA")
+            return None
+        return PointerSettings(self.settings.public_url, ca.read_bytes())
 
     def _tls_context(self) -> ssl.SSLContext:
         tls = self.settings.tls

@@ -213,6 +213,9 @@ class PayloadCache:
     def renders(self) -> list[RenderRecord]:
         return self._index.renders()
 
+    def render_count(self) -> int:
+        return self._index.render_count()
+
     def seal(self, name: str, data: bytes) -> None:
         """Keep a small secret record; persisted (encrypted) with the index on flush."""
         self._index.seal(name, data)

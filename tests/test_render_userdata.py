@@ -162,14 +162,16 @@ def test_user_data_secret_takes_hash_from_token_secret():
     assert base64.b64decode(secret["data"]["disableTemplating"]) == b"true"
 
 
-def test_user_data_secret_hashes_user_data_otherwise():
+def test_user_data_secret_hashes_the_token_secret_name_otherwise():
     a = user_data_secret(nodepool_name="np1", namespace="ns", token_secret_name="other", user_data=b"A")
     b = user_data_secret(nodepool_name="np1", namespace="ns", token_secret_name="other", user_data=b"B")
     # A token Secret of another NodePool does not lend its hash either.
     c = user_data_secret(nodepool_name="np1", namespace="ns", token_secret_name="token-np2-abcd", user_data=b"A")
     assert a["metadata"]["name"].startswith("user-data-np1-")
-    assert a["metadata"]["name"] != b["metadata"]["name"]
-    assert c["metadata"]["name"] == a["metadata"]["name"]
+    # Stable across rotations (the user data changes, the Secret is the same one) ...
+    assert a["metadata"]["name"] == b["metadata"]["name"]
+    # ... and distinct per token Secret.
+    assert c["metadata"]["name"] != a["metadata"]["name"]
     assert a["metadata"]["annotations"]["hypershift.openshift.io/nodePool"] == "ns/np1"
 
 

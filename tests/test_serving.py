@@ -20,7 +20,7 @@ from harness import (
     write_manifests,
 )
 from ignition_server.render.userdata import pointer_config
-from ignition_server.sources.manifests import build_token_secret, parse_token_secret
+from ignition_server.sources.manifests import build_token_secret, is_token_secret, parse_token_secret
 
 pytestmark = pytest.mark.ignition
 
@@ -72,7 +72,7 @@ def server(tmp_path: Path):
 def wait_rendered(proc: ServerProcess, count: int) -> None:
     """Until `count` payloads are stored and their Secrets say AsExpected (written after the index is durable)."""
     wait_for(lambda: proc.metrics().get("ign_server_payload_cache_total") == count)
-    paths = sorted(proc.source.rglob("*.yaml"))
+    paths = [p for p in sorted(proc.source.rglob("*.yaml")) if is_token_secret(current_secret(p))]
     wait_for(lambda: all(parse_token_secret(current_secret(p)).reason == "AsExpected" for p in paths))
 
 

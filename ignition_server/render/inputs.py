@@ -11,11 +11,14 @@ import json
 from dataclasses import asdict, dataclass, field
 
 # Bump when a renderer's output changes for the same inputs, so stored payloads re-render.
-RENDERER_GENERATION = 1
+RENDERER_GENERATION = 2
 
 
 class InvalidConfig(ValueError):
     """The inputs cannot make a valid payload; the message says why, for `data.message`."""
+
+
+Settings = tuple[tuple[str, str], ...]  # a ConfigMap's `data`, sorted: hashable and canonical
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,16 @@ class NodePoolInputs:
     release_version: str = ""
     # Inputs the source did not hold, named for `data.message` ("pull-secret", ...).
     missing: tuple[str, ...] = field(default_factory=tuple)
+    # What a node needs to join (DESIGN §4), as the source holds them; None: not held.
+    pull_secret: str | None = None  # .dockerconfigjson
+    bootstrap_kubeconfig: str | None = None
+    ca_bundle: str | None = None  # user-ca-bundle, PEM
+    # The node-local kube-apiserver proxy and IBM Cloud VPC settings (ConfigMap data).
+    apiserver_proxy: Settings | None = None
+    ibmcloud_vpc: Settings | None = None
+    # The release's `haproxy-router` image; None when the release catalog does not know
+    # the release (only an error for payloads that need it).
+    haproxy_image: str | None = None
 
     def digest(self) -> str:
         canonical = json.dumps(

@@ -1,12 +1,50 @@
-"""NodePoolInputs → RenderedPayload: the NodePool's MachineConfigs merged into one Ignition
-config, validated as the client would read it, encoded canonically. Pure and deterministic.
+"""NodePoolInputs → RenderedPayload: the NodePool's MachineConfigs merged with what the server
+adds (join files, the node-local kube-apiserver HAProxy, IBM Cloud VPC platform files),
+validated as the client would read it, encoded canonically. Pure and deterministic.
 """
 
 from __future__ import annotations
 
+from .haproxy import ApiServerAccess, render_haproxy_fragment
+from .ibmcloud import api_server_access, render_ibmcloud_fragment
 from .inputs import InvalidConfig, NodePoolInputs, RenderedPayload
+from .join import JoinInputs, render_join_fragment
 from .machineconfig import merge_machineconfigs, parse_machineconfigs
+from .settings import HAPROXY_TEMPLATE_KEY, apiserver_access, ibmcloud_settings
 from .spec import encode, minimum_version_reason, validate
+
+# Server-made parts merge first, as MachineConfigs named so that the NodePool's own
+# MachineConfigs (conventionally "50-..." and up) can still override any file.
+_SERVER_PREFIX = "00-ignition-server-"
+
+
+def server_fragments(inputs: NodePoolInputs) -> list[tuple[str, dict]]:
+    """The Ignition fragments the server adds to a NodePool's MachineConfigs."""
+    fragments: list[tuple[str, dict]] = []
+    join = JoinInputs(
+        bootstrap_kubeconfig=inputs.bootstrap_kubeconfig.encode() if inputs.bootstrap_kubeconfig else None,
+        pull_secret=inputs.pull_secret.encode() if inputs.pull_secret else None,
+        ca_bundles=(inputs.ca_bundle.encode(),) if inputs.ca_bundle else (),
+    )
+    fragments.append(("join", render_join_fragment(join)))
+    access: ApiServerAccess | None = None
+    if inputs.ibmcloud_vpc is not None:
+        settings = ibmcloud_settings(dict(inputs.ibmcloud_vpc))
+        fragments.append(("ibmcloud-vpc", render_ibmcloud_fragment(settings)))
+        access = api_server_access(settings)
+    template = None
+    if inputs.apiserver_proxy is not None:
+        data = dict(inputs.apiserver_proxy)
+        template = data.get(HAPROXY_TEMPLATE_KEY)
+        access = apiserver_access(data)  # explicit settings win over IBM's defaults
+    if access is not None:
+        if not inputs.haproxy_image:
+            raise InvalidConfig(
+                f"release {inputs.release or '(none)'!r} is not in the release catalog: its haproxy-router "
+                "image is needed for the node's kube-apiserver proxy (add the release to a catalog ConfigMap)"
+            )
+        fragments.append(("apiserver-proxy", render_haproxy_fragment(access, inputs.haproxy_image, template)))
+    return fragments
 
 
 def render_payload(inputs: NodePoolInputs) -> RenderedPayload:
@@ -15,7 +53,11 @@ def render_payload(inputs: NodePoolInputs) -> RenderedPayload:
     Notes: one line per input the source did not hold, then what the merge left out, then
     (when above 3.0.0) which feature sets the minimum spec version.
     """
-    config, merge_notes = merge_machineconfigs(parse_machineconfigs(inputs.machineconfigs_yaml))
+    machineconfigs = parse_machineconfigs(inputs.machineconfigs_yaml)
+    for name, fragment in server_fragments(inputs):
+        if fragment:
+            machineconfigs.append({"metadata": {"name": _SERVER_PREFIX + name}, "spec": {"config": fragment}})
+    config, merge_notes = merge_machineconfigs(machineconfigs)
     version, reason = minimum_version_reason(config)
     config["ignition"]["version"] = version
     validate(config, version)
@@ -27,4 +69,4 @@ def render_payload(inputs: NodePoolInputs) -> RenderedPayload:
     return RenderedPayload(body=body, min_version=version, notes=tuple(notes))
 
 
-__all__ = ["InvalidConfig", "render_payload"]
+__all__ = ["InvalidConfig", "render_payload", "server_fragments"]

@@ -166,12 +166,13 @@ _TOKEN_SECRET_RE = re.compile(r"^token-(?P<nodepool>.+)-(?P<hash>[0-9a-z]+)$")
 
 def user_data_secret_name(*, nodepool_name: str, token_secret_name: str, user_data: bytes) -> str:
     """``user-data-<nodepool>-<hash>``: hash from ``token-<nodepool>-<hash>`` when the token
-    Secret has that form (as HyperShift pairs them), else a short sha256 of the user data."""
+    Secret has that form (as HyperShift pairs them), else a short sha256 of the token Secret's
+    name, so the name stays the same across rotations (the user data changes with each)."""
     m = _TOKEN_SECRET_RE.match(token_secret_name)
     if m and m.group("nodepool") == nodepool_name:
         suffix = m.group("hash")
     else:
-        suffix = hashlib.sha256(user_data).hexdigest()[:8]
+        suffix = hashlib.sha256(token_secret_name.encode()).hexdigest()[:8]
     return f"user-data-{nodepool_name}-{suffix}"
 
 

@@ -76,6 +76,9 @@ class FileSource:
     def objects(self) -> dict[ObjectKey, dict[str, Any]]:
         return dict(self._objects)
 
+    def get(self, key: ObjectKey) -> dict[str, Any] | None:
+        return self._objects.get(key)
+
     async def run(self, handler: ChangeHandler, *, iterations: int | None = None) -> None:
         """List, hand the listing over as ADDED changes, then poll until cancelled.
 
@@ -208,6 +211,32 @@ class FileSource:
             await self._handler(changes)
         return written
 
+    async def put(self, obj: dict[str, Any], *, beside: ObjectKey) -> None:
+        """Create or replace an object; a new one gets its own file next to `beside`'s."""
+        key = object_key(obj)
+        if key is None:
+            raise ValueError("an object needs kind and metadata.name")
+        if key in self._where:
+            await self.write_back(key, _replace_with(obj))
+            return
+        if not self.writable:
+            raise PermissionError(f"source {self.root} is read-only")
+        async with self._lock:
+            changes = await asyncio.to_thread(self._create, key, obj, beside)
+        if changes and self._handler is not None:
+            await self._handler(changes)
+
+    def _create(self, key: ObjectKey, obj: dict[str, Any], beside: ObjectKey) -> list[Change]:
+        near = self._where.get(beside)
+        directory = near.parent if near is not None else self.root
+        path = directory / f"{key.name}.yaml"
+        counter = 1
+        while path.exists():
+            path = directory / f"{key.name}-{counter}.yaml"
+            counter += 1
+        atomic_write(path, yaml.dump(obj, Dumper=_Dumper, sort_keys=False).encode(), 0o644)
+        return self._reload(path, _stamp(path))
+
     def _write_back(self, key: ObjectKey, mutate: Mutation) -> tuple[list[Change], dict[str, Any] | None]:
         path = self._where.get(key)
         if path is None:
@@ -260,6 +289,17 @@ def _read_all(fd: int) -> bytes:
         chunks.append(chunk)
         offset += len(chunk)
     return b"".join(chunks)
+
+
+def _replace_with(new: dict[str, Any]) -> Mutation:
+    def mutate(obj: dict[str, Any]) -> bool:
+        if obj == new:
+            return False
+        obj.clear()
+        obj.update(new)
+        return True
+
+    return mutate
 
 
 def _join_documents(original: str, documents: list[str]) -> str:

@@ -157,6 +157,7 @@ class TokenSecret:
     message: str
     preconditions: Mapping[str, str]
     ignition_reached: bool
+    annotations: Mapping[str, str]
 
     @property
     def ref(self) -> str:
@@ -205,6 +206,7 @@ def parse_token_secret(obj: Mapping[str, Any]) -> TokenSecret:
         message=text("message"),
         preconditions={k: text(k) for k in PRECONDITION_KEYS if k in values},
         ignition_reached=str(notes.get(ANNOTATION_IGNITION_REACHED, "")).lower() == "true",
+        annotations={str(k): str(v) for k, v in notes.items()},
     )
 
 

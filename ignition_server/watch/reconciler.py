@@ -12,7 +12,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 from payload_cache import PayloadCache, RenderRecord, TokenRecord, TokenState
 
@@ -35,14 +35,15 @@ from ..sources.manifests import (
     set_annotation,
     set_secret_value,
 )
+from .gather import gather
+from .outputs import TokenOutputs
+from .releases import ReleaseCatalog, is_catalog, release_key
 from .status import Status, status_mutation
 from .trust import TrustWatcher
 
 log = logging.getLogger("ignition_server.watch")
 
 Renderer = Callable[[NodePoolInputs], RenderedPayload]
-# Inputs a node needs to join that the reference reads from the token Secret's namespace.
-JOIN_INPUTS = ("pull-secret", "bootstrap-kubeconfig", "user-ca-bundle")
 RETRY_MIN, RETRY_MAX = 1.0, 300.0
 
 
@@ -52,20 +53,6 @@ def _pool_of(secret: TokenSecret) -> tuple[str, str]:
 
 def _rotation_name(secret_ref: str) -> str:
     return f"rotation/{secret_ref}"
-
-
-def build_inputs(secret: TokenSecret, held: Iterable[ObjectKey]) -> NodePoolInputs:
-    """A NodePool's render inputs from its token Secret and what else the source holds."""
-    namespace = secret.key.namespace
-    names = {key.name for key in held if key.namespace == namespace}
-    return NodePoolInputs(
-        nodepool=secret.nodepool,
-        secret=secret.ref,
-        machineconfigs_yaml=secret.config_yaml,
-        release=secret.release,
-        release_version=secret.release_version,
-        missing=tuple(name for name in JOIN_INPUTS if name not in names),
-    )
 
 
 @dataclass
@@ -84,6 +71,9 @@ class Reconciler:
     render_concurrency: int = 2
     clock: Callable[[], float] = time.time
     trust: TrustWatcher | None = None
+    outputs: TokenOutputs | None = None
+    debounce: float = 0.05  # a burst of changes to one NodePool's inputs renders once
+    catalog: ReleaseCatalog = field(default_factory=ReleaseCatalog)
     secrets: dict[ObjectKey, TokenSecret] = field(default_factory=dict)
     _order: dict[ObjectKey, int] = field(default_factory=dict)  # first-seen order, for ties
     _renders: dict[str, asyncio.Task[RenderedPayload]] = field(default_factory=dict)  # by inputs digest
@@ -92,6 +82,9 @@ class Reconciler:
     _reached_written: set[ObjectKey] = field(default_factory=set)
     _source_tokens: dict[ObjectKey, str | None] = field(default_factory=dict)  # token as the source holds it
     _pools: dict[tuple[str, str], set[ObjectKey]] = field(default_factory=dict)  # (namespace, pool name) -> Secrets
+    _by_nodepool: dict[str, set[ObjectKey]] = field(default_factory=dict)  # NodePool -> its Secrets
+    _deps_of: dict[ObjectKey, frozenset[ObjectKey]] = field(default_factory=dict)  # token Secret -> what it reads
+    _dependents: dict[ObjectKey, set[ObjectKey]] = field(default_factory=dict)  # object -> token Secrets reading it
     _listed: asyncio.Event = field(default_factory=asyncio.Event)
     _semaphore: asyncio.Semaphore | None = None
     _next_flush: asyncio.Future[None] | None = None
@@ -100,30 +93,61 @@ class Reconciler:
     # -- source events -------------------------------------------------------------
 
     async def handle(self, changes: list[Change]) -> None:
+        touched_pools: set[str] = set()
         for change in changes:
+            key = change.key
             if self.trust is not None:
                 self.trust.handle(change)
-            if change.key.kind != "Secret":
-                continue
-            if change.type == "DELETED":
-                self._forget_secret(change.key, "its token Secret was deleted")
-            elif is_token_secret(change.obj):
-                await self._apply(change.key, change.obj)
-            elif change.key in self.secrets:
-                self._forget_secret(change.key, "it is no longer a token Secret")
+            if key.kind == "ConfigMap" and (is_catalog(change.obj) or self.catalog.knows(key)):
+                for pull_spec in self.catalog.update(key, None if change.type == "DELETED" else change.obj):
+                    self._inputs_changed(release_key(pull_spec))
+            if key.kind == "Secret":
+                if change.type != "DELETED" and is_token_secret(change.obj):
+                    secret = await self._apply(key, change.obj)
+                    if secret is not None:
+                        touched_pools.add(secret.nodepool)
+                elif key in self.secrets:
+                    why = "its token Secret was deleted" if change.type == "DELETED" else "it is no longer a token Secret"
+                    self._forget_secret(key, why)
+            if key in self._dependents:
+                self._inputs_changed(key)
         if not self._listed.is_set():
             self._after_first_listing()
             self._listed.set()
-        await self._supersede_outdated()
+        await self._supersede_outdated(touched_pools)
 
-    async def _apply(self, key: ObjectKey, obj: dict[str, Any]) -> None:
+    def _inputs_changed(self, dependency: ObjectKey) -> None:
+        """Re-render exactly the NodePools that read `dependency` (the digest decides if anything changed)."""
+        for key in list(self._dependents.get(dependency, ())):
+            secret = self.secrets.get(key)
+            if secret is not None:
+                self._schedule_render(secret)
+
+    def _track(self, key: ObjectKey, deps: frozenset[ObjectKey]) -> None:
+        previous = self._deps_of.get(key, frozenset())
+        if previous == deps:
+            return
+        for dep in previous - deps:
+            dependents = self._dependents.get(dep)
+            if dependents is not None:
+                dependents.discard(key)
+                if not dependents:
+                    del self._dependents[dep]
+        for dep in deps - previous:
+            self._dependents.setdefault(dep, set()).add(key)
+        if deps:
+            self._deps_of[key] = deps
+        else:
+            self._deps_of.pop(key, None)
+
+    async def _apply(self, key: ObjectKey, obj: dict[str, Any]) -> TokenSecret | None:
         try:
             secret = parse_token_secret(obj)
         except ManifestError as exc:
             # Bad input loses nothing: the last good tokens and payload keep serving.
             log.error("token Secret %s is invalid, keeping its last good state: %s", key, exc)
             self._write_status_later(key, obj, Status("InvalidConfig", f"cannot read the token Secret: {exc}"))
-            return
+            return None
         if key not in self._order:
             self._seq += 1
             self._order[key] = self._seq
@@ -132,8 +156,12 @@ class Reconciler:
         self._unlist_pool(key)
         self.secrets[key] = secret
         self._pools.setdefault(_pool_of(secret), set()).add(key)
+        self._by_nodepool.setdefault(secret.nodepool, set()).add(key)
         self._index_tokens(secret)
+        if self.outputs is not None:
+            self.outputs.tokens_changed(secret)
         self._schedule_render(secret)
+        return secret
 
     def _index_tokens(self, secret: TokenSecret) -> None:
         now = self.clock()
@@ -163,7 +191,10 @@ class Reconciler:
     def _forget_secret(self, key: ObjectKey, why: str) -> None:
         now = self.clock()
         self._unlist_pool(key)
-        self.secrets.pop(key, None)
+        self._track(key, frozenset())
+        gone = self.secrets.pop(key, None)
+        if gone is not None and self.outputs is not None:
+            self.outputs.secret_gone(gone)
         pending = self._pending.pop(key, None)
         if pending:
             pending.task.cancel()
@@ -173,14 +204,17 @@ class Reconciler:
         if self.cache.get_render(key.ref) is not None:
             self.cache.drop_render(key.ref)
             log.info("dropped the payload of %s: %s", key.ref, why)
-        self.metrics.payloads_cached.set(len(self.cache.renders()))
+        self.metrics.payloads_cached.set(self.cache.render_count())
 
     def _unlist_pool(self, key: ObjectKey) -> None:
         previous = self.secrets.get(key)
         if previous is not None:
-            keys = self._pools.get(_pool_of(previous))
-            if keys is not None:
-                keys.discard(key)
+            for index, name in ((self._pools, _pool_of(previous)), (self._by_nodepool, previous.nodepool)):
+                keys = index.get(name)  # type: ignore[attr-defined]
+                if keys is not None:
+                    keys.discard(key)
+                    if not keys:
+                        del index[name]  # type: ignore[attr-defined]
 
     def _after_first_listing(self) -> None:
         # The index was loaded before the source answered; what it holds for Secrets the
@@ -194,10 +228,19 @@ class Reconciler:
     # -- renders ----------------------------------------------------------------------
 
     def inputs_for(self, secret: TokenSecret) -> NodePoolInputs:
-        return build_inputs(secret, self.source.objects().keys())
+        try:
+            inputs, deps = gather(secret, secret.annotations, self.source.get, self.catalog)
+        except ManifestError as exc:
+            raise InvalidConfig(str(exc)) from None
+        self._track(secret.key, deps)
+        return inputs
 
     def _schedule_render(self, secret: TokenSecret) -> None:
-        inputs = self.inputs_for(secret)
+        try:
+            inputs = self.inputs_for(secret)
+        except InvalidConfig as exc:
+            self._render_failed(secret, "", str(exc))
+            return
         digest = inputs.digest()
         record = self.cache.get_render(secret.ref)
         if record is not None and record.inputs_digest == digest and self.cache.has_blob(record.blob_id):
@@ -217,6 +260,7 @@ class Reconciler:
 
     async def _render_and_store(self, secret: TokenSecret, inputs: NodePoolInputs, digest: str) -> None:
         try:
+            await asyncio.sleep(self.debounce)  # a newer change in the meantime cancels this one
             try:
                 rendered = await self._render_once(inputs, digest)
                 blob_id = await asyncio.to_thread(self.cache.put_blob, rendered.body)
@@ -230,7 +274,7 @@ class Reconciler:
             self.cache.put_render(
                 RenderRecord(secret.ref, secret.nodepool, digest, blob_id, rendered.min_version, self.clock())
             )
-            self.metrics.payloads_cached.set(len(self.cache.renders()))
+            self.metrics.payloads_cached.set(self.cache.render_count())
             self._failures.pop(secret.key, None)
             # Durable before we say so: a crash after "AsExpected" must not cost a render.
             await self.persist_index()
@@ -350,6 +394,8 @@ class Reconciler:
         rotated = replace(secret, token=state["token"], old_token=secret.token, generation_time=now)
         self.secrets[key] = rotated
         self._index_tokens(rotated)
+        if self.outputs is not None:
+            self.outputs.tokens_changed(rotated)
 
     async def rotate_due(self) -> int:
         """Rotate every Secret whose current token has lived TTL/2. Returns how many rotated."""
@@ -379,13 +425,13 @@ class Reconciler:
                 log.info("rotated the token of %s (NodePool %s)", key.ref, secret.nodepool)
         return rotated
 
-    async def _supersede_outdated(self) -> None:
+    async def _supersede_outdated(self, nodepools: set[str]) -> None:
         """A NodePool's newer token Secret outdates the older ones: they expire in 2 h."""
         now = self.clock()
         by_pool: dict[str, list[TokenSecret]] = {}
-        for secret in self.secrets.values():
-            if secret.expiration is None:
-                by_pool.setdefault(secret.nodepool, []).append(secret)
+        for nodepool in nodepools:
+            live = [self.secrets[k] for k in self._by_nodepool.get(nodepool, ())]
+            by_pool[nodepool] = [s for s in live if s.expiration is None]
         for secrets in by_pool.values():
             if len(secrets) < 2:
                 continue

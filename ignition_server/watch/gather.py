@@ -1,0 +1,102 @@
+"""What a NodePool reads from the source, gathered into its render inputs.
+
+By namespace convention, as the reference reads them: the token Secret's namespace holds
+`Secret pull-secret` (.dockerconfigjson), `Secret bootstrap-kubeconfig` (kubeconfig),
+`ConfigMap user-ca-bundle` (ca-bundle.crt), and optionally `ConfigMap apiserver-proxy` and
+`ConfigMap ibmcloud-vpc` (render/settings.py). An annotation on the token Secret,
+`ignition-server.openshift.io/input-<name>: <namespace>/<object>`, points one input
+elsewhere (so many NodePools can share, say, one CA bundle).
+
+Every object looked at, present or not, is a dependency: when it changes (or appears), the
+NodePool is rendered again, and no other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from ..render.inputs import NodePoolInputs, Settings
+from ..sources.manifests import ManifestError, ObjectKey, TokenSecret, secret_values
+from .releases import HAPROXY_IMAGE, ReleaseCatalog, release_key
+
+ANNOTATION_INPUT_PREFIX = "ignition-server.openshift.io/input-"
+
+
+@dataclass(frozen=True)
+class InputObject:
+    kind: str
+    name: str  # the conventional object name, also the input's name in messages
+    key: str | None  # the data key read; None: the whole data (settings)
+
+
+JOIN_INPUTS = (
+    InputObject("Secret", "pull-secret", ".dockerconfigjson"),
+    InputObject("Secret", "bootstrap-kubeconfig", "kubeconfig"),
+    InputObject("ConfigMap", "user-ca-bundle", "ca-bundle.crt"),
+)
+SETTINGS_INPUTS = (
+    InputObject("ConfigMap", "apiserver-proxy", None),
+    InputObject("ConfigMap", "ibmcloud-vpc", None),
+)
+
+Lookup = Callable[[ObjectKey], Mapping[str, Any] | None]
+
+
+def input_key(secret: TokenSecret, wanted: InputObject, notes: Mapping[str, str]) -> ObjectKey:
+    ref = str(notes.get(ANNOTATION_INPUT_PREFIX + wanted.name, "")).strip()
+    if ref:
+        namespace, _, name = ref.partition("/")
+        if not name:
+            raise ManifestError(f"annotation {ANNOTATION_INPUT_PREFIX}{wanted.name} must be <namespace>/<name>, got {ref!r}")
+        return ObjectKey(wanted.kind, namespace, name)
+    return ObjectKey(wanted.kind, secret.key.namespace, wanted.name)
+
+
+def _data(obj: Mapping[str, Any]) -> dict[str, str]:
+    if obj.get("kind") == "Secret":
+        return {k: v.decode(errors="replace") for k, v in secret_values(obj).items()}
+    return {k: "" if v is None else str(v) for k, v in (obj.get("data") or {}).items()}
+
+
+def gather(
+    secret: TokenSecret, notes: Mapping[str, str], lookup: Lookup, catalog: ReleaseCatalog
+) -> tuple[NodePoolInputs, frozenset[ObjectKey]]:
+    deps: set[ObjectKey] = set()
+    values: dict[str, str | None] = {}
+    missing: list[str] = []
+    for wanted in JOIN_INPUTS:
+        key = input_key(secret, wanted, notes)
+        deps.add(key)
+        obj = lookup(key)
+        value = _data(obj).get(wanted.key or "") if obj is not None else None
+        values[wanted.name] = value if value else None
+        if not value:
+            missing.append(wanted.name)
+    settings: dict[str, Settings | None] = {}
+    for wanted in SETTINGS_INPUTS:
+        key = input_key(secret, wanted, notes)
+        deps.add(key)
+        obj = lookup(key)
+        settings[wanted.name] = tuple(sorted(_data(obj).items())) if obj is not None else None
+    haproxy_image = None
+    if settings["apiserver-proxy"] is not None or settings["ibmcloud-vpc"] is not None:
+        # Only a payload that runs a release component needs its release known.
+        deps.add(release_key(secret.release))
+        release = catalog.get(secret.release)
+        haproxy_image = release.images.get(HAPROXY_IMAGE) if release else None
+    inputs = NodePoolInputs(
+        nodepool=secret.nodepool,
+        secret=secret.ref,
+        machineconfigs_yaml=secret.config_yaml,
+        release=secret.release,
+        release_version=secret.release_version,
+        missing=tuple(missing),
+        pull_secret=values["pull-secret"],
+        bootstrap_kubeconfig=values["bootstrap-kubeconfig"],
+        ca_bundle=values["user-ca-bundle"],
+        apiserver_proxy=settings["apiserver-proxy"],
+        ibmcloud_vpc=settings["ibmcloud-vpc"],
+        haproxy_image=haproxy_image,
+    )
+    return inputs, frozenset(deps)

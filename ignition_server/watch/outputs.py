@@ -1,0 +1,123 @@
+"""What the watcher derives from tokens, written on every rotation (DESIGN §4, items 2 and 3):
+
+- the pointer config / user-data per NodePool, as HyperShift's `user-data-<nodepool>-<hash>`
+  Secret next to the token Secret (keys `value`, `disableTemplating`);
+- the edge token map for the front proxy: `sha256(token) NodePool` per valid token (current
+  and previous), never a token itself, in an HAProxy map file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from payload_cache.fsio import atomic_write, make_dir
+
+from ..render.userdata import pointer_user_data, user_data_secret
+from ..sources.events import Source
+from ..sources.manifests import ObjectKey, TokenSecret, object_key, secret_values
+
+log = logging.getLogger("ignition_server.watch.outputs")
+
+
+@dataclass(frozen=True)
+class PointerSettings:
+    public_url: str  # https://host:port that nodes reach
+    ca_pem: bytes  # what pointer configs trust
+    shape: str = "hypershift"
+
+
+def edge_token_map(secrets: list[TokenSecret], now: float) -> bytes:
+    """HAProxy map lines `<sha256 hex of the token> <namespace>/<nodepool>`, sorted. Pure."""
+    lines = set()
+    for secret in secrets:
+        if secret.expired(now):
+            continue
+        for token in secret.tokens():
+            lines.add(f"{hashlib.sha256(token.encode()).hexdigest()} {secret.nodepool}\n")
+    return "".join(sorted(lines)).encode()
+
+
+def user_data_object(secret: TokenSecret, pointer: PointerSettings) -> dict[str, Any] | None:
+    if not secret.token:
+        return None
+    user_data = pointer_user_data(
+        source_url=pointer.public_url, token=secret.token, ca_pem=pointer.ca_pem, shape=pointer.shape,
+        nodepool=secret.nodepool,
+    )
+    return user_data_secret(
+        nodepool_name=secret.nodepool.partition("/")[2],
+        namespace=secret.key.namespace,
+        token_secret_name=secret.key.name,
+        user_data=user_data,
+        nodepool_namespace=secret.nodepool.partition("/")[0],
+    )
+
+
+@dataclass
+class TokenOutputs:
+    source: Source
+    edge_map_path: Path
+    pointer: PointerSettings | None = None
+    delay: float = 0.1
+    _dirty: set[ObjectKey] = field(default_factory=set)
+    _secrets: dict[ObjectKey, TokenSecret] = field(default_factory=dict)
+    _task: asyncio.Task[None] | None = None
+    _last_map: bytes | None = None
+
+    def tokens_changed(self, secret: TokenSecret) -> None:
+        self._secrets[secret.key] = secret
+        self._dirty.add(secret.key)
+        self._kick()
+
+    def secret_gone(self, secret: TokenSecret) -> None:
+        self._secrets.pop(secret.key, None)
+        self._kick()
+
+    def _kick(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._write_soon(), name="token-outputs")
+
+    async def _write_soon(self) -> None:
+        await asyncio.sleep(self.delay)  # a burst of rotations writes once
+        import time
+
+        content = edge_token_map(list(self._secrets.values()), time.time())
+        if content != self._last_map:
+            await asyncio.to_thread(self._write_map, content)
+            self._last_map = content
+        dirty, self._dirty = self._dirty, set()
+        if self.pointer is None or not self.source.writable:
+            return
+        for key in sorted(dirty):
+            secret = self._secrets.get(key)
+            if secret is not None:
+                await self._write_user_data(secret, self.pointer)
+
+    def _write_map(self, content: bytes) -> None:
+        make_dir(self.edge_map_path.parent)
+        atomic_write(self.edge_map_path, content, 0o600)
+
+    async def _write_user_data(self, secret: TokenSecret, pointer: PointerSettings) -> None:
+        try:
+            wanted = user_data_object(secret, pointer)
+        except ValueError as exc:
+            log.error("user-data for %s not written: %s", secret.nodepool, exc)
+            return
+        if wanted is None:
+            return
+        key = object_key(wanted)
+        assert key is not None
+        current = self.source.get(key)
+        if current is not None and secret_values(current) == {k: base64.b64decode(v) for k, v in wanted["data"].items()}:
+            return
+        try:
+            await self.source.put(wanted, beside=secret.key)
+            log.info("wrote user-data Secret %s for %s", key.ref, secret.nodepool)
+        except (OSError, KeyError, ValueError) as exc:
+            log.warning("could not write user-data Secret %s: %s", key.ref, exc)
