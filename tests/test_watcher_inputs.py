@@ -1,0 +1,249 @@
+"""The watcher's inputs end to end: join files, node HAProxy, IBM Cloud VPC, release catalog,
+the dependency index, user-data Secrets and the edge token map. Real renderers, real tools."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from urllib.parse import unquote
+
+import pytest
+import yaml
+
+from harness import EXAMPLE_MACHINECONFIG, IGNITION, have_ignition, write_manifests
+from ignition_server.auth.rotation import RotationPolicy
+from ignition_server.metrics import ServerMetrics
+from ignition_server.render.payload import render_payload
+from ignition_server.sources.files import FileSource
+from ignition_server.sources.manifests import build_token_secret, parse_token_secret
+from ignition_server.watch.outputs import PointerSettings, TokenOutputs
+from ignition_server.watch.reconciler import Reconciler
+from ignition_server.watch.releases import ANNOTATION_RELEASE_CATALOG
+from payload_cache import CacheConfig, PayloadCache
+
+T0 = 1_900_000_000.0
+RELEASE = "quay.io/openshift-release-dev/ocp-release@sha256:" + "1" * 64
+HAPROXY_IMAGE = "quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:" + "2" * 64
+CA_PEM = """-----BEGIN CERTIFICATE-----
+MIIBdzCCAR2gAwIBAgIUB0bUe3wtt0lJbq9Lh1vKkEfhi6kwCgYIKoZIzj0EAwIw
+ETEPMA0GA1UEAwwGdGVzdGNhMB4XDTI0MDEwMTAwMDAwMFoXDTM0MDEwMTAwMDAw
+MFowETEPMA0GA1UEAwwGdGVzdGNhMFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAE
+-----END CERTIFICATE-----
+"""
+KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters:
+- name: c
+  cluster: {server: "https://172.20.0.1:6443", certificate-authority-data: ""}
+users:
+- name: u
+  user: {token: bootstrap}
+contexts:
+- name: x
+  context: {cluster: c, user: u}
+current-context: x
+"""
+
+
+class Clock:
+    now = T0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def secret_obj(kind: str, namespace: str, name: str, data: dict[str, str], annotations: dict | None = None) -> dict:
+    meta: dict = {"name": name, "namespace": namespace}
+    if annotations:
+        meta["annotations"] = annotations
+    if kind == "Secret":
+        return {"apiVersion": "v1", "kind": "Secret", "metadata": meta,
+                "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}}
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
+
+
+def catalog(*pull_specs: str) -> dict:
+    releases = [{"pullSpec": p, "version": "4.17.3", "images": {"haproxy-router": HAPROXY_IMAGE}} for p in pull_specs]
+    return secret_obj("ConfigMap", "releases", "catalog", {"releases.yaml": yaml.safe_dump(releases)},
+                      {ANNOTATION_RELEASE_CATALOG: "true"})
+
+
+def token_secret(namespace: str, pool: str, token: str, annotations: dict | None = None) -> dict:
+    obj = build_token_secret(namespace=namespace, nodepool=f"clusters/{pool}", token=token, release=RELEASE,
+                             machineconfigs_yaml=EXAMPLE_MACHINECONFIG.format(name=pool), generation_time=T0)
+    obj["metadata"]["annotations"].update(annotations or {})
+    return obj
+
+
+def full_cluster(namespace: str) -> list[dict]:
+    return [
+        secret_obj("Secret", namespace, "pull-secret", {".dockerconfigjson": '{"auths":{"quay.io":{"auth":"dTpw"}}}'}),
+        secret_obj("Secret", namespace, "bootstrap-kubeconfig", {"kubeconfig": KUBECONFIG}),
+        secret_obj("ConfigMap", namespace, "user-ca-bundle", {"ca-bundle.crt": CA_PEM}),
+        secret_obj("ConfigMap", namespace, "apiserver-proxy", {
+            "listenIP": "172.20.0.1", "listenPort": "6443",
+            "backends": "c100-1.example.com:32167,c100-2.example.com:32167",
+            "backupBackends": "[2001:db8::10]:32167",
+        }),
+        secret_obj("ConfigMap", namespace, "ibmcloud-vpc", {
+            "clusterID": "c100", "accountID": "acct1", "region": "us-south", "zones": "us-south-1,us-south-2",
+            "privateEndpoints": "c100-1.private.example.com:32167", "publicEndpoints": "c100-1.example.com:32167",
+            "publicServiceEndpoint": "true", "registryHost": "us.icr.io", "secondaryStorage": "ext4",
+        }),
+    ]
+
+
+@pytest.fixture
+def world(tmp_path: Path):
+    clock = Clock()
+    source_dir = tmp_path / "source"
+    source_dir.mkdir()
+    cache = PayloadCache.open(CacheConfig(cache_dir=tmp_path / "cache"))
+    source = FileSource(source_dir)
+    outputs = TokenOutputs(source, tmp_path / "cache" / "edge" / "tokens.map",
+                           PointerSettings("https://ignition.example.com:9090", CA_PEM.encode()), delay=0.0)
+    reconciler = Reconciler(source=source, cache=cache, renderer=render_payload, policy=RotationPolicy(100.0),
+                            metrics=ServerMetrics(), clock=clock, outputs=outputs, debounce=0.0)
+    source._handler = reconciler.handle
+    return reconciler, source, cache, source_dir, clock, outputs
+
+
+async def settle(reconciler: Reconciler, source: FileSource, outputs: TokenOutputs | None = None) -> None:
+    for _ in range(3):
+        await source.poll_once()
+        await reconciler.wait_idle()
+        if outputs is not None and outputs._task is not None:
+            await outputs._task
+
+
+def renders(reconciler: Reconciler) -> float:
+    return reconciler.metrics.payload_cache_miss._value.get()
+
+
+def payload_files(cache: PayloadCache, secret_ref: str) -> dict[str, tuple[bytes, int]]:
+    config = json.loads(cache.get_blob(cache.get_render(secret_ref).blob_id))
+    files = {}
+    for entry in config["storage"]["files"]:
+        source = entry["contents"]["source"]
+        header, _, data = source.partition(",")
+        raw = base64.b64decode(data) if header.endswith(";base64") else unquote(data).encode()
+        if entry["contents"].get("compression") == "gzip":
+            raw = gzip.decompress(raw)
+        files[entry["path"]] = (raw, entry.get("mode", 0o644))
+    return files
+
+
+async def test_full_payload_has_join_files_haproxy_and_ibm_and_passes_the_real_tools(world, tmp_path: Path) -> None:
+    reconciler, source, cache, source_dir, _clock, outputs = world
+    write_manifests(source_dir / "releases.yaml", catalog(RELEASE))
+    write_manifests(source_dir / "c100.yaml", *full_cluster("clusters-c100"), token_secret("clusters-c100", "workers", "tok-1"))
+    await settle(reconciler, source, outputs)
+    files = payload_files(cache, "clusters-c100/token-workers-00000000")
+    assert files["/etc/kubernetes/kubeconfig"][1] == 0o600
+    assert b"172.20.0.1:6443" in files["/etc/kubernetes/kubeconfig"][0]
+    assert files["/var/lib/kubelet/config.json"][1] == 0o600
+    haproxy_cfg = next(content for path, (content, _) in files.items() if path.endswith("haproxy.cfg"))
+    assert b"c100-1.example.com:32167" in haproxy_cfg and b"backup" in haproxy_cfg
+    static_pod = next(content for path, (content, _) in files.items() if path.endswith("kube-apiserver-proxy.yaml"))
+    assert HAPROXY_IMAGE.encode() in static_pod
+    # The provider ID ibm://<account>///<cluster>/<worker> is built at boot from these.
+    assert any(b"IBM_ACCOUNT_ID='acct1'" in c and b"IBM_CLUSTER_ID='c100'" in c for c, _ in files.values())
+    assert "/etc/workers.conf" in files  # the NodePool's own MachineConfig is still there
+    documents = yaml.safe_load_all((source_dir / "c100.yaml").read_text())
+    secret = parse_token_secret(next(d for d in documents if d["metadata"]["name"].startswith("token-")))
+    assert secret.reason == "AsExpected"
+    assert "not in the source" not in secret.message  # every join input was there
+    if shutil.which("haproxy"):
+        cfg = tmp_path / "haproxy.cfg"
+        cfg.write_bytes(haproxy_cfg)
+        check = subprocess.run(["haproxy", "-c", "-f", str(cfg)], capture_output=True, text=True)
+        assert check.returncode == 0, check.stdout + check.stderr
+    body = cache.get_blob(cache.get_render("clusters-c100/token-workers-00000000").blob_id)
+    if shutil.which("ignition-validate"):
+        path = tmp_path / "payload.ign"
+        path.write_bytes(body)
+        check = subprocess.run(["ignition-validate", str(path)], capture_output=True, text=True)
+        assert check.returncode == 0, check.stdout + check.stderr
+    if have_ignition() and os.geteuid() == 0:
+        root = tmp_path / "root"
+        (tmp_path / "cache.json").write_bytes(body)
+        subprocess.run([IGNITION, "-platform", "file", "-stage", "files", "-root", str(root), "-log-to-stdout",
+                        "-config-cache", str(tmp_path / "cache.json")], capture_output=True, text=True, timeout=60)
+        # Everything is written before the final SELinux relabel step (which needs setfiles).
+        landed = root / "etc/kubernetes/apiserver-proxy-config/haproxy.cfg"
+        assert landed.read_bytes() == haproxy_cfg
+        assert (root / "etc/kubernetes/kubeconfig").stat().st_mode & 0o777 == 0o600
+        assert (root / "etc/systemd/system/workers.service").exists()
+
+
+async def test_a_shared_input_rerenders_exactly_its_nodepools(world) -> None:
+    reconciler, source, cache, source_dir, _clock, outputs = world
+    shared = {"ignition-server.openshift.io/input-user-ca-bundle": "shared/ca"}
+    write_manifests(source_dir / "shared.yaml", secret_obj("ConfigMap", "shared", "ca", {"ca-bundle.crt": CA_PEM}))
+    write_manifests(source_dir / "a.yaml", *[token_secret("clusters-a", f"a{i}", f"tok-a{i}") for i in range(3)],
+                    secret_obj("ConfigMap", "clusters-a", "user-ca-bundle", {"ca-bundle.crt": CA_PEM}))
+    write_manifests(source_dir / "b.yaml", *[token_secret("clusters-b", f"b{i}", f"tok-b{i}", shared) for i in range(2)])
+    await settle(reconciler, source, outputs)
+    assert renders(reconciler) == 5
+    before = renders(reconciler)
+    write_manifests(source_dir / "shared.yaml", secret_obj("ConfigMap", "shared", "ca", {"ca-bundle.crt": CA_PEM + CA_PEM.replace("MIIB", "MIIC")}))
+    await settle(reconciler, source, outputs)
+    assert renders(reconciler) - before == 2
+    before = renders(reconciler)
+    # An input appearing counts as a change too: a pull secret for cluster A only.
+    write_manifests(source_dir / "pull.yaml", secret_obj("Secret", "clusters-a", "pull-secret", {".dockerconfigjson": '{"auths":{}}'}))
+    await settle(reconciler, source, outputs)
+    assert renders(reconciler) - before == 3
+    before = renders(reconciler)
+    # An unrelated object changes nothing.
+    write_manifests(source_dir / "other.yaml", secret_obj("ConfigMap", "clusters-a", "unrelated", {"x": "1"}))
+    await settle(reconciler, source, outputs)
+    assert renders(reconciler) == before
+
+
+async def test_unknown_release_is_invalid_until_the_catalog_knows_it(world) -> None:
+    reconciler, source, cache, source_dir, _clock, outputs = world
+    write_manifests(source_dir / "c.yaml", full_cluster("clusters-c")[3], token_secret("clusters-c", "workers", "tok"))
+    write_manifests(source_dir / "plain.yaml", token_secret("clusters-p", "plain", "tok-p"))
+    await settle(reconciler, source, outputs)
+    docs = lambda: [d for d in yaml.safe_load_all((source_dir / "c.yaml").read_text()) if d["kind"] == "Secret"]
+    failing = parse_token_secret(docs()[0])
+    assert failing.reason == "InvalidConfig" and RELEASE in failing.message and "release catalog" in failing.message
+    assert cache.get_render("clusters-c/token-workers-00000000") is None
+    # A NodePool that needs no component image renders without its release known.
+    assert cache.get_render("clusters-p/token-plain-00000000") is not None
+    write_manifests(source_dir / "releases.yaml", catalog(RELEASE))
+    await settle(reconciler, source, outputs)
+    assert parse_token_secret(docs()[0]).reason == "AsExpected"
+    assert cache.get_render("clusters-c/token-workers-00000000") is not None
+
+
+async def test_user_data_secret_and_edge_map_follow_rotations(world) -> None:
+    reconciler, source, cache, source_dir, clock, outputs = world
+    write_manifests(source_dir / "p.yaml", token_secret("clusters-a", "workers", "tok-0"))
+    await settle(reconciler, source, outputs)
+    user_data_file = source_dir / "user-data-workers-00000000.yaml"
+
+    def pointer() -> dict:
+        obj = yaml.safe_load(user_data_file.read_text())
+        assert base64.b64decode(obj["data"]["disableTemplating"]) == b"true"
+        assert obj["metadata"]["namespace"] == "clusters-a"
+        return json.loads(base64.b64decode(obj["data"]["value"]))
+
+    header = pointer()["ignition"]["config"]["merge"][0]["httpHeaders"][0]
+    assert header == {"name": "Authorization", "value": "Bearer " + base64.b64encode(b"tok-0").decode()}
+    clock.now = T0 + 50
+    assert await reconciler.rotate_due() == 1
+    await settle(reconciler, source, outputs)
+    current = parse_token_secret([d for d in yaml.safe_load_all((source_dir / "p.yaml").read_text())][0]).token
+    header = pointer()["ignition"]["config"]["merge"][0]["httpHeaders"][0]
+    assert header["value"] == "Bearer " + base64.b64encode(current.encode()).decode()
+    edge = (source_dir.parent / "cache" / "edge" / "tokens.map").read_text().splitlines()
+    assert sorted(edge) == sorted(f"{hashlib.sha256(t.encode()).hexdigest()} clusters/workers" for t in (current, "tok-0"))
+    assert "tok-0" not in "".join(edge)
