@@ -251,3 +251,19 @@ def test_cache_survives_an_unreadable_source_and_holds_no_plaintext(server, tmp_
     status, _, again = proc.get("/ignition", bearer(marker_token))
     assert status == 200 and again == body
     assert "unavailable, serving from the cache" in proc.logs()
+
+
+def test_a_payload_the_client_cannot_read_gets_a_4xx_that_says_why(server) -> None:
+    proc = server()
+    kargs = EXAMPLE_MACHINECONFIG.format(name="kargs") + "  kernelArguments:\n  - nosmt\n"
+    write_manifests(proc.source / "pool.yaml", build_token_secret(
+        namespace="clusters-demo", nodepool="clusters/kargs", token="tok-k", machineconfigs_yaml=kargs,
+        generation_time=time.time()))
+    proc.start()
+    wait_rendered(proc, 1)
+    status, _, body = proc.get("/ignition", {**bearer("tok-k"), "Accept": "application/vnd.coreos.ignition+json;version=3.2.0"})
+    assert status == 406 and b"3.3.0" in body and b"kernelArguments" in body
+    status, _, body = proc.get("/ignition", {**bearer("tok-k"), "Accept": "application/vnd.coreos.ignition+json;version=3.3.0, */*;q=0.1"})
+    assert status == 200 and json.loads(body)["kernelArguments"]["shouldExist"] == ["nosmt"]
+    # curl-like: the lowest version >= 3.2.0 that expresses the payload.
+    assert json.loads(proc.get("/ignition", bearer("tok-k"))[2])["ignition"]["version"] == "3.3.0"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from payload_cache import PayloadCache
 
 from ..auth.tokens import Grant, Refusal, TokenAuthenticator, check_nodepool, credential
 from ..metrics import ServerMetrics
-from ..render.spec import UnsatisfiableVersion, negotiate, with_version
+from ..render.spec import UnsatisfiableVersion, minimum_version_reason, negotiate, with_version
 
 access_log = logging.getLogger("ignition_server.access")
 
@@ -99,16 +100,23 @@ class IgnitionHandlers:
         record = self._cache.get_render(grant.secret)
         if record is None:
             raise Refusal(503, "payload is still rendering", retry_after=5)
-        try:
-            version = negotiate(request.headers.get("Accept"), record.min_version)
-        except UnsatisfiableVersion as exc:
-            raise Refusal(406, str(exc)) from None
         body = self._cache.get_blob_from_memory(record.blob_id)
         if body is None:
             body = await asyncio.to_thread(self._cache.get_blob, record.blob_id)
         if body is None:
             # Lost or failed its integrity check: the watcher re-renders it.
             raise Refusal(503, "payload is being rebuilt", retry_after=5)
+        accept = request.headers.get("Accept")
+        try:
+            version = negotiate(accept, record.min_version)
+        except UnsatisfiableVersion:
+            # Rare and final for that node: worth saying which feature needs the newer spec.
+            feature = (await asyncio.to_thread(minimum_version_reason, json.loads(body)))[1]
+            try:
+                negotiate(accept, record.min_version, feature)
+            except UnsatisfiableVersion as exc:
+                raise Refusal(406, str(exc)) from None
+            raise
         return web.Response(
             body=with_version(body, version),
             headers={
