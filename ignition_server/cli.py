@@ -158,7 +158,7 @@ def _newest_secret(source_dir: Path, nodepool: str) -> tuple[Any, Any, Any]:
     catalog = ReleaseCatalog()
     for key, obj in objects.items():
         if is_catalog(obj):
-            catalog.update(key, obj)
+            catalog.update(key, source.get_full(key))
     now = time.time()
     secrets = [parse_token_secret(o) for o in objects.values() if is_token_secret(o)]
     matching = [s for s in secrets if s.nodepool == nodepool and not s.expired(now)]
@@ -173,8 +173,11 @@ def _render(args: argparse.Namespace) -> int:
     from .render.spec import with_version
     from .watch.gather import gather
 
+    from .sources.manifests import token_secret_config
+
     source, secret, catalog = _newest_secret(Path(args.source), args.nodepool)
-    inputs, _deps = gather(secret, secret.annotations, source.get, catalog)
+    config = token_secret_config(source.get_full(secret.key))
+    inputs, _deps = gather(secret, secret.annotations, source.get_full, catalog, config)
     rendered = render_payload(inputs)
     body = with_version(rendered.body, args.spec_version) if args.spec_version else rendered.body
     sys.stdout.write(body.decode() + "\n")

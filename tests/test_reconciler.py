@@ -213,3 +213,31 @@ def test_render_command_prints_the_payload(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=60,
     )
     assert missing.returncode == 1 and "clusters/workers" in missing.stderr
+
+
+async def test_large_configs_are_not_held_in_memory_but_render(world) -> None:
+    import base64 as b64
+    import os
+
+    from ignition_server.sources.manifests import LargeValue, ObjectKey
+
+    make, clock, source_dir = world
+    reconciler, source, cache = make()
+    noise = b64.b64encode(os.urandom(200 * 1024)).decode()  # does not compress: a large `config`
+    big = EXAMPLE_MACHINECONFIG.format(name="big").replace(
+        "source: data:,hello%20from%20big%0A", f"source: data:;base64,{noise}"
+    )
+    obj = build_token_secret(namespace="clusters-a", nodepool="clusters/big", token="tok-big",
+                             machineconfigs_yaml=big, generation_time=T0)
+    write_manifests(source_dir / "big.yaml", obj)
+    await settle(reconciler, source)
+    key = ObjectKey("Secret", "clusters-a", "token-big-00000000")
+    assert isinstance(source.get(key)["data"]["config"], LargeValue)
+    assert source.get_full(key)["data"]["config"] == obj["data"]["config"]
+    payload = cache.get_blob(cache.get_render("clusters-a/token-big-00000000").blob_id)
+    assert noise[:1000].encode() in payload
+    # Unchanged on a new listing (same digest): no second render.
+    renders = reconciler.metrics.payload_cache_miss._value.get()
+    reconciler2, source2, _cache2 = make()
+    await settle(reconciler2, source2)
+    assert reconciler2.metrics.payload_cache_miss._value.get() == 0 and renders == 1

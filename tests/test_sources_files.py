@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from ignition_server.sources.manifests import (
     format_time,
     parse_time,
     parse_token_secret,
+    token_secret_config,
 )
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "token-secret.yaml"
@@ -40,10 +42,12 @@ class Recorder:
 
 
 def test_example_secret_as_oc_prints_it_decodes() -> None:
-    secret = parse_token_secret(yaml.safe_load(EXAMPLE.read_text()))
+    obj = yaml.safe_load(EXAMPLE.read_text())
+    secret = parse_token_secret(obj)
     assert secret.nodepool == "clusters/example-np"
     assert secret.token == "7d3f6a0e-5c1b-4e8a-9b2f-1a2b3c4d5e6f"
-    assert "kind: MachineConfig" in secret.config_yaml and "/etc/motd" in secret.config_yaml
+    config = token_secret_config(obj)
+    assert "kind: MachineConfig" in config and "/etc/motd" in config
     assert secret.release.startswith("quay.io/openshift-release-dev/ocp-release@sha256:")
     assert secret.preconditions["pull-secret-hash"] == "0f0f0f0f"
 
@@ -53,7 +57,9 @@ def test_string_data_and_data_are_equivalent() -> None:
     as_string_data = dict(built)
     as_string_data["stringData"] = {k: base64.b64decode(v).decode() for k, v in built["data"].items()}
     del as_string_data["data"]
-    assert parse_token_secret(built) == parse_token_secret(as_string_data)
+    # The same Secret either way; only the digest of how `config` is held differs.
+    assert replace(parse_token_secret(built), config_digest="") == replace(parse_token_secret(as_string_data), config_digest="")
+    assert token_secret_config(built) == token_secret_config(as_string_data) == "a: 1\n"
 
 
 def test_bad_values_are_clear_errors() -> None:

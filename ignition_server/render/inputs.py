@@ -26,6 +26,9 @@ class NodePoolInputs:
     nodepool: str  # "<namespace>/<name>" of the NodePool object
     secret: str  # "<namespace>/<name>" of the token Secret this generation comes from
     machineconfigs_yaml: str  # decoded `config`: multi-document MachineConfig YAML, may be ""
+    # Digest of the `config` value the YAML comes from. The watcher decides whether to render
+    # from inputs gathered without the YAML (it is read again only for a render).
+    config_digest: str = ""
     release: str = ""  # release pull spec, carried as given
     release_version: str = ""
     # Inputs the source did not hold, named for `data.message` ("pull-secret", ...).
@@ -42,9 +45,11 @@ class NodePoolInputs:
     haproxy_image: str | None = None
 
     def digest(self) -> str:
-        canonical = json.dumps(
-            {"generation": RENDERER_GENERATION, **asdict(self)}, sort_keys=True, separators=(",", ":")
-        )
+        fields = asdict(self)
+        yaml_text = fields.pop("machineconfigs_yaml")
+        if not fields["config_digest"]:
+            fields["config_digest"] = hashlib.sha256(yaml_text.encode()).hexdigest()
+        canonical = json.dumps({"generation": RENDERER_GENERATION, **fields}, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
 

@@ -22,7 +22,7 @@ import yaml
 from payload_cache.fsio import atomic_write, fsync_dir, temp_path_for, write_exclusive
 
 from .events import Change, ChangeHandler, Mutation
-from .manifests import ObjectKey, object_key
+from .manifests import ObjectKey, has_large_values, object_key, slim
 
 log = logging.getLogger("ignition_server.sources.files")
 
@@ -65,6 +65,7 @@ class FileSource:
     _handler: ChangeHandler | None = None
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _listed: bool = False
+    _large: set[ObjectKey] = field(default_factory=set)  # keys whose slim copy holds LargeValues
 
     @property
     def writable(self) -> bool:
@@ -77,7 +78,21 @@ class FileSource:
         return dict(self._objects)
 
     def get(self, key: ObjectKey) -> dict[str, Any] | None:
+        """The object as kept in memory: values over LARGE_VALUE_BYTES are LargeValue digests."""
         return self._objects.get(key)
+
+    def get_full(self, key: ObjectKey) -> dict[str, Any] | None:
+        """The whole object, read again from its file when it has large values (blocking I/O)."""
+        if key not in self._large:
+            return self._objects.get(key)
+        path = self._where.get(key)
+        if path is None:
+            return None
+        try:
+            parsed = self._parse(path.read_bytes())
+        except (OSError, yaml.YAMLError, UnicodeDecodeError):
+            return None
+        return next((obj for found, obj in parsed if found == key), None)
 
     async def run(self, handler: ChangeHandler, *, iterations: int | None = None) -> None:
         """List, hand the listing over as ADDED changes, then poll until cancelled.
@@ -168,13 +183,20 @@ class FileSource:
                 continue
             new_keys.append(key)
             previous = self._objects.get(key)
-            if previous != obj:
+            kept = slim(obj)
+            if previous != kept:
+                # Handlers get the full object once; the source keeps only the slim copy.
                 changes.append(Change("MODIFIED" if previous is not None else "ADDED", key, obj))
-            self._objects[key] = obj
+            self._objects[key] = kept
+            if has_large_values(kept):
+                self._large.add(key)
+            else:
+                self._large.discard(key)
             self._where[key] = path
         for key in old_keys - set(new_keys):
             changes.append(Change("DELETED", key, self._objects.pop(key)))
             self._where.pop(key, None)
+            self._large.discard(key)
         self._files[path] = _FileState(stamp, digest, tuple(new_keys))
         return changes
 
@@ -185,6 +207,7 @@ class FileSource:
             if self._where.get(key) == path:
                 changes.append(Change("DELETED", key, self._objects.pop(key)))
                 del self._where[key]
+                self._large.discard(key)
         return changes
 
     @staticmethod

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import gzip
+import hashlib
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Mapping
@@ -27,6 +28,45 @@ PRECONDITION_KEYS = ("pull-secret-hash", "hc-configuration-hash", "additional-tr
 
 class ManifestError(ValueError):
     """An object that cannot be read as what it claims to be; the message says why."""
+
+
+# Values above this size are not kept in memory by a source: 5,280 token Secrets with
+# ~300 KiB configs would otherwise hold gigabytes. They are read again when a render needs them.
+LARGE_VALUE_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class LargeValue:
+    """Stands in for a large string value of a slim object: equal iff the contents are."""
+
+    sha256: str
+    size: int
+
+    def __str__(self) -> str:
+        return f"sha256:{self.sha256}"
+
+
+def slim(value: Any) -> Any:
+    """A copy of an object with every string over LARGE_VALUE_BYTES replaced by a LargeValue."""
+    if isinstance(value, str):
+        if len(value) > LARGE_VALUE_BYTES:
+            return LargeValue(hashlib.sha256(value.encode()).hexdigest(), len(value))
+        return value
+    if isinstance(value, dict):
+        return {k: slim(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [slim(v) for v in value]
+    return value
+
+
+def has_large_values(value: Any) -> bool:
+    if isinstance(value, LargeValue):
+        return True
+    if isinstance(value, dict):
+        return any(has_large_values(v) for v in value.values())
+    if isinstance(value, list):
+        return any(has_large_values(v) for v in value)
+    return False
 
 
 @dataclass(frozen=True, order=True)
@@ -58,20 +98,42 @@ def object_key(obj: Mapping[str, Any]) -> ObjectKey | None:
     return ObjectKey(kind, str(namespace), name)
 
 
+def secret_value(obj: Mapping[str, Any], key: str) -> bytes | None:
+    """One Secret value decoded (`stringData` wins over `data`, as the API server merges them)."""
+    string_data = obj.get("stringData") or {}
+    if key in string_data:
+        value = string_data[key]
+        return b"" if value is None else str(value).encode()
+    data = obj.get("data") or {}
+    if key not in data:
+        return None
+    value = data[key]
+    if value is None:
+        return b""
+    if isinstance(value, LargeValue):
+        raise ManifestError(f"data.{key} is held as a digest only; read the full object")
+    try:
+        return base64.b64decode(str(value), validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ManifestError(f"data.{key} is not valid base64: {exc}") from None
+
+
 def secret_values(obj: Mapping[str, Any]) -> dict[str, bytes]:
     """A Secret's values decoded: `data` is base64, `stringData` is text and wins (as the API server merges it)."""
-    values: dict[str, bytes] = {}
-    for key, value in (obj.get("data") or {}).items():
-        if value is None:
-            values[key] = b""
-            continue
-        try:
-            values[key] = base64.b64decode(str(value), validate=True)
-        except (binascii.Error, ValueError) as exc:
-            raise ManifestError(f"data.{key} is not valid base64: {exc}") from None
-    for key, value in (obj.get("stringData") or {}).items():
-        values[key] = b"" if value is None else str(value).encode()
-    return values
+    keys = list((obj.get("data") or {})) + [k for k in (obj.get("stringData") or {}) if k not in (obj.get("data") or {})]
+    return {key: secret_value(obj, key) or b"" for key in keys}
+
+
+def value_digest(obj: Mapping[str, Any], key: str) -> str:
+    """A digest of one Secret value as the object holds it, full or slim alike."""
+    for section in ("stringData", "data"):
+        values = obj.get(section) or {}
+        if key in values:
+            value = values[key]
+            if isinstance(value, LargeValue):
+                return value.sha256
+            return hashlib.sha256(("" if value is None else str(value)).encode()).hexdigest()
+    return ""
 
 
 def annotations(obj: Mapping[str, Any]) -> Mapping[str, str]:
@@ -149,7 +211,7 @@ class TokenSecret:
     old_token: str | None
     release: str
     release_version: str
-    config_yaml: str
+    config_digest: str  # of the `config` value: its text is read again only to render
     generation_time: float | None
     expiration: float | None
     creation_time: float | None
@@ -176,11 +238,9 @@ def parse_token_secret(obj: Mapping[str, Any]) -> TokenSecret:
         raise ManifestError("a Secret without metadata.name")
     meta = obj.get("metadata") or {}
     notes = annotations(obj)
-    values = secret_values(obj)
-
     def text(name: str) -> str:
         try:
-            return values.get(name, b"").decode().strip()
+            return (secret_value(obj, name) or b"").decode().strip()
         except UnicodeDecodeError:
             raise ManifestError(f"{name} is not UTF-8 text") from None
 
@@ -198,16 +258,21 @@ def parse_token_secret(obj: Mapping[str, Any]) -> TokenSecret:
         old_token=text("old_token") or None,
         release=text("release"),
         release_version=text("release-version"),
-        config_yaml=decode_config(values.get("config", b"")),
+        config_digest=value_digest(obj, "config"),
         generation_time=parse_time(notes.get(ANNOTATION_TOKEN_GENERATION)),
         expiration=parse_time(notes.get(ANNOTATION_TOKEN_EXPIRATION)),
         creation_time=parse_time(meta.get("creationTimestamp")),
         reason=text("reason"),
         message=text("message"),
-        preconditions={k: text(k) for k in PRECONDITION_KEYS if k in values},
+        preconditions={k: text(k) for k in PRECONDITION_KEYS if secret_value(obj, k) is not None},
         ignition_reached=str(notes.get(ANNOTATION_IGNITION_REACHED, "")).lower() == "true",
         annotations={str(k): str(v) for k, v in notes.items()},
     )
+
+
+def token_secret_config(obj: Mapping[str, Any]) -> str:
+    """The MachineConfig YAML of a full (not slim) token Secret object."""
+    return decode_config(secret_value(obj, "config") or b"")
 
 
 def set_secret_value(obj: dict[str, Any], key: str, value: bytes) -> None:

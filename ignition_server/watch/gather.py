@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from ..render.inputs import NodePoolInputs, Settings
-from ..sources.manifests import ManifestError, ObjectKey, TokenSecret, secret_values
+from ..sources.manifests import LargeValue, ManifestError, ObjectKey, TokenSecret, secret_value
 from .releases import HAPROXY_IMAGE, ReleaseCatalog, release_key
 
 ANNOTATION_INPUT_PREFIX = "ignition-server.openshift.io/input-"
@@ -54,14 +54,33 @@ def input_key(secret: TokenSecret, wanted: InputObject, notes: Mapping[str, str]
 
 
 def _data(obj: Mapping[str, Any]) -> dict[str, str]:
+    # A LargeValue of a slim object stands in as its digest: enough to tell a change.
     if obj.get("kind") == "Secret":
-        return {k: v.decode(errors="replace") for k, v in secret_values(obj).items()}
+        return {
+            k: str(obj["data"][k]) if isinstance((obj.get("data") or {}).get(k), LargeValue) else v.decode(errors="replace")
+            for k, v in _secret_values_or_digests(obj).items()
+        }
     return {k: "" if v is None else str(v) for k, v in (obj.get("data") or {}).items()}
 
 
+def _secret_values_or_digests(obj: Mapping[str, Any]) -> dict[str, bytes]:
+    data = obj.get("data") or {}
+    keys = list(data) + [k for k in (obj.get("stringData") or {}) if k not in data]
+    return {k: b"" if isinstance(data.get(k), LargeValue) else (secret_value(obj, k) or b"") for k in keys}
+
+
 def gather(
-    secret: TokenSecret, notes: Mapping[str, str], lookup: Lookup, catalog: ReleaseCatalog
+    secret: TokenSecret,
+    notes: Mapping[str, str],
+    lookup: Lookup,
+    catalog: ReleaseCatalog,
+    machineconfigs_yaml: str = "",
 ) -> tuple[NodePoolInputs, frozenset[ObjectKey]]:
+    """The NodePool's inputs and what they depend on.
+
+    With a slim `lookup` and no YAML this is cheap and decides whether to render at all; a
+    render gathers again with full objects and the token Secret's decoded config.
+    """
     deps: set[ObjectKey] = set()
     values: dict[str, str | None] = {}
     missing: list[str] = []
@@ -88,7 +107,8 @@ def gather(
     inputs = NodePoolInputs(
         nodepool=secret.nodepool,
         secret=secret.ref,
-        machineconfigs_yaml=secret.config_yaml,
+        machineconfigs_yaml=machineconfigs_yaml,
+        config_digest=secret.config_digest,
         release=secret.release,
         release_version=secret.release_version,
         missing=tuple(missing),

@@ -33,6 +33,7 @@ from ..sources.manifests import (
     parse_token_secret,
     secret_values,
     set_annotation,
+    token_secret_config,
     set_secret_value,
 )
 from .gather import gather
@@ -262,7 +263,7 @@ class Reconciler:
         try:
             await asyncio.sleep(self.debounce)  # a newer change in the meantime cancels this one
             try:
-                rendered = await self._render_once(inputs, digest)
+                rendered = await self._render_once(secret, digest)
                 blob_id = await asyncio.to_thread(self.cache.put_blob, rendered.body)
             except InvalidConfig as exc:
                 self._render_failed(secret, digest, str(exc))
@@ -287,24 +288,37 @@ class Reconciler:
                 del self._pending[secret.key]
             self.metrics.render_queue.set(len(self._pending))
 
-    async def _render_once(self, inputs: NodePoolInputs, digest: str) -> RenderedPayload:
+    async def _render_once(self, secret: TokenSecret, digest: str) -> RenderedPayload:
         running = self._renders.get(digest)
         if running is None:
-            running = asyncio.ensure_future(self._render(inputs))
+            running = asyncio.ensure_future(self._render(secret))
             self._renders[digest] = running
             running.add_done_callback(lambda _t: self._renders.pop(digest, None))
         return await asyncio.shield(running)
 
-    async def _render(self, inputs: NodePoolInputs) -> RenderedPayload:
+    async def _render(self, secret: TokenSecret) -> RenderedPayload:
         if self._semaphore is None:
             self._semaphore = asyncio.Semaphore(self.render_concurrency)
         async with self._semaphore:
             self.metrics.payload_cache_miss.inc()
             started = time.perf_counter()
             try:
-                return await asyncio.to_thread(self.renderer, inputs)
+                return await asyncio.to_thread(self._render_full, secret)
             finally:
                 self.metrics.payload_generation.observe(time.perf_counter() - started)
+
+    def _render_full(self, secret: TokenSecret) -> RenderedPayload:
+        """Read what the render needs in full (the config, large inputs) and render. Runs in a thread."""
+        obj = self.source.get_full(secret.key)
+        if obj is None:
+            raise InvalidConfig(f"{secret.ref} is no longer in the source")
+        try:
+            inputs, _deps = gather(
+                secret, secret.annotations, self.source.get_full, self.catalog, token_secret_config(obj)
+            )
+        except ManifestError as exc:
+            raise InvalidConfig(str(exc)) from None
+        return self.renderer(inputs)
 
     def _render_failed(self, secret: TokenSecret, digest: str, message: str) -> None:
         self.metrics.render_failures.inc()
