@@ -46,6 +46,7 @@ log = logging.getLogger("ignition_server.watch")
 
 Renderer = Callable[[NodePoolInputs], RenderedPayload]
 RETRY_MIN, RETRY_MAX = 1.0, 300.0
+GC_INTERVAL = 600.0
 
 
 def _pool_of(secret: TokenSecret) -> tuple[str, str]:
@@ -501,6 +502,7 @@ class Reconciler:
     async def run_periodic(self, *, tick: float = 0.5) -> None:
         """Rotation, render retries and index persistence, until cancelled."""
         last_forget = 0.0
+        last_gc = self.clock()  # not at start-up: nothing is unreferenced before the first listing
         while True:
             await asyncio.sleep(tick)
             try:
@@ -513,6 +515,11 @@ class Reconciler:
                 if now - last_forget > 60:
                     self.cache.forget_expired(now)
                     last_forget = now
+                if now - last_gc > GC_INTERVAL:
+                    last_gc = now
+                    report = await asyncio.to_thread(self.cache.gc, now)
+                    if report.deleted:
+                        log.info("cache gc: deleted %d unreferenced payload(s), %d bytes", report.deleted, report.bytes_freed)
                 if self.cache.dirty:
                     await self.persist_index()
             except asyncio.CancelledError:
