@@ -63,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add(serve, "--tls-key", help="key of --tls-cert (PEM)")
     _add(serve, "--token-ttl", default="11h", help="token lifetime; rotation at half of it (e.g. 6s, 11h)")
     _add(serve, "--service-account-overlap", default="1h", help="how long a replaced service-account key or token Secret stays accepted")
+    _add(serve, "--edge-dir", help="write an HAProxy edge config checking service-account JWTs here")
+    _add(serve, "--edge-bind", default="0.0.0.0:9443", help="HOST:PORT the edge HAProxy listens on")
     _add(serve, "--public-url", help="URL pointer configs use (also the self-made certificate's name)")
     _add(serve, "--cache-key-file", help="key file outside the cache dir (default: <cache-dir>.key)")
     _add(serve, "--cache-memory", default="128Mi", help="memory for payloads, in bytes (Ki/Mi/Gi suffixes)")
@@ -110,6 +112,8 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         tls=TLSSettings(Path(args.tls_cert) if args.tls_cert else None, Path(args.tls_key) if args.tls_key else None),
         token_ttl=parse_duration(args.token_ttl),
         service_account_overlap=parse_duration(args.service_account_overlap),
+        edge_dir=Path(args.edge_dir) if args.edge_dir else None,
+        edge_bind=args.edge_bind,
         public_url=args.public_url,
         cache_key_file=Path(args.cache_key_file) if args.cache_key_file else None,
         cache_memory_bytes=parse_size(str(args.cache_memory)),

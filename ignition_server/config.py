@@ -71,6 +71,9 @@ class ServeSettings:
     token_ttl: float = DEFAULT_TOKEN_TTL
     # How long a replaced service-account signing key or token Secret stays accepted.
     service_account_overlap: float = 3600.0
+    # Where to keep the edge HAProxy config for service-account JWTs (None: no edge).
+    edge_dir: Path | None = None
+    edge_bind: str = "0.0.0.0:9443"
     public_url: str | None = None
     cache_key_file: Path | None = None
     cache_memory_bytes: int = 128 * 1024 * 1024

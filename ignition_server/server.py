@@ -29,6 +29,7 @@ from .metrics import ServerMetrics
 from .render.payload import render_payload
 from .sources.files import FileSource
 from .watch.reconciler import Reconciler, Renderer
+from .watch.edge import EdgeWriter
 from .watch.outputs import PointerSettings, TokenOutputs
 from .watch.trust import TrustWatcher
 
@@ -75,7 +76,7 @@ class IgnitionServer:
             metrics=self.metrics,
             render_concurrency=settings.render_concurrency,
             clock=self.clock,
-            trust=TrustWatcher(verifier),
+            trust=TrustWatcher(verifier, self._edge_writer(verifier)),
             outputs=outputs,
         )
         handlers = IgnitionHandlers(
@@ -108,6 +109,19 @@ class IgnitionServer:
             await stop.wait()
         finally:
             await self._shutdown(runners, tasks, cache)
+
+    def _edge_writer(self, verifier: ServiceAccountVerifier) -> Callable[[], None]:
+        settings = self.settings
+        if settings.edge_dir is None or self.tls_files is None:
+            return lambda: None
+        host = "127.0.0.1" if settings.listen[0] in ("0.0.0.0", "::", "") else settings.listen[0]
+        writer = EdgeWriter(
+            verifier=verifier, directory=settings.edge_dir, bind=settings.edge_bind,
+            backend=f"{host}:{settings.listen[1]}",
+            cert_pem=self.tls_files.cert.read_bytes() + self.tls_files.key.read_bytes(),
+            ca_file=self.tls_files.ca,
+        )
+        return writer.keys_changed
 
     def _pointer_settings(self) -> PointerSettings | None:
         ca = self.tls_files.ca if self.tls_files is not None else None

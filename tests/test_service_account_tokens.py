@@ -142,3 +142,89 @@ def test_token_secret_and_signing_key_rotations_overlap(cluster_pair) -> None:
     assert proc.get(f"/config/workers?token={url_token(after)}")[0] == 401
     assert proc.get(f"/config/workers?token={url_token(legacy_jwt(new_key, 'node-bootstrapper-token-one'))}")[0] == 403
     assert proc.get(f"/config/workers?token={url_token(legacy_jwt(new_key, 'node-bootstrapper-token-two'))}")[0] == 200
+
+
+@pytest.mark.haproxy
+def test_edge_haproxy_config_follows_key_rotations(tmp_path: Path) -> None:
+    import shutil
+    import socket
+    import ssl
+    import subprocess
+    import urllib.error
+    import urllib.request
+
+    import yaml
+
+    from harness import free_port
+
+    if shutil.which("haproxy") is None:
+        pytest.skip("haproxy is not installed")
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    source = tmp_path / "source"
+    write_manifests(
+        source / "a.yaml",
+        keys_configmap("clusters-a", key, "node-bootstrapper-token-one"),
+        build_token_secret(namespace="clusters-a", nodepool="clusters/workers", token="opaque",
+                           machineconfigs_yaml=EXAMPLE_MACHINECONFIG.format(name="workers"), generation_time=time.time()),
+    )
+    edge_dir, edge_port = tmp_path / "edge", free_port()
+    proc = ServerProcess(source, tmp_path / "cache", extra=[
+        "--service-account-overlap", f"{OVERLAP}s", "--edge-dir", str(edge_dir), "--edge-bind", f"127.0.0.1:{edge_port}"]).start()
+    config = edge_dir / "haproxy.cfg"
+    deadline = time.monotonic() + 15
+    while (not config.exists() or "jwt_verify" not in config.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert subprocess.run(["haproxy", "-c", "-f", str(config)], capture_output=True).returncode == 0
+    haproxy = subprocess.Popen(["haproxy", "-db", "-f", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", edge_port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        context = ssl.create_default_context(cafile=str(proc.ca_file))
+
+        def via_edge(token: str) -> int:
+            request = urllib.request.Request(f"https://127.0.0.1:{edge_port}/config/workers?token={url_token(token)}")
+            try:
+                with urllib.request.urlopen(request, context=context, timeout=10) as response:
+                    return response.status
+            except urllib.error.HTTPError as error:
+                return error.code
+
+        good = legacy_jwt(key, "node-bootstrapper-token-one")
+        assert via_edge(good) == 200
+        served = proc.metrics().get('ign_server_get_request{nodePool="clusters/workers"}')
+        assert via_edge(legacy_jwt(rsa.generate_private_key(public_exponent=65537, key_size=2048), "x")) == 403
+        assert proc.metrics().get('ign_server_get_request{nodePool="clusters/workers"}') == served  # stopped at the edge
+        # Key rotation: the edge config is regenerated with both keys, then only the new one.
+        new_key = ec.generate_private_key(ec.SECP256R1())
+        documents = list(yaml.safe_load_all((source / "a.yaml").read_text()))
+        documents[0]["data"]["sa.pub"] = public_pem(new_key)
+        write_manifests(source / "a.yaml", *documents)
+        deadline = time.monotonic() + 5
+        while len(list((edge_dir / "keys").glob("*.pem"))) != 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(list((edge_dir / "keys").glob("*.pem"))) == 2
+        assert config.read_text().count("jwt_verify(") == 2
+        time.sleep(OVERLAP + 1.0)
+        assert len(list((edge_dir / "keys").glob("*.pem"))) == 1
+        assert config.read_text().count("jwt_verify(") == 1
+        haproxy.kill()  # restart with the regenerated config (a reload, for this test)
+        haproxy.wait()
+        haproxy = subprocess.Popen(["haproxy", "-db", "-f", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", edge_port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        assert via_edge(legacy_jwt(new_key, "node-bootstrapper-token-one", alg="ES256")) == 200
+        assert via_edge(good) == 403  # the old key's window is over: refused at the edge
+    finally:
+        haproxy.kill()
+        haproxy.wait()
+        proc.kill()

@@ -17,7 +17,7 @@ cluster's signing key (HyperShift's `sa-signing-key` Secret must not be pointed 
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from ..auth.jwt import ServiceAccountVerifier, TokenSecretRef
 from ..sources.events import Change
@@ -42,8 +42,9 @@ def _values(obj: Mapping[str, Any]) -> dict[str, str]:
 
 
 class TrustWatcher:
-    def __init__(self, verifier: ServiceAccountVerifier) -> None:
+    def __init__(self, verifier: ServiceAccountVerifier, on_keys_changed: Callable[[], None] = lambda: None) -> None:
         self.verifier = verifier
+        self._on_keys_changed = on_keys_changed
         self._providers: dict[str, ObjectKey] = {}  # cluster -> the object its keys came from
 
     def handle(self, change: Change) -> None:
@@ -53,6 +54,7 @@ class TrustWatcher:
                 del self._providers[cluster]
                 self.verifier.remove_cluster(cluster)
                 log.info("no service-account keys for %s any more: its JWTs are refused", cluster)
+                self._on_keys_changed()
             return
         provider = self._providers.setdefault(cluster, change.key)
         if provider != change.key:
@@ -78,6 +80,7 @@ class TrustWatcher:
         except ValueError as exc:
             log.error("%s: unusable service-account keys, keeping the last good ones: %s", change.key, exc)
             return
+        self._on_keys_changed()
         secret_name = values.get("token-secret-name", "").strip()
         if secret_name:
             self.verifier.set_token_secrets(cluster, TokenSecretRef(name=secret_name))
