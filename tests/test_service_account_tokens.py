@@ -147,7 +147,6 @@ def test_token_secret_and_signing_key_rotations_overlap(cluster_pair) -> None:
 @pytest.mark.haproxy
 def test_edge_haproxy_config_follows_key_rotations(tmp_path: Path) -> None:
     import shutil
-    import socket
     import ssl
     import subprocess
     import urllib.error
@@ -155,7 +154,7 @@ def test_edge_haproxy_config_follows_key_rotations(tmp_path: Path) -> None:
 
     import yaml
 
-    from harness import free_port
+    from harness import free_port, wait_for_port
 
     if shutil.which("haproxy") is None:
         pytest.skip("haproxy is not installed")
@@ -177,13 +176,7 @@ def test_edge_haproxy_config_follows_key_rotations(tmp_path: Path) -> None:
     assert subprocess.run(["haproxy", "-c", "-f", str(config)], capture_output=True).returncode == 0
     haproxy = subprocess.Popen(["haproxy", "-db", "-f", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", edge_port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.05)
+        wait_for_port(edge_port)
         context = ssl.create_default_context(cafile=str(proc.ca_file))
 
         def via_edge(token: str) -> int:
@@ -215,13 +208,7 @@ def test_edge_haproxy_config_follows_key_rotations(tmp_path: Path) -> None:
         haproxy.kill()  # restart with the regenerated config (a reload, for this test)
         haproxy.wait()
         haproxy = subprocess.Popen(["haproxy", "-db", "-f", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", edge_port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.05)
+        wait_for_port(edge_port)
         assert via_edge(legacy_jwt(new_key, "node-bootstrapper-token-one", alg="ES256")) == 200
         assert via_edge(good) == 403  # the old key's window is over: refused at the edge
     finally:
