@@ -15,7 +15,7 @@ from ..sources.manifests import (
     ANNOTATION_TOKEN_GENERATION,
     TokenSecret,
     format_time,
-    secret_values,
+    secret_value,
     set_annotation,
     set_secret_value,
 )
@@ -51,7 +51,7 @@ def rotation_mutation(expected_token: str | None, token: str, now: float) -> Cal
     """
 
     def mutate(obj: dict[str, Any]) -> bool:
-        current = secret_values(obj).get("token", b"").decode().strip() or None
+        current = (secret_value(obj, "token") or b"").decode().strip() or None
         if current != expected_token:
             return False
         if current is not None:

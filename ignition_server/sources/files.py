@@ -185,8 +185,9 @@ class FileSource:
             previous = self._objects.get(key)
             kept = slim(obj)
             if previous != kept:
-                # Handlers get the full object once; the source keeps only the slim copy.
-                changes.append(Change("MODIFIED" if previous is not None else "ADDED", key, obj))
+                # Handlers get the slim copy too: a first listing of thousands of large
+                # Secrets must not hold them all at once. `get_full` reads one when needed.
+                changes.append(Change("MODIFIED" if previous is not None else "ADDED", key, kept))
             self._objects[key] = kept
             if has_large_values(kept):
                 self._large.add(key)

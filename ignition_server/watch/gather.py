@@ -54,19 +54,15 @@ def input_key(secret: TokenSecret, wanted: InputObject, notes: Mapping[str, str]
 
 
 def _data(obj: Mapping[str, Any]) -> dict[str, str]:
-    # A LargeValue of a slim object stands in as its digest: enough to tell a change.
-    if obj.get("kind") == "Secret":
-        return {
-            k: str(obj["data"][k]) if isinstance((obj.get("data") or {}).get(k), LargeValue) else v.decode(errors="replace")
-            for k, v in _secret_values_or_digests(obj).items()
-        }
-    return {k: "" if v is None else str(v) for k, v in (obj.get("data") or {}).items()}
-
-
-def _secret_values_or_digests(obj: Mapping[str, Any]) -> dict[str, bytes]:
+    """An object's data as text; a LargeValue of a slim object stands in as its digest."""
     data = obj.get("data") or {}
+    if obj.get("kind") != "Secret":
+        return {k: "" if v is None else str(v) for k, v in data.items()}
     keys = list(data) + [k for k in (obj.get("stringData") or {}) if k not in data]
-    return {k: b"" if isinstance(data.get(k), LargeValue) else (secret_value(obj, k) or b"") for k in keys}
+    return {
+        k: str(data[k]) if isinstance(data.get(k), LargeValue) else (secret_value(obj, k) or b"").decode(errors="replace")
+        for k in keys
+    }
 
 
 def gather(

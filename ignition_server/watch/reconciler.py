@@ -31,7 +31,8 @@ from ..sources.manifests import (
     format_time,
     is_token_secret,
     parse_token_secret,
-    secret_values,
+    has_large_values,
+    secret_value,
     set_annotation,
     token_secret_config,
     set_secret_value,
@@ -40,7 +41,7 @@ from .gather import gather
 from .outputs import TokenOutputs
 from .releases import ReleaseCatalog, is_catalog, release_key
 from .status import Status, status_mutation
-from .trust import TrustWatcher
+from .trust import TrustWatcher, is_trust_object
 
 log = logging.getLogger("ignition_server.watch")
 
@@ -98,6 +99,9 @@ class Reconciler:
         touched_pools: set[str] = set()
         for change in changes:
             key = change.key
+            if change.type != "DELETED" and has_large_values(change.obj) and (is_catalog(change.obj) or is_trust_object(change.obj)):
+                full = await asyncio.to_thread(self.source.get_full, key)
+                change = Change(change.type, key, full if full is not None else change.obj)
             if self.trust is not None:
                 self.trust.handle(change)
             if key.kind == "ConfigMap" and (is_catalog(change.obj) or self.catalog.knows(key)):
@@ -368,8 +372,8 @@ class Reconciler:
         if current is not None and (current.reason, current.message) == (status.reason, status.message):
             return
         if obj is not None:
-            values = secret_values(obj) if obj.get("data") is not None or obj.get("stringData") else {}
-            if (values.get("reason", b"").decode(), values.get("message", b"").decode()) == status.as_tuple():
+            written = tuple((secret_value(obj, k) or b"").decode(errors="replace") for k in ("reason", "message"))
+            if written == status.as_tuple():
                 return
         await self._write_back(key, status_mutation(status), "status")
 

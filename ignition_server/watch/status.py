@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..sources.manifests import secret_values, set_secret_value
+from ..sources.manifests import secret_value, set_secret_value
 
 
 @dataclass(frozen=True)
@@ -19,8 +19,8 @@ class Status:
 
 def status_mutation(status: Status) -> Callable[[dict[str, Any]], bool]:
     def mutate(obj: dict[str, Any]) -> bool:
-        values = secret_values(obj)
-        if (values.get("reason", b"").decode(), values.get("message", b"").decode()) == status.as_tuple():
+        written = tuple((secret_value(obj, k) or b"").decode(errors="replace") for k in ("reason", "message"))
+        if written == status.as_tuple():
             return False
         set_secret_value(obj, "reason", status.reason.encode())
         set_secret_value(obj, "message", status.message.encode())
