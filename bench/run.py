@@ -217,7 +217,8 @@ def check_body(body: bytes, nodepool: str, variant: int | None = None) -> str | 
 class FetchResult:
     first_200: dict[str, float] = field(default_factory=dict)  # nodepool -> seconds since t0
     statuses: dict[int, int] = field(default_factory=dict)
-    corrupt: list[str] = field(default_factory=list)
+    corrupt: list[str] = field(default_factory=list)  # unparseable, or another NodePool's payload
+    stale: list[str] = field(default_factory=list)  # this NodePool's payload, an older config of it
     failed: dict[str, str] = field(default_factory=dict)  # nodepool -> last status / error
     requests: int = 0
     bytes: int = 0
@@ -262,7 +263,9 @@ async def _fetch_all(url: str, ca_file: Path, tokens: dict[str, str], nodepools:
                 if status == 200:
                     result.bytes += len(body)
                     problem = check_body(body, nodepool, (variants or {}).get(nodepool))
-                    if problem:
+                    if problem and problem.startswith("stale config"):
+                        result.stale.append(problem)
+                    elif problem:
                         result.corrupt.append(problem)
                     result.first_200[nodepool] = time.monotonic() - t0
                     result.failed.pop(nodepool, None)
@@ -437,13 +440,16 @@ def scenario_crash(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     rotations = renders_in_loop = 0
     initial_tokens = current_tokens(meta)
     started = time.monotonic()
-    for i in range(args.crash_iterations):
+    def edit_some() -> None:
         # Config changes while the server is down: each must be re-rendered and served.
         for _ in range(args.crash_edits):
             cluster, pool = rng.randrange(meta["clusters"]), rng.randrange(meta["pools"])
             nodepool = fleetgen.nodepool_of(cluster, pool)
             variants[nodepool] += 1
             _edit_config(fleetgen.manifest_path(source, cluster, pool), meta, cluster, pool, variants[nodepool])
+
+    for i in range(args.crash_iterations):
+        edit_some()
         life = rng.uniform(0.2, 3.0)
         t0 = time.monotonic()
         server.start(wait=False)
@@ -484,6 +490,7 @@ def scenario_crash(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     # Final restart: long TTL so tokens read from the source stay current while we check.
     final = ServerProcess(source=source, cache_dir=cache_dir, token_ttl="11h", port=server.port,
                           metrics_port=server.metrics_port)
+    edit_some()  # so the final restart has re-renders to do whatever the last life finished
     pending_before = sum(1 for np in nodepools if variants[np] > 0)
     tokens = current_tokens(meta)
     rotated_pools = sum(1 for np, token in tokens.items() if initial_tokens.get(np) != token)
@@ -495,6 +502,12 @@ def scenario_crash(work: Path, args: argparse.Namespace) -> dict[str, Any]:
         wait_quiescent(final, idle_cpu=args.idle_cpu, timeout=600)
         renders = int(metric(final, "ign_server_payload_cache_miss_total"))
         cached = int(metric(final, "ign_server_payload_cache_total"))
+        # Once the listing is applied and re-renders are done, every NodePool must serve its
+        # latest config (a stale payload right after the restart is the design's trade: serve
+        # the index at once, apply the source right after).
+        settled = fetch_all(final, current_tokens(meta), nodepools, time.monotonic(), concurrency=args.concurrency,
+                            timeout=args.serve_timeout, variants=variants,
+                            token_source=lambda np: read_token(manifest_of(source, np)))
     finally:
         final.stop()
     verify = subprocess.run([sys.executable, "-m", "ignition_server", "cache", "verify", "--cache-dir", str(cache_dir)],
@@ -504,13 +517,16 @@ def scenario_crash(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     except ValueError:
         report = {"error": verify.stderr[-2000:]}
     bad = len(report.get("quarantined", [])) + len(report.get("missing", [])) if "error" not in report else -1
-    lost = n - len(got.first_200)
-    ok = lost == 0 and not got.corrupt and corrupt_in_loop == 0 and bad == 0
+    lost = n - len(settled.first_200)
+    ok = (lost == 0 and not got.corrupt and corrupt_in_loop == 0 and bad == 0
+          and not settled.corrupt and not settled.stale)
     summary = {
         "nodepools": n, "iterations": args.crash_iterations, "loop_s": round(loop_s, 1),
         "served_during_loop": served_in_loop, "corrupt_during_loop": corrupt_in_loop,
         "final_ready_s": round(ready, 3), "final_served": len(got.first_200), "lost": lost,
         "corrupt_final": len(got.corrupt), "final_statuses": got.statuses,
+        "stale_right_after_restart": len(got.stale), "settled_served": len(settled.first_200),
+        "settled_stale": len(settled.stale), "settled_corrupt": len(settled.corrupt),
         "final_rerenders": renders, "payloads": cached, "edited_nodepools": pending_before,
         "rotations_during_loop": rotations, "renders_during_loop": renders_in_loop,
         "nodepools_with_rotated_token": rotated_pools,
@@ -520,15 +536,19 @@ def scenario_crash(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     say(f"crash: {args.crash_iterations} kills in {loop_s:.0f}s; {rotations} token rotations and {renders_in_loop} renders "
         f"counted before the kills; {rotated_pools}/{n} NodePools hold a rotated token; {served_in_loop} payloads served "
         f"during the loop, {corrupt_in_loop} corrupt")
-    say(f"crash: final restart ready {ready:.2f}s; {len(got.first_200)}/{n} NodePools served their current config, "
-        f"{lost} lost, {len(got.corrupt)} corrupt; statuses {dict(sorted(got.statuses.items()))}")
-    say(f"crash: final restart re-rendered {renders} payloads ({pending_before} NodePools had config edits "
-        f"during the loop)")
+    say(f"crash: final restart ready {ready:.2f}s; right after it {len(got.first_200)}/{n} NodePools got a 200 "
+        f"({len(got.corrupt)} corrupt, {len(got.stale)} the previous config of an edited NodePool, before its re-render); "
+        f"statuses {dict(sorted(got.statuses.items()))}")
+    say(f"crash: once the listing settled: {len(settled.first_200)}/{n} NodePools serve their latest config, "
+        f"{lost} lost, {len(settled.stale)} stale, {len(settled.corrupt)} corrupt; "
+        f"statuses {dict(sorted(settled.statuses.items()))}")
+    say(f"crash: final restart re-rendered {renders} payloads ({pending_before} NodePools had config edits in all, "
+        f"{args.crash_edits} edits made just before this restart)")
     say(f"crash: cache verify: {summary['verify']}  {verdict(ok)}")
-    for problem in (loop_problems + got.corrupt)[:5]:
+    for problem in (loop_problems + got.corrupt + settled.corrupt + settled.stale)[:5]:
         say(f"crash: corrupt: {problem}")
-    if got.failed:
-        say(f"crash: not served: {dict(list(got.failed.items())[:5])}")
+    if settled.failed:
+        say(f"crash: not served: {dict(list(settled.failed.items())[:5])}")
     summary["server_log"] = str(final.log_path)
     return summary
 
