@@ -419,29 +419,39 @@ class Reconciler:
     async def rotate_due(self) -> int:
         """Rotate every Secret whose current token has lived TTL/2. Returns how many rotated."""
         now = self.clock()
-        rotated = 0
-        for key, secret in list(self.secrets.items()):
-            if not self.policy.is_due(secret, now):
-                continue
-            if not self.source.writable:
+        due = [(key, secret) for key, secret in self.secrets.items() if self.policy.is_due(secret, now)]
+        if not due:
+            return 0
+        if not self.source.writable:
+            for key, secret in due:
                 self._rotate_in_cache(key, secret, now)
-                await self.persist_index()
-                rotated += 1
-                self.metrics.token_rotations.inc()
-                continue
-            # Retire the outgoing old token before the source forgets it, and persist that,
-            # so a crash between the two cannot turn a 403 into a 511.
+            await self.persist_index()
+            self.metrics.token_rotations.inc(len(due))
+            return len(due)
+        # The index learns first, durably, in one flush for all of them: the new token as
+        # current and the outgoing old token as retired. A crash before the source write
+        # then costs nothing; a crash after it cannot turn a 403 into a 511, nor leave a
+        # node's brand-new token unknown (511) until the source is listed again.
+        planned: list[tuple[ObjectKey, TokenSecret, str, bytes]] = []
+        for key, secret in due:
+            token = new_token()
+            token_key = self.cache.token_key(token)
+            self.cache.put_token_key(token_key, TokenRecord(secret.nodepool, secret.ref, TokenState.CURRENT, secret.expiration))
             if secret.old_token and secret.old_token != secret.token:
-                token_key = self.cache.token_key(secret.old_token)
-                record = self.cache.lookup_token_key(token_key)
+                old_key = self.cache.token_key(secret.old_token)
+                record = self.cache.lookup_token_key(old_key)
                 if record is not None and record.state is not TokenState.RETIRED:
-                    self._retire(token_key, record, now)
-                    await self.persist_index()
-            mutate = rotation_mutation(secret.token, new_token(), now)
-            if await self._write_back(key, mutate, "token rotation"):
+                    self._retire(old_key, record, now)
+            planned.append((key, secret, token, token_key))
+        await self.persist_index()
+        rotated = 0
+        for key, secret, token, token_key in planned:
+            if await self._write_back(key, rotation_mutation(secret.token, token, now), "token rotation"):
                 rotated += 1
-                self.metrics.token_rotations.inc()
                 log.info("rotated the token of %s (NodePool %s)", key.ref, secret.nodepool)
+            else:
+                self.cache.drop_token_key(token_key)  # never handed out
+        self.metrics.token_rotations.inc(rotated)
         return rotated
 
     async def _supersede_outdated(self, nodepools: set[str]) -> None:
