@@ -23,6 +23,7 @@ import json
 import os
 import random
 import re
+import shlex
 import shutil
 import signal
 import ssl
@@ -314,7 +315,8 @@ def scenario_cold_warm_memory(fleet_dir: Path, work: Path, scenarios: set[str], 
         shutil.rmtree(cache_dir, ignore_errors=True)
         Path(str(cache_dir) + ".key").unlink(missing_ok=True)
     work.mkdir(parents=True, exist_ok=True)
-    server = ServerProcess(source=source, cache_dir=cache_dir, token_ttl=args.token_ttl)
+    server = ServerProcess(source=source, cache_dir=cache_dir, token_ttl=args.token_ttl,
+                           extra=shlex.split(args.server_args))
     try:
         if "cold" in scenarios:
             t0, ready = start_timed(server)
@@ -564,6 +566,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=64, help="requests in flight")
     parser.add_argument("--token-ttl", default="11h")
     parser.add_argument("--cold-timeout", type=float, default=3600.0)
+    parser.add_argument("--server-args", default="", help="more `serve` flags for cold/warm/memory, e.g. '--cache-memory 32Mi'")
     parser.add_argument("--idle-cpu", type=float, default=0.5,
                         help="fraction of a core below which the server counts as settled (listing applied)")
     parser.add_argument("--serve-timeout", type=float, default=600.0)
