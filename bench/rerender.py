@@ -293,6 +293,22 @@ def renders_in_log(log_path: Path, since_offset: int) -> list[tuple[float, str]]
     return out
 
 
+def served_in_log(log_path: Path, start: int, end: int | None = None) -> list[float]:
+    """Server-side durations (s) of the GET /ignition lines the server logged between two byte offsets."""
+    out: list[float] = []
+    with open(log_path, "rb") as f:
+        f.seek(start)
+        data = f.read() if end is None else f.read(max(0, end - start))
+    for raw in data.splitlines():
+        if b'"GET /ignition' not in raw:
+            continue
+        try:
+            out.append(float(json.loads(raw)["duration_ms"]) / 1000)
+        except (ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
 def file_source(config: dict[str, Any], path: str) -> bytes | None:
     for f in config.get("storage", {}).get("files", []):
         if f.get("path") == path:
@@ -318,14 +334,16 @@ async def _rerender_phase(server: ServerProcess, meta: dict[str, Any], tokens: d
         await fire(session, server.url, tokens, nodepools, requests=min(200, args.requests), concurrency=args.concurrency,
                    rng=rng, deadline=time.monotonic() + 60)
         before_idle = await scrape(metrics_session, server.metrics_port)
+        assert server.log_path is not None
+        idle_offset = server.log_path.stat().st_size
         idle = await fire(session, server.url, tokens, nodepools, requests=args.requests, concurrency=args.concurrency,
                           rng=rng, deadline=time.monotonic() + args.load_timeout)
         before = await scrape(metrics_session, server.metrics_port)
-        out["idle"] = {**stats(idle.latencies), "statuses": status_counts(idle.statuses), "corrupt": len(idle.corrupt),
+        out["idle"] = {**stats(idle.latencies), "server_side": stats(served_in_log(server.log_path, idle_offset)),
+                       "statuses": status_counts(idle.statuses), "corrupt": len(idle.corrupt),
                        "renders": int(before[RENDERS] - before_idle[RENDERS]), "errors": idle.errors[:5]}
 
         # The change: shared/ca, atomically. The log offset marks where the re-render's lines begin.
-        assert server.log_path is not None
         log_offset = server.log_path.stat().st_size
         t_write_wall = time.time()
         t_write = time.monotonic()
@@ -357,6 +375,7 @@ async def _rerender_phase(server: ServerProcess, meta: dict[str, Any], tokens: d
                 break  # idle and short of the expected count: report what happened
         done.set()
         during = await load_task
+        during_end_offset = server.log_path.stat().st_size
         t_reached = reached or time.monotonic()
         # Settle: an extra render after the counter reached `expected` would show up now.
         await asyncio.sleep(args.settle)
@@ -390,6 +409,7 @@ async def _rerender_phase(server: ServerProcess, meta: dict[str, Any], tokens: d
             "render_seconds_sum": round(gen_s, 1),
         }
         out["during"] = {**stats(lat_window), "shared_nodepools": stats(lat_shared),
+                         "server_side": stats(served_in_log(server.log_path, log_offset, during_end_offset)),
                          "requests_total": len(during.latencies), "all_requests": stats(during.latencies),
                          "statuses": status_counts(during.statuses), "non_200": non200,
                          "corrupt": len(during.corrupt), "errors": during.errors[:5] + during.corrupt[:5]}
@@ -506,6 +526,9 @@ def scenario(args: argparse.Namespace) -> dict[str, Any]:
     say(f"after: {after['shared_with_new_ca']}/{after['shared']} shared NodePools serve the new CA bundle, "
         f"{after['others_with_a_ca']}/{after['others_checked']} others carry a CA bundle, not 200: {after['not_200']}"
         f"  {verdict(ok_after)}")
+    say(f"server handler time (access log duration_ms: handler start to response built; no event-loop queueing, "
+        f"no send): idle {fmt(idle['server_side'])}; "
+        f"during the load of the re-render {fmt(during['server_side'])}")
     for line in during["errors"] + idle["errors"]:
         say(f"error: {line}")
     summary["pass"] = {"renders": ok_renders, "no_errors": ok_errors, "after": ok_after, "p99": ok_p99}
