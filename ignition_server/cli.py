@@ -124,11 +124,12 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from . import logs
+    from . import logs, memory
     from .server import IgnitionServer
 
     settings = serve_settings(args)
     logs.configure(settings.log_format)
+    memory.tune()
     if not settings.source_dir.is_dir():
         logging.getLogger("ignition_server").warning(
             "source directory %s is not there (yet): serving what the cache knows", settings.source_dir

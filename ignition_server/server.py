@@ -28,6 +28,7 @@ from .http.tls import TLSFiles, ensure_self_signed, reload_on_change, server_con
 from .metrics import ServerMetrics
 from .render.payload import render_payload
 from .sources.files import FileSource
+from .sources.manifests import is_token_secret
 from .watch.reconciler import Reconciler, Renderer
 from .watch.edge import EdgeWriter
 from .watch.outputs import PointerSettings, TokenOutputs
@@ -64,7 +65,11 @@ class IgnitionServer:
         self.cache = cache = await asyncio.to_thread(open_cache, settings)
         self.metrics.watch_cache(cache.stats)
         self.metrics.payloads_cached.set(len(cache.renders()))
-        source = FileSource(settings.source_dir, poll_interval=settings.poll_interval, read_only=settings.source_read_only)
+        source = FileSource(
+            settings.source_dir, poll_interval=settings.poll_interval, read_only=settings.source_read_only,
+            # The watcher keeps what it needs of token Secrets; the source need not keep them too.
+            retain=lambda obj: not is_token_secret(obj),
+        )
         verifier = ServiceAccountVerifier(clock=self.clock, overlap_seconds=settings.service_account_overlap)
         ssl_context = self._tls_context()
         outputs = TokenOutputs(source, settings.cache_dir / "edge" / "tokens.map", self._pointer_settings())

@@ -19,6 +19,7 @@ from ignition_server.sources.manifests import (
     ANNOTATION_TOKEN_EXPIRATION,
     build_token_secret,
     format_time,
+    is_token_secret,
     parse_token_secret,
 )
 from ignition_server.watch.reconciler import Reconciler
@@ -43,7 +44,7 @@ def world(tmp_path: Path):
 
     def make(read_only: bool = False) -> tuple[Reconciler, FileSource, PayloadCache]:
         cache = PayloadCache.open(CacheConfig(cache_dir=tmp_path / "cache"))
-        source = FileSource(source_dir, read_only=read_only)
+        source = FileSource(source_dir, read_only=read_only, retain=lambda obj: not is_token_secret(obj))
         reconciler = Reconciler(
             source=source, cache=cache, renderer=render_payload, policy=RotationPolicy(ttl=100.0),
             metrics=ServerMetrics(), clock=clock,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import os
 import re
@@ -66,6 +67,10 @@ class FileSource:
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _listed: bool = False
     _large: set[ObjectKey] = field(default_factory=set)  # keys whose slim copy holds LargeValues
+    # Which objects to keep in memory (slim); the others are kept as a fingerprint only and
+    # read again from their file when asked for (the watcher keeps what it needs of them).
+    retain: Callable[[dict[str, Any]], bool] = lambda _obj: True
+    _fingerprints: dict[ObjectKey, str] = field(default_factory=dict)
 
     @property
     def writable(self) -> bool:
@@ -78,13 +83,19 @@ class FileSource:
         return dict(self._objects)
 
     def get(self, key: ObjectKey) -> dict[str, Any] | None:
-        """The object as kept in memory: values over LARGE_VALUE_BYTES are LargeValue digests."""
-        return self._objects.get(key)
+        """The object as kept in memory: values over LARGE_VALUE_BYTES are LargeValue digests.
+
+        An object not retained is read from its file (blocking I/O)."""
+        found = self._objects.get(key)
+        if found is None and key in self._fingerprints:
+            full = self.get_full(key)
+            return slim(full) if full is not None else None
+        return found
 
     def get_full(self, key: ObjectKey) -> dict[str, Any] | None:
         """The whole object, read again from its file when it has large values (blocking I/O)."""
-        if key not in self._large:
-            return self._objects.get(key)
+        if key not in self._large and key in self._objects:
+            return self._objects[key]
         path = self._where.get(key)
         if path is None:
             return None
@@ -182,33 +193,41 @@ class FileSource:
                 log.error("%s in %s is also defined in %s; ignoring the copy in %s", key, path, other, path)
                 continue
             new_keys.append(key)
-            previous = self._objects.get(key)
+            previous = self._fingerprints.get(key)
             kept = slim(obj)
-            if previous != kept:
+            fingerprint = _fingerprint(kept)
+            if previous != fingerprint:
                 # Handlers get the slim copy too: a first listing of thousands of large
                 # Secrets must not hold them all at once. `get_full` reads one when needed.
                 changes.append(Change("MODIFIED" if previous is not None else "ADDED", key, kept))
-            self._objects[key] = kept
+            self._fingerprints[key] = fingerprint
+            if self.retain(kept):
+                self._objects[key] = kept
+            else:
+                self._objects.pop(key, None)
             if has_large_values(kept):
                 self._large.add(key)
             else:
                 self._large.discard(key)
             self._where[key] = path
         for key in old_keys - set(new_keys):
-            changes.append(Change("DELETED", key, self._objects.pop(key)))
-            self._where.pop(key, None)
-            self._large.discard(key)
+            changes.append(Change("DELETED", key, self._drop(key)))
         self._files[path] = _FileState(stamp, digest, tuple(new_keys))
         return changes
+
+    def _drop(self, key: ObjectKey) -> dict[str, Any]:
+        self._where.pop(key, None)
+        self._large.discard(key)
+        self._fingerprints.pop(key, None)
+        gone = self._objects.pop(key, None)
+        return gone if gone is not None else {"kind": key.kind, "metadata": {"name": key.name, "namespace": key.namespace}}
 
     def _forget(self, path: Path) -> list[Change]:
         state = self._files.pop(path, None)
         changes = []
         for key in state.keys if state else ():
             if self._where.get(key) == path:
-                changes.append(Change("DELETED", key, self._objects.pop(key)))
-                del self._where[key]
-                self._large.discard(key)
+                changes.append(Change("DELETED", key, self._drop(key)))
         return changes
 
     @staticmethod
@@ -324,6 +343,10 @@ def _replace_with(new: dict[str, Any]) -> Mutation:
         return True
 
     return mutate
+
+
+def _fingerprint(obj: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _join_documents(original: str, documents: list[str]) -> str:

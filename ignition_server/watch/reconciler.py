@@ -18,6 +18,7 @@ from payload_cache import PayloadCache, RenderRecord, TokenRecord, TokenState
 
 from ..auth.tokens import Grant
 from ..auth.rotation import RotationPolicy, new_token, rotation_mutation
+from .. import memory
 from ..config import SUPERSEDED_GRACE
 from ..metrics import ServerMetrics
 from ..render.inputs import InvalidConfig, NodePoolInputs, RenderedPayload
@@ -120,6 +121,7 @@ class Reconciler:
         if not self._listed.is_set():
             self._after_first_listing()
             self._listed.set()
+            await asyncio.to_thread(memory.release)  # parsing the whole source left garbage behind
         await self._supersede_outdated(touched_pools)
 
     def _inputs_changed(self, dependency: ObjectKey) -> None:
@@ -292,6 +294,8 @@ class Reconciler:
             if current is not None and current.task is asyncio.current_task():
                 del self._pending[secret.key]
             self.metrics.render_queue.set(len(self._pending))
+            if not self._pending:
+                await asyncio.to_thread(memory.release)  # a burst of renders is over
 
     async def _render_once(self, secret: TokenSecret, digest: str) -> RenderedPayload:
         running = self._renders.get(digest)
