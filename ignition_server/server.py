@@ -69,6 +69,7 @@ class IgnitionServer:
             settings.source_dir, poll_interval=settings.poll_interval, read_only=settings.source_read_only,
             # The watcher keeps what it needs of token Secrets; the source need not keep them too.
             retain=lambda obj: not is_token_secret(obj),
+            state=cache,
         )
         verifier = ServiceAccountVerifier(clock=self.clock, overlap_seconds=settings.service_account_overlap)
         ssl_context = self._tls_context()

@@ -25,7 +25,7 @@ from .blobstore import BlobStore, open_with_reload, quarantine_file
 from .config import CacheConfig
 from .envelope import INDEX_CONTEXT, EnvelopeError, envelope_key_id, seal
 from .errors import CacheKeyError
-from .fsio import atomic_write
+from .fsio import atomic_write, make_dir
 from .index import IndexDecodeError, TokenIndex
 from .keys import KeySource, create_key_file, load_key_file
 from .layout import FORMAT_LINE, Layout
@@ -228,6 +228,31 @@ class PayloadCache:
 
     def drop_sealed(self, name: str) -> None:
         self._index.drop_sealed(name)
+
+    # -- state files: larger records than sealed index entries, each its own encrypted file
+    def save_state(self, name: str, data: bytes) -> None:
+        """Keep `data` under `name`, encrypted like a blob, replaced atomically."""
+        path = self._state_path(name)
+        make_dir(path.parent)
+        atomic_write(path, seal(self._keys.refresh(), data, b"state:" + name.encode()), 0o600)
+
+    def load_state(self, name: str) -> bytes | None:
+        """What `save_state` kept, or None when absent or unreadable (state is always re-derivable)."""
+        path = self._state_path(name)
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        try:
+            return open_with_reload(self._keys, raw, b"state:" + name.encode())[0]
+        except EnvelopeError as exc:
+            log.warning("state %s unreadable, ignoring it: %s", name, exc)
+            return None
+
+    def _state_path(self, name: str) -> Path:
+        if not name or not all(c.isalnum() or c in "-_" for c in name):
+            raise ValueError(f"state names are plain words, got {name!r}")
+        return self.layout.state_dir / f"{name}.bin"
 
     def forget_expired(self, now: float, grace: float = 0.0) -> int:
         """Drop token records whose expires_at is before now - grace; returns how many."""

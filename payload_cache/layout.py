@@ -53,6 +53,10 @@ class Layout:
     def quarantine_dir(self) -> Path:
         return self.root / "quarantine"
 
+    @property
+    def state_dir(self) -> Path:
+        return self.root / "state"
+
     def blob_path(self, blob_id: str) -> Path:
         # Validated here because ids reach the filesystem: no traversal, no odd names.
         if not is_blob_id(blob_id):

@@ -165,3 +165,22 @@ def test_large_index_loads_fast(tmp_path: Path) -> None:
     assert (stats.tokens, stats.renders) == (nodepools * 3, nodepools)
     assert len(reopened.tokens_of_secret("clusters-7/token-nodepool-7-00000007")) == 3
     assert load_seconds < 2.0
+
+
+def test_state_files_are_encrypted_and_survive_a_restart(tmp_path):
+    from payload_cache import CacheConfig, PayloadCache
+
+    cache = PayloadCache.open(CacheConfig(cache_dir=tmp_path / "c"))
+    assert cache.load_state("listing") is None
+    cache.save_state("listing", b"secret-listing-marker" * 10)
+    again = PayloadCache.open(CacheConfig(cache_dir=tmp_path / "c"))
+    assert again.load_state("listing") == b"secret-listing-marker" * 10
+    raw = (tmp_path / "c" / "state" / "listing.bin").read_bytes()
+    assert b"secret-listing-marker" not in raw
+    # Bound to its name: a state file renamed onto another name does not open.
+    (tmp_path / "c" / "state" / "other.bin").write_bytes(raw)
+    assert again.load_state("other") is None
+    import pytest
+
+    with pytest.raises(ValueError):
+        again.save_state("../escape", b"x")

@@ -208,3 +208,48 @@ async def test_write_back_never_clobbers_a_concurrent_in_place_edit(tmp_path: Pa
     assert base64.b64decode(result["data"]["hc-configuration-hash"]) == b"operator"
     assert base64.b64decode(result["data"]["release-version"]) == b"9.9.9"
     assert len(calls) == 2  # the mutation was applied again on top of the edit
+
+
+async def test_a_restart_parses_only_files_changed_since_the_snapshot(tmp_path: Path) -> None:
+    import os
+
+    from payload_cache import CacheConfig, PayloadCache
+
+    source_dir = tmp_path / "source"
+    source_dir.mkdir()
+    for i in range(5):
+        path = source_dir / f"p{i}.yaml"
+        path.write_text(yaml.safe_dump(build_token_secret(namespace="ns", nodepool=f"ns/p{i}", token=f"t{i}", machineconfigs_yaml="x: " + "y" * 70000)))
+        old = time.time() - 60  # older than the racy window
+        os.utime(path, (old, old))
+    cache = PayloadCache.open(CacheConfig(cache_dir=tmp_path / "cache"))
+
+    class Counting(FileSource):
+        parses = 0
+
+        @staticmethod
+        def _parse(raw: bytes):  # type: ignore[override]
+            Counting.parses += 1
+            return FileSource._parse(raw)
+
+    first = Counting(source_dir, state=cache)
+    recorder = Recorder()
+    await first.run(recorder, iterations=0)
+    assert Counting.parses == 5
+    # While down: one file changes, one goes away.
+    changed = source_dir / "p1.yaml"
+    changed.write_text(yaml.safe_dump(build_token_secret(namespace="ns", nodepool="ns/p1", token="t1-new")))
+    (source_dir / "p4.yaml").unlink()
+    Counting.parses = 0
+    second = Counting(source_dir, state=cache)
+    recorder2 = Recorder()
+    await second.run(recorder2, iterations=0)
+    assert Counting.parses == 1  # only the changed file
+    assert sorted(recorder2.flat()) == [("ADDED", f"token-p{i}-00000000") for i in range(4)]
+    restored = second.get_full(ObjectKey("Secret", "ns", "token-p0-00000000"))
+    assert restored is not None and restored["data"]["config"] == yaml.safe_load((source_dir / "p0.yaml").read_text())["data"]["config"]
+    assert parse_token_secret(second.get(ObjectKey("Secret", "ns", "token-p1-00000000"))).token == "t1-new"
+    # The snapshot is encrypted: no token in clear in the cache dir.
+    for file in (tmp_path / "cache").rglob("*"):
+        if file.is_file():
+            assert b"t1-new" not in file.read_bytes() and base64.b64encode(b"t1-new") not in file.read_bytes()
