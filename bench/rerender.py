@@ -14,8 +14,9 @@ NodePools read no CA bundle (their namespace has none).
    current tokens, `Authorization: Bearer base64(token)`, TLS with the server's CA): latencies.
 3. re-render: rewrite `shared/ca` (temp + rename) with a new bundle, and at once fire the same
    load, which runs until the re-render is over (capped at 10 x `--requests`). The metrics are
-   polled until the render counter rose by `--shared` and the render queue is empty, then for
-   `--settle` s more to catch any extra render. Reports the renders delta (must equal
+   polled until the render counter rose by `--shared` and the render queue is empty (or no render
+   happened for `--stall` s), then for `--settle` s more to catch any extra render. Reports the
+   renders delta (must equal
    `--shared`), the re-render wall time (file write -> the last "payload ready" log line of the
    server), the serving p50/p99/max during the re-render beside the idle ones, and every non-200
    (there must be none: the last good payload keeps serving).
@@ -371,8 +372,8 @@ async def _rerender_phase(server: ServerProcess, meta: dict[str, Any], tokens: d
             if now_metrics.get(QUEUE, 0) == 0 and delta >= expected:
                 reached = now
                 break
-            if now_metrics.get(QUEUE, 0) == 0 and now - last_change > args.settle * 3 and now - t_write > args.settle * 3:
-                break  # idle and short of the expected count: report what happened
+            if now_metrics.get(QUEUE, 0) == 0 and now - last_change > args.stall:
+                break  # no render for --stall s and short of the expected count: report what happened
         done.set()
         during = await load_task
         during_end_offset = server.log_path.stat().st_size
@@ -556,6 +557,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--poll", type=float, default=0.25, help="metrics poll interval during the re-render")
     parser.add_argument("--settle", type=float, default=3.0, help="seconds to watch for extra renders after the count is reached")
+    parser.add_argument("--stall", type=float, default=60.0,
+                        help="give up when no render happened for this long (queue empty) short of the expected count")
     parser.add_argument("--cold-timeout", type=float, default=3600.0)
     parser.add_argument("--rerender-timeout", type=float, default=900.0)
     parser.add_argument("--load-timeout", type=float, default=600.0)
