@@ -12,6 +12,7 @@ import asyncio
 import base64
 import hashlib
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,8 +86,6 @@ class TokenOutputs:
 
     async def _write_soon(self) -> None:
         await asyncio.sleep(self.delay)  # a burst of rotations writes once
-        import time
-
         content = edge_token_map(list(self._secrets.values()), time.time())
         if content != self._last_map:
             await asyncio.to_thread(self._write_map, content)

@@ -36,7 +36,6 @@ from ..sources.manifests import (
     secret_value,
     set_annotation,
     token_secret_config,
-    set_secret_value,
 )
 from .gather import gather
 from .outputs import TokenOutputs
