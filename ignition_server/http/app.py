@@ -7,6 +7,7 @@ Ignition client and 4xx means "give up", so every refusal is chosen with that in
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import json
 import logging
@@ -52,6 +53,12 @@ class IgnitionHandlers:
         self._state = state
         self._on_served = on_served
         self._ids = itertools.count(1)
+        # Payload reads get threads of their own: behind renders, listings and write-backs
+        # in the shared default pool, a disk read would wait for background work.
+        self._readers = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="payload-read")
+
+    def close(self) -> None:
+        self._readers.shutdown(wait=False, cancel_futures=True)
 
     async def hypershift(self, request: web.Request) -> web.StreamResponse:
         def grant() -> Grant:
@@ -102,7 +109,7 @@ class IgnitionHandlers:
             raise Refusal(503, "payload is still rendering", retry_after=5)
         body = self._cache.get_blob_from_memory(record.blob_id)
         if body is None:
-            body = await asyncio.to_thread(self._cache.get_blob, record.blob_id)
+            body = await asyncio.get_running_loop().run_in_executor(self._readers, self._cache.get_blob, record.blob_id)
         if body is None:
             # Lost or failed its integrity check: the watcher re-renders it.
             raise Refusal(503, "payload is being rebuilt", retry_after=5)
