@@ -34,6 +34,7 @@ import asyncio
 import base64
 import calendar
 import json
+import os
 import random
 import shutil
 import signal
@@ -459,7 +460,7 @@ def scenario(args: argparse.Namespace) -> dict[str, Any]:
         say(f"fleet: {why} ({fleet_dir})")
     source = Path(meta["source"])
     variant = read_configmap_variant(source)
-    summary: dict[str, Any] = {"fleet": {"clusters": args.clusters, "pools": args.pools, "nodepools": n_total,
+    summary: dict[str, Any] = {"server_tree": str(args.server_tree or "working tree"), "fleet": {"clusters": args.clusters, "pools": args.pools, "nodepools": n_total,
                                          "payload_kib": args.payload_kib, "shared": args.shared,
                                          "shared_configmap": SHARED_REF, "ca_kib": args.ca_kib, "dir": str(fleet_dir)}}
     say(f"fleet: {args.clusters} clusters x {args.pools} NodePools = {n_total}, ~{args.payload_kib} KiB payloads "
@@ -567,8 +568,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--p99-floor-ms", type=float, default=250.0)
     parser.add_argument("--json", action="store_true", help="print a final JSON summary line")
     parser.add_argument("--quiet", action="store_true", help="only the JSON summary (with --json)")
+    parser.add_argument("--server-tree", type=Path,
+                        help="run the server from this copy of the code (e.g. `git archive HEAD ignition_server "
+                             "payload_cache proxy | tar -x -C DIR`), so edits in the working tree during the run "
+                             "do not change the server; as bench/run.py's option")
     args = parser.parse_args(argv)
     _quiet = args.quiet and args.json
+    if args.server_tree is not None:
+        tree = args.server_tree.resolve()
+        if not (tree / "ignition_server" / "__init__.py").exists():
+            parser.error(f"--server-tree {tree} holds no ignition_server package")
+        # The server subprocess inherits the environment: PYTHONPATH wins over the editable install.
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))
+        say(f"server code: {tree}")
     if args.fleet is None:
         args.fleet = _REPO / "bench" / "out" / f"rerender-fleet-{args.clusters}x{args.pools}-{args.payload_kib}k"
     if not 0 < args.shared <= args.clusters * args.pools:
