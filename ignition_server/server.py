@@ -115,6 +115,7 @@ class IgnitionServer:
             await stop.wait()
         finally:
             await self._shutdown(runners, tasks, cache)
+            await source.flush()
             handlers.close()
 
     def _edge_writer(self, verifier: ServiceAccountVerifier) -> Callable[[], None]:

@@ -123,9 +123,16 @@ class FileSource:
         self._handler = handler
         if not self.root.is_dir():
             raise FileNotFoundError(f"source directory {self.root} does not exist")
+        started = time.monotonic()
         if self.state is not None and not self._listed:
             await asyncio.to_thread(self._load_snapshot)
+        restorable = len(self._restorable)
         await self.poll_once()
+        log.info(
+            "listed %s: %d objects in %d files in %.1fs (%d files restored from the snapshot)",
+            self.root, len(self._fingerprints), len(self._files), time.monotonic() - started,
+            restorable - len(self._restorable),
+        )
         self._restorable.clear()
         await self._save_snapshot()
         last_save = time.monotonic()
@@ -155,6 +162,10 @@ class FileSource:
             self._restorable = snapshot["files"]
         except (ValueError, KeyError, TypeError) as exc:
             log.warning("source listing snapshot unusable, listing from scratch: %s", exc)
+
+    async def flush(self) -> None:
+        """Save what a restart needs (the listing snapshot) now; for a draining shutdown."""
+        await self._save_snapshot()
 
     async def _save_snapshot(self) -> None:
         if self.state is None or not self._snapshot_dirty:
