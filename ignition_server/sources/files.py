@@ -33,7 +33,7 @@ _DOC_SEPARATOR = re.compile(r"(?m)^---[ \t]*(?:#.*)?\n?")
 _SUFFIXES = (".yaml", ".yml", ".json")
 _RACY_NS = 2_000_000_000
 SNAPSHOT_NAME = "source-listing"
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2  # 2: values over 4 KiB as digests
 SNAPSHOT_INTERVAL = 10.0
 _LARGE_MARK = "$large"
 
@@ -163,6 +163,11 @@ class FileSource:
         except (ValueError, KeyError, TypeError) as exc:
             log.warning("source listing snapshot unusable, listing from scratch: %s", exc)
 
+    def _write_snapshot(self, state: ListingStore, records: dict[Path, bytes]) -> None:
+        body = b",".join(json.dumps(str(path)).encode() + b":" + record for path, record in records.items())
+        head = json.dumps({"version": SNAPSHOT_VERSION, "root": str(self.root.resolve())})[:-1].encode()
+        state.save_state(SNAPSHOT_NAME, head + b',"files":{' + body + b"}}")
+
     async def flush(self) -> None:
         """Save what a restart needs (the listing snapshot) now; for a draining shutdown."""
         await self._save_snapshot()
@@ -171,11 +176,9 @@ class FileSource:
         if self.state is None or not self._snapshot_dirty:
             return
         self._snapshot_dirty = False
-        records = dict(self._records)
-        body = b",".join(json.dumps(str(path)).encode() + b":" + record for path, record in records.items())
-        head = json.dumps({"version": SNAPSHOT_VERSION, "root": str(self.root.resolve())})[:-1].encode()
+        records = dict(self._records)  # the rest happens off the event loop
         try:
-            await asyncio.to_thread(self.state.save_state, SNAPSHOT_NAME, head + b',"files":{' + body + b"}}")
+            await asyncio.to_thread(self._write_snapshot, self.state, records)
         except OSError as exc:
             self._snapshot_dirty = True
             log.warning("could not save the source listing snapshot: %s", exc)

@@ -30,9 +30,11 @@ class ManifestError(ValueError):
     """An object that cannot be read as what it claims to be; the message says why."""
 
 
-# Values above this size are not kept in memory by a source: 5,280 token Secrets with
-# ~300 KiB configs would otherwise hold gigabytes. They are read again when a render needs them.
-LARGE_VALUE_BYTES = 64 * 1024
+# Values above this size are not kept in memory by a source (nor in its listing snapshot):
+# 5,280 token Secrets with 30-300 KiB configs would otherwise hold hundreds of MiB to GiB.
+# They are read again from the source when a render needs them. Tokens, release names,
+# annotations and pointer configs are far smaller.
+LARGE_VALUE_BYTES = 4 * 1024
 
 
 @dataclass(frozen=True)
