@@ -47,7 +47,6 @@ from tests.harness import ServerProcess  # noqa: E402
 from ignition_server.sources.manifests import (  # noqa: E402
     encode_config,
     parse_token_secret,
-    secret_values,
 )
 
 from . import fleet as fleetgen  # noqa: E402
