@@ -568,19 +568,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--p99-floor-ms", type=float, default=250.0)
     parser.add_argument("--json", action="store_true", help="print a final JSON summary line")
     parser.add_argument("--quiet", action="store_true", help="only the JSON summary (with --json)")
-    parser.add_argument("--server-tree", type=Path,
-                        help="run the server from this copy of the code (e.g. `git archive HEAD ignition_server "
-                             "payload_cache proxy | tar -x -C DIR`), so edits in the working tree during the run "
-                             "do not change the server; as bench/run.py's option")
+    runner.add_server_tree_argument(parser)
     args = parser.parse_args(argv)
     _quiet = args.quiet and args.json
-    if args.server_tree is not None:
-        tree = args.server_tree.resolve()
-        if not (tree / "ignition_server" / "__init__.py").exists():
-            parser.error(f"--server-tree {tree} holds no ignition_server package")
-        # The server subprocess inherits the environment: PYTHONPATH wins over the editable install.
-        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))
-        say(f"server code: {tree}")
+    runner.use_server_tree(parser, args.server_tree)
     if args.fleet is None:
         args.fleet = _REPO / "bench" / "out" / f"rerender-fleet-{args.clusters}x{args.pools}-{args.payload_kib}k"
     if not 0 < args.shared <= args.clusters * args.pools:

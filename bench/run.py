@@ -552,6 +552,25 @@ def scenario_crash(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     return summary
 
 
+def add_server_tree_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--server-tree", type=Path,
+                        help="run the server from this copy of the code (e.g. `git archive HEAD ignition_server "
+                             "payload_cache proxy | tar -x -C DIR`), so edits in the working tree during a long run "
+                             "do not change the server between scenarios")
+
+
+def use_server_tree(parser: argparse.ArgumentParser, tree: Path | None) -> None:
+    if tree is None:
+        return
+    tree = tree.resolve()
+    if not (tree / "ignition_server" / "__init__.py").exists():
+        parser.error(f"--server-tree {tree} holds no ignition_server package")
+    # Server subprocesses (and `cache verify`) inherit the environment: PYTHONPATH wins over
+    # the editable install.
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))
+    say(f"server code: {tree}")
+
+
 def main(argv: list[str] | None = None) -> int:
     global _quiet
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
@@ -575,20 +594,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--crash-ttl", default="4s")
     parser.add_argument("--crash-edits", type=int, default=3, help="config edits between kills")
     parser.add_argument("--crash-seed", type=int, default=1)
-    parser.add_argument("--server-tree", type=Path,
-                        help="run the server from this copy of the code (e.g. `git archive HEAD ignition_server "
-                             "payload_cache proxy | tar -x -C DIR`), so edits in the working tree during a long run "
-                             "do not change the server between scenarios")
+    add_server_tree_argument(parser)
     args = parser.parse_args(argv)
     _quiet = args.quiet and args.json
-    if args.server_tree is not None:
-        tree = args.server_tree.resolve()
-        if not (tree / "ignition_server" / "__init__.py").exists():
-            parser.error(f"--server-tree {tree} holds no ignition_server package")
-        # Server subprocesses (and `cache verify`) inherit the environment: PYTHONPATH wins over
-        # the editable install.
-        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))
-        say(f"server code: {tree}")
+    use_server_tree(parser, args.server_tree)
     if args.crash_full:
         args.crash_clusters, args.crash_pools = 440, 12
     scenarios = {s.strip() for s in args.scenarios.split(",") if s.strip()}

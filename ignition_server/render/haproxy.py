@@ -412,23 +412,31 @@ def render_teardown_script(access: ApiServerAccess) -> str:
     )
 
 
-def render_apiserver_ip_unit() -> str:
-    """Oneshot unit that puts the listen address on the node before the kubelet starts."""
+def boot_step_unit(description: str, exec_start: str, *, exec_stop: str | None = None, extra_service: str = "") -> str:
+    """A oneshot unit that must finish before the kubelet starts (it runs after the network is up)."""
     return (
         "[Unit]\n"
-        "Description=Sets up local IP to proxy API server requests\n"
+        f"Description={description}\n"
         "Wants=network-online.target\n"
         "After=network-online.target\n"
         "Before=kubelet.service kubelet-dependencies.target\n"
         "\n"
         "[Service]\n"
         "Type=oneshot\n"
-        f"ExecStart={SETUP_SCRIPT_PATH}\n"
-        f"ExecStop={TEARDOWN_SCRIPT_PATH}\n"
-        "RemainAfterExit=yes\n"
-        "\n"
+        f"ExecStart={exec_start}\n"
+        + (f"ExecStop={exec_stop}\n" if exec_stop else "")
+        + "RemainAfterExit=yes\n"
+        + extra_service
+        + "\n"
         "[Install]\n"
         "WantedBy=multi-user.target kubelet.service\n"
+    )
+
+
+def render_apiserver_ip_unit() -> str:
+    """Oneshot unit that puts the listen address on the node before the kubelet starts."""
+    return boot_step_unit(
+        "Sets up local IP to proxy API server requests", SETUP_SCRIPT_PATH, exec_stop=TEARDOWN_SCRIPT_PATH
     )
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from string import Template
 
 from .haproxy import (
+    boot_step_unit,
     HEALTH_CHECK_LIVEZ,
     ApiServerAccess,
     Backend,
@@ -267,21 +268,10 @@ def render_registry_conf(settings: IBMCloudSettings) -> str | None:
 
 
 def _providerid_unit() -> str:
-    return (
-        "[Unit]\n"
-        "Description=Set the kubelet provider ID from IBM Cloud VPC instance metadata\n"
-        "Wants=network-online.target\n"
-        "After=network-online.target\n"
-        "Before=kubelet.service kubelet-dependencies.target\n"
-        "\n"
-        "[Service]\n"
-        "Type=oneshot\n"
-        f"ExecStart={PROVIDERID_SCRIPT_PATH}\n"
-        "RemainAfterExit=yes\n"
-        "TimeoutStartSec=300\n"
-        "\n"
-        "[Install]\n"
-        "WantedBy=multi-user.target kubelet.service\n"
+    return boot_step_unit(
+        "Set the kubelet provider ID from IBM Cloud VPC instance metadata",
+        PROVIDERID_SCRIPT_PATH,
+        extra_service="TimeoutStartSec=300\n",
     )
 
 
