@@ -34,7 +34,6 @@ import asyncio
 import base64
 import calendar
 import json
-import os
 import random
 import shutil
 import signal
