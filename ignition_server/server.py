@@ -91,6 +91,7 @@ class IgnitionServer:
             metrics=self.metrics,
             state=self.state,
             on_served=reconciler.note_served,
+            on_missing=reconciler.payload_missing,
         )
         runners = [await self._start(build_app(handlers), settings.listen, ssl_context, "serving")]
         if settings.metrics_listen is not None:

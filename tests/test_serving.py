@@ -267,3 +267,23 @@ def test_a_payload_the_client_cannot_read_gets_a_4xx_that_says_why(server) -> No
     assert status == 200 and json.loads(body)["kernelArguments"]["shouldExist"] == ["nosmt"]
     # curl-like: the lowest version >= 3.2.0 that expresses the payload.
     assert json.loads(proc.get("/ignition", bearer("tok-k"))[2])["ignition"]["version"] == "3.3.0"
+
+
+def test_a_tampered_payload_is_never_served_and_is_rendered_again(server) -> None:
+    proc = server()
+    write_manifests(proc.source / "pool.yaml", token_secret("workers", "tok-tamper"))
+    proc.start()
+    wait_rendered(proc, 1)
+    good = proc.get("/ignition", bearer("tok-tamper"))[2]
+    proc.kill()  # so the payload is read from disk, not from the memory tier
+    blob = next(p for p in (proc.cache_dir / "blobs").rglob("*") if p.is_file())
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    blob.write_bytes(bytes(data))
+    proc.start()
+    status, headers, _ = proc.get("/ignition", bearer("tok-tamper"))
+    assert status == 503 and headers["Retry-After"]
+    assert any((proc.cache_dir / "quarantine").iterdir())
+    # The watcher renders it again; the same payload comes back.
+    assert wait_for(lambda: proc.get("/ignition", bearer("tok-tamper"))[2] == good)
+    assert proc.metrics()["ign_server_cache_quarantined_blobs_total"] == 1

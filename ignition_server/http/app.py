@@ -46,12 +46,14 @@ class IgnitionHandlers:
         metrics: ServerMetrics,
         state: ServingState,
         on_served: Callable[[str], None] = lambda _secret: None,
+        on_missing: Callable[[str], None] = lambda _secret: None,
     ) -> None:
         self._cache = cache
         self._auth = authenticator
         self._metrics = metrics
         self._state = state
         self._on_served = on_served
+        self._on_missing = on_missing
         self._ids = itertools.count(1)
         # Payload reads get threads of their own: behind renders, listings and write-backs
         # in the shared default pool, a disk read would wait for background work.
@@ -111,7 +113,8 @@ class IgnitionHandlers:
         if body is None:
             body = await asyncio.get_running_loop().run_in_executor(self._readers, self._cache.get_blob, record.blob_id)
         if body is None:
-            # Lost or failed its integrity check: the watcher re-renders it.
+            # Lost or failed its integrity check (quarantined): have the watcher re-render it.
+            self._on_missing(grant.secret)
             raise Refusal(503, "payload is being rebuilt", retry_after=5)
         accept = request.headers.get("Accept")
         try:

@@ -496,6 +496,13 @@ class Reconciler:
         newest = max(candidates, key=lambda s: (s.creation_time or 0.0, self._order.get(s.key, 0)))
         return Grant(nodepool=newest.nodepool, secret=newest.ref)
 
+    def payload_missing(self, secret_ref: str) -> None:
+        """The stored payload is gone or failed its integrity check: render it again."""
+        namespace, _, name = secret_ref.partition("/")
+        secret = self.secrets.get(ObjectKey("Secret", namespace, name))
+        if secret is not None:
+            self._schedule_render(secret)  # has_blob is False now, so this renders
+
     def note_served(self, secret_ref: str) -> None:
         """Set `ignition-reached` once per Secret, off the request path (the reference paid a GET+UPDATE per request)."""
         namespace, _, name = secret_ref.partition("/")
