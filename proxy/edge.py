@@ -30,10 +30,11 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from payload_cache.fsio import atomic_write
 
 from ignition_server.auth.jwks import KeySource, TrustedKey, load_public_keys
 from ignition_server.auth.jwt import DEFAULT_ALLOWED_ACCOUNTS, LEGACY_ISSUER
@@ -284,16 +285,7 @@ def write_key_files(
         wanted.add(path.name)
         data = key.pem()
         if not path.exists() or path.read_bytes() != data:
-            fd, tmp = tempfile.mkstemp(dir=base, prefix=f".{prefix}-", suffix=".tmp")
-            try:
-                with os.fdopen(fd, "wb") as fh:
-                    fh.write(data)
-                os.chmod(tmp, 0o644)
-                os.replace(tmp, path)
-            except BaseException:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-                raise
+            atomic_write(path, data, 0o644)
         out.append(EdgeKey(str(path.resolve()), key.alg))
     if prune:
         for stale in base.glob(f"{prefix}-*.pem"):
