@@ -20,8 +20,9 @@ def fsync_dir(directory: Path) -> None:
 
 def temp_path_for(path: Path) -> Path:
     # Same directory as the target so os.replace never crosses filesystems;
-    # the prefix lets garbage collection recognise leftovers of a crash.
-    return path.with_name(f"{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(6)}-{path.name}")
+    # the prefix lets garbage collection recognise leftovers of a crash, and the suffix
+    # keeps tools that read "*.yaml" in a manifest directory away from a half-written file.
+    return path.with_name(f"{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(6)}-{path.name}.tmp")
 
 
 def write_exclusive(path: Path, data: bytes, mode: int) -> None:

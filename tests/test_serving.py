@@ -72,7 +72,8 @@ def server(tmp_path: Path):
 def wait_rendered(proc: ServerProcess, count: int) -> None:
     """Until `count` payloads are stored and their Secrets say AsExpected (written after the index is durable)."""
     wait_for(lambda: proc.metrics().get("ign_server_payload_cache_total") == count)
-    paths = [p for p in sorted(proc.source.rglob("*.yaml")) if is_token_secret(current_secret(p))]
+    manifests = [p for p in sorted(proc.source.rglob("*.yaml")) if not p.name.startswith(".")]  # not write-back temp files
+    paths = [p for p in manifests if is_token_secret(current_secret(p))]
     wait_for(lambda: all(parse_token_secret(current_secret(p)).reason == "AsExpected" for p in paths))
 
 
