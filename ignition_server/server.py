@@ -116,6 +116,8 @@ class IgnitionServer:
             await stop.wait()
         finally:
             await self._shutdown(runners, tasks, cache)
+            await reconciler.drain(self.settings.shutdown_timeout)
+            await asyncio.to_thread(cache.flush)
             await source.flush()
             handlers.close()
 

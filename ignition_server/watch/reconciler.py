@@ -12,7 +12,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any, Callable, Coroutine
 
 from payload_cache import PayloadCache, RenderRecord, TokenRecord, TokenState
 
@@ -91,6 +91,7 @@ class Reconciler:
     _listed: asyncio.Event = field(default_factory=asyncio.Event)
     _semaphore: asyncio.Semaphore | None = None
     _next_flush: asyncio.Future[None] | None = None
+    _tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     _seq: int = 0
 
     # -- source events -------------------------------------------------------------
@@ -359,6 +360,11 @@ class Reconciler:
         self._next_flush = None  # changes from now on go into the next flush
         await asyncio.to_thread(self.cache.flush)
 
+    async def drain(self, timeout: float) -> None:
+        """Let write-backs in flight finish (a draining shutdown loses no status or rotation)."""
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=timeout)
+
     async def wait_idle(self) -> None:
         """Until no render is pending (tests and graceful shutdown)."""
         while self._pending:
@@ -366,8 +372,14 @@ class Reconciler:
 
     # -- write-backs -----------------------------------------------------------------
 
+    def _background(self, work: Coroutine[Any, Any, Any]) -> None:
+        # The loop keeps only weak references to tasks: hold them until they are done.
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     def _write_status_later(self, key: ObjectKey, obj: dict[str, Any] | None, status: Status) -> None:
-        asyncio.create_task(self._write_status(key, status, obj))
+        self._background(self._write_status(key, status, obj))
 
     async def _write_status(self, key: ObjectKey, status: Status, obj: dict[str, Any] | None = None) -> None:
         # Only when it changes: the reference flooded its API server otherwise (OCPBUGS-42320).
@@ -519,7 +531,7 @@ class Reconciler:
             set_annotation(obj, ANNOTATION_IGNITION_REACHED, "True")
             return True
 
-        asyncio.create_task(self._write_back(key, mutate, "ignition-reached"))
+        self._background(self._write_back(key, mutate, "ignition-reached"))
 
     # -- housekeeping ----------------------------------------------------------------
 
