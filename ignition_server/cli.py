@@ -70,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add(serve, "--cache-memory", default="128Mi", help="memory for payloads, in bytes (Ki/Mi/Gi suffixes)")
     _add(serve, "--source-read-only", action="store_true", help="never write back to the source")
     _add(serve, "--render-concurrency", default="2", help="renders running at once")
+    _add(serve, "--max-in-flight", default="1024", help="payload requests answered at once; more get 503 + Retry-After")
     _add(serve, "--log-format", default="auto", choices=["auto", "json", "text"], help="log format")
 
     render = commands.add_parser("render", help="print a NodePool's payload")
@@ -119,6 +120,7 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         cache_memory_bytes=parse_size(str(args.cache_memory)),
         source_read_only=bool(args.source_read_only),
         render_concurrency=max(1, int(args.render_concurrency)),
+        max_in_flight=max(1, int(args.max_in_flight)),
         log_format=args.log_format,
     )
 

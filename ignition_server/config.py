@@ -80,6 +80,8 @@ class ServeSettings:
     source_read_only: bool = False
     poll_interval: float = 0.5
     render_concurrency: int = 2
+    # Payload requests answered at once; more get 503 + Retry-After (memory stays bounded in a boot storm).
+    max_in_flight: int = 1024
     shutdown_timeout: float = 10.0
     log_format: str = "text"
 

@@ -92,6 +92,7 @@ class IgnitionServer:
             state=self.state,
             on_served=reconciler.note_served,
             on_missing=reconciler.payload_missing,
+            max_in_flight=settings.max_in_flight,
         )
         runners = [await self._start(build_app(handlers), settings.listen, ssl_context, "serving")]
         if settings.metrics_listen is not None:

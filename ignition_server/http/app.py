@@ -47,6 +47,7 @@ class IgnitionHandlers:
         state: ServingState,
         on_served: Callable[[str], None] = lambda _secret: None,
         on_missing: Callable[[str], None] = lambda _secret: None,
+        max_in_flight: int = 1024,
     ) -> None:
         self._cache = cache
         self._auth = authenticator
@@ -54,6 +55,8 @@ class IgnitionHandlers:
         self._state = state
         self._on_served = on_served
         self._on_missing = on_missing
+        self._max_in_flight = max_in_flight
+        self._in_flight = 0  # payload requests being answered now (one event loop: no lock)
         self._ids = itertools.count(1)
         # Payload reads get threads of their own: behind renders, listings and write-backs
         # in the shared default pool, a disk read would wait for background work.
@@ -90,9 +93,15 @@ class IgnitionHandlers:
         supplied = request.headers.get("X-Request-Id", "")[:64]
         request_id = supplied if supplied and supplied.isprintable() else f"{next(self._ids):x}"
         nodepool = "-"
+        admitted = False
         try:
             if not self._state.ready:
                 raise Refusal(503, "warming up", retry_after=1)
+            if self._in_flight >= self._max_in_flight:
+                # Overload is "try again", never 429: the Ignition client gives up on any 4xx.
+                raise Refusal(503, "overloaded", retry_after=1)
+            self._in_flight += 1
+            admitted = True
             grant = authenticate()
             nodepool = grant.nodepool
             response = await self._payload(request, grant)
@@ -100,6 +109,9 @@ class IgnitionHandlers:
             self._on_served(grant.secret)
         except Refusal as refusal:
             response = _refusal_response(refusal)
+        finally:
+            if admitted:
+                self._in_flight -= 1
         response.headers["X-Request-Id"] = request_id
         self._metrics.responses.labels(str(response.status)).inc()
         _log_access(request, response, request_id, nodepool, started)

@@ -1,0 +1,61 @@
+"""The HTTP app in-process (aiohttp's test client), with a real encrypted cache behind it."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from pathlib import Path
+
+from ignition_server.auth.tokens import TokenAuthenticator
+from ignition_server.http.app import IgnitionHandlers, ServingState, build_app
+from ignition_server.metrics import ServerMetrics
+from ignition_server.render.spec import encode
+from payload_cache import CacheConfig, PayloadCache, RenderRecord, TokenRecord, TokenState
+
+
+def served_cache(tmp_path: Path) -> PayloadCache:
+    # No memory tier: every payload is read (and decrypted) from disk in a thread, so
+    # requests really overlap.
+    cache = PayloadCache.open(CacheConfig(cache_dir=tmp_path / "cache", memory_bytes=0))
+    config = {"ignition": {"version": "3.2.0"}, "storage": {"files": [
+        {"path": f"/etc/f{i}", "contents": {"source": "data:," + "x" * 2000}} for i in range(200)]}}
+    blob = cache.put_blob(encode(config, "3.2.0"))
+    cache.put_render(RenderRecord("ns/token-p", "clusters/p", "digest", blob, "3.2.0", 0.0))
+    cache.put_token("tok", TokenRecord("clusters/p", "ns/token-p", TokenState.CURRENT, None))
+    return cache
+
+
+async def test_overload_answers_503_with_retry_after_never_4xx(tmp_path: Path, aiohttp_client) -> None:
+    cache = served_cache(tmp_path)
+    handlers = IgnitionHandlers(cache=cache, authenticator=TokenAuthenticator(cache), metrics=ServerMetrics(),
+                                state=ServingState(ready=True), max_in_flight=1)
+    client = await aiohttp_client(build_app(handlers))
+    headers = {"Authorization": "Bearer " + base64.b64encode(b"tok").decode()}
+    responses = await asyncio.gather(*(client.get("/ignition", headers=headers) for _ in range(40)))
+    statuses = [r.status for r in responses]
+    assert set(statuses) <= {200, 503}
+    assert statuses.count(503) >= 1 and statuses.count(200) >= 1
+    for response in responses:
+        if response.status == 503:
+            assert response.headers["Retry-After"] == "1"
+        else:
+            assert len(json.loads(await response.read())["storage"]["files"]) == 200
+    # Once the storm has passed, every request is served again.
+    assert (await client.get("/ignition", headers=headers)).status == 200
+    handlers.close()
+
+
+async def test_not_ready_is_503_and_head_is_allowed(tmp_path: Path, aiohttp_client) -> None:
+    cache = served_cache(tmp_path)
+    state = ServingState(ready=False)
+    handlers = IgnitionHandlers(cache=cache, authenticator=TokenAuthenticator(cache), metrics=ServerMetrics(), state=state)
+    client = await aiohttp_client(build_app(handlers))
+    headers = {"Authorization": "Bearer " + base64.b64encode(b"tok").decode()}
+    assert (await client.get("/ignition", headers=headers)).status == 503
+    assert (await client.get("/readyz")).status == 503
+    state.ready = True
+    assert (await client.get("/readyz")).status == 200
+    assert (await client.head("/ignition", headers=headers)).status == 200
+    assert (await client.put("/ignition", headers=headers)).status == 405
+    handlers.close()
