@@ -90,6 +90,7 @@ class ServerProcess:
     metrics_port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
+    ca: Path | None = None  # the CA to trust, when the server is given its certificate
 
     @property
     def url(self) -> str:
@@ -97,10 +98,11 @@ class ServerProcess:
 
     @property
     def ca_file(self) -> Path:
-        return self.cache_dir / "tls" / "ca.crt"
+        return self.ca or self.cache_dir / "tls" / "ca.crt"
 
     def start(self, wait: bool = True) -> "ServerProcess":
         self.log_path = self.cache_dir.parent / f"server-{self.port}.log"
+        self.cache_dir.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [

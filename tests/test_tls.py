@@ -1,0 +1,50 @@
+"""TLS on the serving port: a given certificate is reloaded from disk when it changes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import ssl
+import time
+from pathlib import Path
+
+from harness import ServerProcess, write_manifests
+from ignition_server.http.tls import ensure_self_signed
+from ignition_server.sources.manifests import build_token_secret
+
+
+def handshake_ok(port: int, ca: Path) -> bool:
+    context = ssl.create_default_context(cafile=str(ca))
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=3) as raw:
+            with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+                return tls.version() in ("TLSv1.2", "TLSv1.3")
+    except (ssl.SSLError, OSError):
+        return False
+
+
+def test_given_certificate_is_reloaded_when_it_changes(tmp_path: Path) -> None:
+    first = ensure_self_signed(tmp_path / "pki-1", "https://127.0.0.1")
+    second = ensure_self_signed(tmp_path / "pki-2", "https://127.0.0.1")
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    shutil.copy(first.cert, cert)
+    shutil.copy(first.key, key)
+    write_manifests(tmp_path / "source" / "p.yaml", build_token_secret(namespace="ns", nodepool="ns/p", token="t"))
+    proc = ServerProcess(tmp_path / "source", tmp_path / "cache", extra=["--tls-cert", str(cert), "--tls-key", str(key)])
+    proc.ca = first.ca  # what the harness trusts for /readyz
+    proc.start()
+    try:
+        assert handshake_ok(proc.port, first.ca) and not handshake_ok(proc.port, second.ca)
+        # Rotate the certificate on disk (as cert-manager would): no restart.
+        for source, target in ((second.cert, cert), (second.key, key)):
+            tmp = target.with_suffix(".new")
+            shutil.copy(source, tmp)
+            os.replace(tmp, target)
+        deadline = time.monotonic() + 15
+        while not handshake_ok(proc.port, second.ca) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert handshake_ok(proc.port, second.ca) and not handshake_ok(proc.port, first.ca)
+        assert "reloaded the serving certificate" in proc.logs()
+    finally:
+        proc.kill()
