@@ -78,7 +78,7 @@ class ServeSettings:
     cache_key_file: Path | None = None
     cache_memory_bytes: int = 128 * 1024 * 1024
     source_read_only: bool = False
-    poll_interval: float = 0.5
+    poll_interval: float = 1.0  # picks a change up within 2 s; inotify would make it instant
     render_concurrency: int = 2
     # Payload requests answered at once; more get 503 + Retry-After (memory stays bounded in a boot storm).
     max_in_flight: int = 1024
