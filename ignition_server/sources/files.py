@@ -377,9 +377,10 @@ class FileSource:
                 edited = self._edit(path, raw, key, mutate)
                 if edited is None:
                     return self._reload(path, _stamp(path)), None
-                new_text, target = edited
+                new_text, target, written = edited
+                new_bytes = new_text.encode()
                 tmp = temp_path_for(path)
-                write_exclusive(tmp, new_text.encode(), path.stat().st_mode & 0o7777)
+                write_exclusive(tmp, new_bytes, path.stat().st_mode & 0o7777)
                 # Compare before replacing: an edit made while we worked must not be clobbered.
                 if os.stat(path).st_ino != inode or os.pread(original.fileno(), len(raw) + 1, 0) != raw:
                     os.unlink(tmp)
@@ -392,11 +393,19 @@ class FileSource:
                 if late != raw:
                     atomic_write(path, late, path.stat().st_mode & 0o7777)
                     continue
+            if written is not None:
+                # A one-document file: what we wrote is what a re-read would parse (a 345 KiB
+                # manifest costs more to parse than to write).
+                digest = hashlib.sha256(new_bytes).hexdigest()
+                return self._apply_parsed(path, _stamp(path), digest, written), target
             return self._reload(path, _stamp(path)), target
         raise RuntimeError(f"{path} kept changing while writing back {key}")
 
     @staticmethod
-    def _edit(path: Path, raw: bytes, key: ObjectKey, mutate: Mutation) -> tuple[str, dict[str, Any]] | None:
+    def _edit(
+        path: Path, raw: bytes, key: ObjectKey, mutate: Mutation
+    ) -> tuple[str, dict[str, Any], list[tuple[ObjectKey, dict[str, Any]]] | None] | None:
+        """The file's new text, the mutated object and, for a one-document file, its objects (slim)."""
         text = raw.decode()
         documents = split_documents(text)
         for index, doc_text in enumerate(documents):
@@ -409,7 +418,10 @@ class FileSource:
         if not mutate(target):
             return None
         documents[index] = yaml.dump(document, Dumper=_Dumper, sort_keys=False, default_flow_style=False)
-        return _join_documents(text, documents), target
+        written = None
+        if len([d for d in documents if d.strip()]) == 1:
+            written = [(k, slim(o)) for o in _objects_of(document) if (k := object_key(o)) is not None]
+        return _join_documents(text, documents), target, written
 
 
 def _read_all(fd: int) -> bytes:
