@@ -262,11 +262,11 @@ class Reconciler:
         failure = self._failures.get(secret.key)
         if failure is not None and failure[0] == digest and failure[2] > self.clock():
             return  # the retry timer will come back to it
-        task = asyncio.create_task(self._render_and_store(secret, inputs, digest), name=f"render {secret.ref}")
+        task = asyncio.create_task(self._render_and_store(secret, digest), name=f"render {secret.ref}")
         self._pending[secret.key] = _Pending(task, digest)
         self.metrics.render_queue.set(len(self._pending))
 
-    async def _render_and_store(self, secret: TokenSecret, inputs: NodePoolInputs, digest: str) -> None:
+    async def _render_and_store(self, secret: TokenSecret, digest: str) -> None:
         try:
             await asyncio.sleep(self.debounce)  # a newer change in the meantime cancels this one
             try:
