@@ -242,3 +242,21 @@ async def test_large_configs_are_not_held_in_memory_but_render(world) -> None:
     reconciler2, source2, _cache2 = make()
     await settle(reconciler2, source2)
     assert reconciler2.metrics.payload_cache_miss._value.get() == 0 and renders == 1
+
+
+async def test_a_manifest_broken_while_down_keeps_serving_its_last_good_payload(world, tmp_path: Path) -> None:
+    make, clock, source_dir = world
+    reconciler, source, cache = make()
+    source.state = cache  # the listing snapshot, as the server wires it
+    path = write_manifests(source_dir / "p.yaml", secret("p", "tok-p"))
+    await source.run(reconciler.handle, iterations=0)
+    await reconciler.wait_idle()
+    await source.flush()
+    await reconciler.persist_index()
+    path.write_text(path.read_text().replace("kind: Secret", "kind: [Secret"))  # broken YAML while down
+    reconciler2, source2, cache2 = make()
+    source2.state = cache2
+    await source2.run(reconciler2.handle, iterations=0)
+    # Not forgotten as "deleted while down": the token still opens its payload.
+    assert TokenAuthenticator(cache2, clock).authenticate("tok-p").nodepool == "clusters/p"
+    assert cache2.get_render("clusters-a/token-p-00000000") is not None

@@ -207,8 +207,9 @@ class FileSource:
             # does for "racily clean" entries).
             if known is not None and known.stamp == stamp and now_ns - st.st_mtime_ns > _RACY_NS:
                 continue
-            record = self._restorable.pop(str(path), None) if known is None else None
+            record = self._restorable.get(str(path)) if known is None else None
             if record is not None and tuple(record["stamp"]) == stamp and record["read_at"] - st.st_mtime_ns > _RACY_NS:
+                del self._restorable[str(path)]
                 changes.extend(self._apply_parsed(path, stamp, record["digest"], _decode_objects(record["objects"])))
                 continue
             changes.extend(self._reload(path, stamp))
@@ -255,8 +256,12 @@ class FileSource:
         try:
             parsed = self._parse(raw)
         except (yaml.YAMLError, UnicodeDecodeError) as exc:
-            # Bad input loses nothing: the objects this file held before stay as they were.
+            # Bad input loses nothing: the objects this file held before stay as they were,
+            # also across a restart (the listing snapshot remembers them).
             log.error("cannot parse %s, keeping its last good objects: %s", path, exc)
+            record = self._restorable.pop(str(path), None) if known is None else None
+            if record is not None:
+                return self._apply_parsed(path, stamp, digest, _decode_objects(record["objects"]))
             if known is not None:
                 known.stamp, known.digest = stamp, digest
             else:
