@@ -126,6 +126,22 @@ def secret_values(obj: Mapping[str, Any]) -> dict[str, bytes]:
     return {key: secret_value(obj, key) or b"" for key in keys}
 
 
+def data_text(obj: Mapping[str, Any]) -> dict[str, str]:
+    """A ConfigMap's or Secret's data as text (Secret values decoded, `stringData` merged in).
+
+    A LargeValue of a slim object stands in as "sha256:<digest>": enough to tell a change;
+    read the full object for the text itself.
+    """
+    data = obj.get("data") or {}
+    if obj.get("kind") != "Secret":
+        return {k: "" if v is None else str(v) for k, v in data.items()}
+    keys = list(data) + [k for k in (obj.get("stringData") or {}) if k not in data]
+    return {
+        k: str(data[k]) if isinstance(data.get(k), LargeValue) else (secret_value(obj, k) or b"").decode(errors="replace")
+        for k in keys
+    }
+
+
 def value_digest(obj: Mapping[str, Any], key: str) -> str:
     """A digest of one Secret value as the object holds it, full or slim alike."""
     for section in ("stringData", "data"):

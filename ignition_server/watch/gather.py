@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from ..render.inputs import NodePoolInputs, Settings
-from ..sources.manifests import LargeValue, ManifestError, ObjectKey, TokenSecret, secret_value
+from ..sources.manifests import ManifestError, ObjectKey, TokenSecret, data_text
 from .releases import HAPROXY_IMAGE, ReleaseCatalog, release_key
 
 ANNOTATION_INPUT_PREFIX = "ignition-server.openshift.io/input-"
@@ -53,18 +53,6 @@ def input_key(secret: TokenSecret, wanted: InputObject, notes: Mapping[str, str]
     return ObjectKey(wanted.kind, secret.key.namespace, wanted.name)
 
 
-def _data(obj: Mapping[str, Any]) -> dict[str, str]:
-    """An object's data as text; a LargeValue of a slim object stands in as its digest."""
-    data = obj.get("data") or {}
-    if obj.get("kind") != "Secret":
-        return {k: "" if v is None else str(v) for k, v in data.items()}
-    keys = list(data) + [k for k in (obj.get("stringData") or {}) if k not in data]
-    return {
-        k: str(data[k]) if isinstance(data.get(k), LargeValue) else (secret_value(obj, k) or b"").decode(errors="replace")
-        for k in keys
-    }
-
-
 def gather(
     secret: TokenSecret,
     notes: Mapping[str, str],
@@ -84,7 +72,7 @@ def gather(
         key = input_key(secret, wanted, notes)
         deps.add(key)
         obj = lookup(key)
-        value = _data(obj).get(wanted.key or "") if obj is not None else None
+        value = data_text(obj).get(wanted.key or "") if obj is not None else None
         values[wanted.name] = value if value else None
         if not value:
             missing.append(wanted.name)
@@ -93,7 +81,7 @@ def gather(
         key = input_key(secret, wanted, notes)
         deps.add(key)
         obj = lookup(key)
-        settings[wanted.name] = tuple(sorted(_data(obj).items())) if obj is not None else None
+        settings[wanted.name] = tuple(sorted(data_text(obj).items())) if obj is not None else None
     haproxy_image = None
     if settings["apiserver-proxy"] is not None or settings["ibmcloud-vpc"] is not None:
         # Only a payload that runs a release component needs its release known.

@@ -33,14 +33,13 @@ from ..sources.manifests import (
     is_token_secret,
     parse_token_secret,
     has_large_values,
-    secret_value,
     set_annotation,
     token_secret_config,
 )
 from .gather import gather
 from .outputs import TokenOutputs
 from .releases import ReleaseCatalog, is_catalog, release_key
-from .status import Status, status_mutation
+from .status import Status, status_mutation, written_status
 from .trust import TrustWatcher, is_trust_object
 
 log = logging.getLogger("ignition_server.watch")
@@ -386,10 +385,8 @@ class Reconciler:
         current = self.secrets.get(key)
         if current is not None and (current.reason, current.message) == (status.reason, status.message):
             return
-        if obj is not None:
-            written = tuple((secret_value(obj, k) or b"").decode(errors="replace") for k in ("reason", "message"))
-            if written == status.as_tuple():
-                return
+        if obj is not None and written_status(obj) == status:
+            return
         await self._write_back(key, status_mutation(status), "status")
 
     async def _write_back(self, key: ObjectKey, mutate: Callable[[dict[str, Any]], bool], what: str) -> bool:

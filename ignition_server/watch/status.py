@@ -13,14 +13,16 @@ class Status:
     reason: str  # "AsExpected" or why not, e.g. "InvalidConfig"
     message: str = ""
 
-    def as_tuple(self) -> tuple[str, str]:
-        return (self.reason, self.message)
+
+def written_status(obj: dict[str, Any]) -> Status:
+    """What a token Secret says now."""
+    reason, message = ((secret_value(obj, k) or b"").decode(errors="replace") for k in ("reason", "message"))
+    return Status(reason, message)
 
 
 def status_mutation(status: Status) -> Callable[[dict[str, Any]], bool]:
     def mutate(obj: dict[str, Any]) -> bool:
-        written = tuple((secret_value(obj, k) or b"").decode(errors="replace") for k in ("reason", "message"))
-        if written == status.as_tuple():
+        if written_status(obj) == status:
             return False
         set_secret_value(obj, "reason", status.reason.encode())
         set_secret_value(obj, "message", status.message.encode())

@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping
 
 from ..auth.jwt import ServiceAccountVerifier, TokenSecretRef
 from ..sources.events import Change
-from ..sources.manifests import ManifestError, ObjectKey, annotations, secret_values
+from ..sources.manifests import ManifestError, ObjectKey, annotations, data_text
 
 log = logging.getLogger("ignition_server.watch.trust")
 
@@ -33,12 +33,6 @@ def is_trust_object(obj: Mapping[str, Any]) -> bool:
     return obj.get("kind") in ("ConfigMap", "Secret") and str(
         annotations(obj).get(ANNOTATION_SERVICE_ACCOUNT_KEYS, "")
     ).lower() == "true"
-
-
-def _values(obj: Mapping[str, Any]) -> dict[str, str]:
-    if obj.get("kind") == "Secret":
-        return {k: v.decode(errors="replace") for k, v in secret_values(obj).items()}
-    return {k: str(v) for k, v in (obj.get("data") or {}).items()}
 
 
 class TrustWatcher:
@@ -61,7 +55,7 @@ class TrustWatcher:
             log.error("%s: %s already publishes the service-account keys of %s; ignored", change.key, provider, cluster)
             return
         try:
-            values = _values(change.obj)
+            values = data_text(change.obj)
         except ManifestError as exc:
             log.error("%s: cannot read service-account keys, keeping the last good ones: %s", change.key, exc)
             return
