@@ -151,17 +151,8 @@ def start_timed(server: ServerProcess, timeout: float = 60.0) -> tuple[float, fl
     """Start the server; returns (process start monotonic time, seconds to /readyz 200)."""
     t0 = time.monotonic()
     server.start(wait=False)
-    while time.monotonic() - t0 < timeout:
-        assert server.proc is not None
-        if server.proc.poll() is not None:
-            raise RuntimeError(f"server exited with {server.proc.returncode}:\n{server.logs()[-3000:]}")
-        try:
-            if server.get("/readyz")[0] == 200:
-                return t0, time.monotonic() - t0
-        except (OSError, urllib.error.URLError):
-            pass
-        time.sleep(0.02)
-    raise TimeoutError(f"not ready after {timeout}s")
+    server.wait_ready(timeout, interval=0.02)
+    return t0, time.monotonic() - t0
 
 
 def wait_quiescent(server: ServerProcess, *, idle_cpu: float = 0.5, settle: float = 2.0, timeout: float = 900.0) -> float:
