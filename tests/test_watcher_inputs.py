@@ -247,3 +247,29 @@ async def test_user_data_secret_and_edge_map_follow_rotations(world) -> None:
     edge = (source_dir.parent / "cache" / "edge" / "tokens.map").read_text().splitlines()
     assert sorted(edge) == sorted(f"{hashlib.sha256(t.encode()).hexdigest()} clusters/workers" for t in (current, "tok-0"))
     assert "tok-0" not in "".join(edge)
+
+
+async def test_user_data_with_a_large_ca_follows_rotations(tmp_path: Path) -> None:
+    # A pointer config over 4 KiB (a big CA bundle) is held by the source as a digest only.
+    big_ca = CA_PEM * 12
+    clock = Clock()
+    source_dir = tmp_path / "source"
+    source_dir.mkdir()
+    cache = PayloadCache.open(CacheConfig(cache_dir=tmp_path / "cache"))
+    source = FileSource(source_dir)
+    outputs = TokenOutputs(source, tmp_path / "cache" / "edge" / "tokens.map",
+                           PointerSettings("https://ignition.example.com:9090", big_ca.encode()), delay=0.0)
+    reconciler = Reconciler(source=source, cache=cache, renderer=render_payload, policy=RotationPolicy(100.0),
+                            metrics=ServerMetrics(), clock=clock, outputs=outputs, debounce=0.0)
+    source._handler = reconciler.handle
+    write_manifests(source_dir / "p.yaml", token_secret("clusters-a", "workers", "tok-0"))
+    await settle(reconciler, source, outputs)
+    clock.now = T0 + 50
+    assert await reconciler.rotate_due() == 1
+    await settle(reconciler, source, outputs)
+    await settle(reconciler, source, outputs)
+    current = parse_token_secret(yaml.safe_load((source_dir / "p.yaml").read_text())).token
+    obj = yaml.safe_load((source_dir / "user-data-workers-00000000.yaml").read_text())
+    pointer = json.loads(base64.b64decode(obj["data"]["value"]))
+    header = pointer["ignition"]["config"]["merge"][0]["httpHeaders"][0]
+    assert header["value"] == "Bearer " + base64.b64encode(current.encode()).decode()
