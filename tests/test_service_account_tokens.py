@@ -197,8 +197,12 @@ def test_edge_haproxy_config_follows_key_rotations(tmp_path: Path) -> None:
         documents = list(yaml.safe_load_all((source / "a.yaml").read_text()))
         documents[0]["data"]["sa.pub"] = public_pem(new_key)
         write_manifests(source / "a.yaml", *documents)
+        def edge_holds(count: int) -> bool:  # key files are written first, then the config
+            keys = len(list((edge_dir / "keys").glob("*.pem")))
+            return keys == count and config.read_text().count("jwt_verify(") == count
+
         deadline = time.monotonic() + 5
-        while len(list((edge_dir / "keys").glob("*.pem"))) != 2 and time.monotonic() < deadline:
+        while not edge_holds(2) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert len(list((edge_dir / "keys").glob("*.pem"))) == 2
         assert config.read_text().count("jwt_verify(") == 2
