@@ -221,9 +221,7 @@ def files_in(config: dict[str, Any]) -> dict[str, str]:
 
 
 def require_ignition() -> None:
-    import pytest
+    from realtools import require_tool
 
-    if not have_ignition():
-        pytest.skip("the real Ignition client is not installed (apt-get install ignition)")
-    if shutil.which("ignition-validate") is None:
-        pytest.skip("ignition-validate is not installed")
+    require_tool(IGNITION, "apt-get install ignition")
+    require_tool("ignition-validate", "apt-get install ignition")
