@@ -95,5 +95,15 @@ class ServerMetrics:
             "ign_server_responses", "Responses by status code", ["code"], registry=self.registry
         )
 
+        self.watch_errors = Counter(
+            "ign_server_watch_errors", "Faults in handling one object (retried with back-off), by step",
+            ["step"], registry=self.registry,
+        )
+        self.rotation_overdue = Gauge(
+            "ign_server_rotation_overdue_secrets",
+            "Token Secrets whose last rotation is older than the TTL although this server rotates them",
+            registry=self.registry,
+        )
+
     def watch_cache(self, stats: Callable[[], CacheStats]) -> None:
         self.registry.register(_CacheCollector(stats))

@@ -8,6 +8,8 @@ document it changes, atomically, and never over an edit made meanwhile.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -376,7 +378,12 @@ class FileSource:
         if path is None:
             raise KeyError(f"{key} is not in the source")
         for _ in range(10):
-            with open(path, "rb") as original:
+            # A symlinked manifest (a GitOps checkout, a Kubernetes volume's `..data/` chain)
+            # is written where it really lives, and the link(s) stay: replacing the link
+            # itself would leave the operator's file with the old token. Resolved on every
+            # attempt, since a volume update swaps `..data` to a new directory.
+            real = Path(os.path.realpath(path))
+            with open(real, "rb") as original:
                 raw = original.read()
                 inode = os.fstat(original.fileno()).st_ino
                 edited = self._edit(path, raw, key, mutate)
@@ -384,19 +391,24 @@ class FileSource:
                     return self._reload(path, _stamp(path)), None
                 new_text, target, written = edited
                 new_bytes = new_text.encode()
-                tmp = temp_path_for(path)
-                write_exclusive(tmp, new_bytes, path.stat().st_mode & 0o7777)
+                tmp = temp_path_for(real)  # in the target's own directory: the rename stays atomic
+                _writing(real, lambda: write_exclusive(tmp, new_bytes, real.stat().st_mode & 0o7777))
                 # Compare before replacing: an edit made while we worked must not be clobbered.
-                if os.stat(path).st_ino != inode or os.pread(original.fileno(), len(raw) + 1, 0) != raw:
+                if os.stat(real).st_ino != inode or os.pread(original.fileno(), len(raw) + 1, 0) != raw:
                     os.unlink(tmp)
                     continue
-                os.replace(tmp, path)
-                fsync_dir(path.parent)
+                try:
+                    _writing(real, lambda: os.replace(tmp, real))
+                except BaseException:
+                    with contextlib.suppress(OSError):
+                        os.unlink(tmp)
+                    raise
+                fsync_dir(real.parent)
                 # An in-place write racing the rename landed in the old file: it wins, and
                 # the mutation is applied again on top of it.
                 late = _read_all(original.fileno())
                 if late != raw:
-                    atomic_write(path, late, path.stat().st_mode & 0o7777)
+                    atomic_write(real, late, real.stat().st_mode & 0o7777)
                     continue
             if written is not None:
                 # A one-document file: what we wrote is what a re-read would parse (a 345 KiB
@@ -411,10 +423,18 @@ class FileSource:
         path: Path, raw: bytes, key: ObjectKey, mutate: Mutation
     ) -> tuple[str, dict[str, Any], list[tuple[ObjectKey, dict[str, Any]]] | None] | None:
         """The file's new text, the mutated object and, for a one-document file, its objects (slim)."""
-        text = raw.decode()
-        documents = split_documents(text)
+        try:
+            text = raw.decode()
+            documents = split_documents(text)
+        except UnicodeDecodeError as exc:
+            raise ManifestUnreadable(f"{path} is not UTF-8 text ({exc}); left as it is") from None
         for index, doc_text in enumerate(documents):
-            document = yaml.load(doc_text, Loader=_Loader)
+            try:
+                document = yaml.load(doc_text, Loader=_Loader)
+            except yaml.YAMLError as exc:
+                # Nothing is written to a file that no longer parses: the operator's edit
+                # stays exactly as it is, and the write is tried again once it is fixed.
+                raise ManifestUnreadable(f"{path} no longer parses, left as it is: {_one_line(exc)}") from None
             target = next((o for o in _objects_of(document) if object_key(o) == key), None)
             if target is not None:
                 break
@@ -427,6 +447,24 @@ class FileSource:
         if len([d for d in documents if d.strip()]) == 1:
             written = [(k, slim(o)) for o in _objects_of(document) if (k := object_key(o)) is not None]
         return _join_documents(text, documents), target, written
+
+
+class ManifestUnreadable(ValueError):
+    """A write-back's target file does not parse (edited by hand meanwhile); nothing was written."""
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+def _writing(target: Path, write: Callable[[], None]) -> None:
+    """Run `write`; a target that cannot be written (read-only mount, permissions) says which file."""
+    try:
+        write()
+    except OSError as exc:
+        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise PermissionError(exc.errno, f"cannot write {target} ({os.strerror(exc.errno)})") from None
+        raise
 
 
 def _read_all(fd: int) -> bytes:

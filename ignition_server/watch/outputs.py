@@ -21,6 +21,7 @@ from payload_cache.fsio import atomic_write, make_dir
 from ..render.userdata import pointer_user_data, user_data_secret
 from ..sources.events import Source
 from ..sources.manifests import ObjectKey, TokenSecret, object_key, value_digest
+from .faults import Faults
 
 log = logging.getLogger("ignition_server.watch.outputs")
 
@@ -69,6 +70,7 @@ class TokenOutputs:
     _secrets: dict[ObjectKey, TokenSecret] = field(default_factory=dict)
     _task: asyncio.Task[None] | None = None
     _last_map: bytes | None = None
+    faults: Faults = field(default_factory=Faults)  # the watcher's, once it owns these outputs
 
     def tokens_changed(self, secret: TokenSecret) -> None:
         self._secrets[secret.key] = secret
@@ -87,15 +89,34 @@ class TokenOutputs:
         await asyncio.sleep(self.delay)  # a burst of rotations writes once
         content = edge_token_map(list(self._secrets.values()), time.time())
         if content != self._last_map:
-            await asyncio.to_thread(self._write_map, content)
-            self._last_map = content
-        dirty, self._dirty = self._dirty, set()
+            try:
+                await asyncio.to_thread(self._write_map, content)
+            except Exception as exc:  # the map is written again with the next change or retry
+                self._retry_in(self.faults.failed("edge", str(self.edge_map_path), exc))
+            else:
+                self._last_map = content
+                self.faults.succeeded("edge", str(self.edge_map_path))
         if self.pointer is None or not self.source.writable:
+            self._dirty.clear()
             return
+        dirty, self._dirty = self._dirty, set()
         for key in sorted(dirty):
             secret = self._secrets.get(key)
-            if secret is not None:
+            if secret is None:
+                continue
+            if self.faults.waiting("user-data", secret.ref):
+                self._dirty.add(key)  # its retry timer comes back to it
+                continue
+            try:
                 await self._write_user_data(secret, self.pointer)
+            except Exception as exc:  # one NodePool's user-data must not stop the others'
+                self._dirty.add(key)
+                self._retry_in(self.faults.failed("user-data", secret.ref, exc))
+            else:
+                self.faults.succeeded("user-data", secret.ref)
+
+    def _retry_in(self, delay: float) -> None:
+        asyncio.get_running_loop().call_later(delay, self._kick)
 
     def _write_map(self, content: bytes) -> None:
         make_dir(self.edge_map_path.parent)
@@ -116,8 +137,5 @@ class TokenOutputs:
         if current is not None and all(value_digest(current, k) == value_digest(wanted, k) for k in wanted["data"]) \
                 and set(current.get("data") or {}) == set(wanted["data"]):
             return
-        try:
-            await self.source.put(wanted, beside=secret.key)
-            log.info("wrote user-data Secret %s for %s", key.ref, secret.nodepool)
-        except (OSError, KeyError, ValueError) as exc:
-            log.warning("could not write user-data Secret %s: %s", key.ref, exc)
+        await self.source.put(wanted, beside=secret.key)
+        log.info("wrote user-data Secret %s for %s", key.ref, secret.nodepool)

@@ -8,11 +8,12 @@ concurrency, and identical inputs render once (single-flight), so serving never 
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Coroutine
+from typing import Any, Callable
 
 from payload_cache import PayloadCache, RenderRecord, TokenRecord, TokenState
 
@@ -36,6 +37,7 @@ from ..sources.manifests import (
     set_annotation,
     token_secret_config,
 )
+from .faults import Faults, ObjectWork, backoff
 from .gather import gather
 from .outputs import TokenOutputs
 from .releases import ReleaseCatalog, is_catalog, release_key
@@ -45,7 +47,6 @@ from .trust import TrustWatcher, is_trust_object
 log = logging.getLogger("ignition_server.watch")
 
 Renderer = Callable[[NodePoolInputs], RenderedPayload]
-RETRY_MIN, RETRY_MAX = 1.0, 300.0
 GC_INTERVAL = 600.0
 
 
@@ -90,38 +91,70 @@ class Reconciler:
     _listed: asyncio.Event = field(default_factory=asyncio.Event)
     _semaphore: asyncio.Semaphore | None = None
     _next_flush: asyncio.Future[None] | None = None
-    _tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     _seq: int = 0
+    # Secrets whose rotation lives in the cache dir although the source is writable: their
+    # manifest (a symlink's target on a read-only mount) cannot be written.
+    _rotated_in_cache: set[ObjectKey] = field(default_factory=set)
+    faults: Faults = field(init=False)
+    work: ObjectWork = field(init=False)  # write-backs, queued per object (never awaited by the handler)
+
+    def __post_init__(self) -> None:
+        self.faults = Faults(count=lambda step: self.metrics.watch_errors.labels(step=step).inc())
+        self.work = ObjectWork(self.faults)
+        if self.outputs is not None:
+            self.outputs.faults = self.faults
 
     # -- source events -------------------------------------------------------------
 
     async def handle(self, changes: list[Change]) -> None:
         touched_pools: set[str] = set()
         for change in changes:
-            key = change.key
-            if change.type != "DELETED" and has_large_values(change.obj) and (is_catalog(change.obj) or is_trust_object(change.obj)):
-                full = await asyncio.to_thread(self.source.get_full, key)
-                change = Change(change.type, key, full if full is not None else change.obj)
-            if self.trust is not None:
-                self.trust.handle(change)
-            if key.kind == "ConfigMap" and (is_catalog(change.obj) or self.catalog.knows(key)):
-                for pull_spec in self.catalog.update(key, None if change.type == "DELETED" else change.obj):
-                    self._inputs_changed(release_key(pull_spec))
-            if key.kind == "Secret":
-                if change.type != "DELETED" and is_token_secret(change.obj):
-                    secret = await self._apply(key, change.obj)
-                    if secret is not None:
-                        touched_pools.add(secret.nodepool)
-                elif key in self.secrets:
-                    why = "its token Secret was deleted" if change.type == "DELETED" else "it is no longer a token Secret"
-                    self._forget_secret(key, why)
-            if key in self._dependents:
-                self._inputs_changed(key)
+            # One object's fault stays with that object: logged once, retried with back-off,
+            # while every other change of the batch (and every later one) is applied.
+            self.work.discard(change.key.ref, "parse")  # a retry of an older version is moot
+            try:
+                nodepool = await self._handle_one(change)
+            except Exception as exc:
+                delay = self.faults.failed("parse", change.key.ref, exc)
+                self.work.retry(change.key.ref, "parse", lambda change=change: self._handle_again(change), delay)
+                continue
+            self.faults.succeeded("parse", change.key.ref)
+            if nodepool is not None:
+                touched_pools.add(nodepool)
         if not self._listed.is_set():
             self._after_first_listing()
             self._listed.set()
             await asyncio.to_thread(memory.release)  # parsing the whole source left garbage behind
-        await self._supersede_outdated(touched_pools)
+        self._supersede_outdated(touched_pools)
+
+    async def _handle_again(self, change: Change) -> None:
+        nodepool = await self._handle_one(change)
+        if nodepool is not None:
+            self._supersede_outdated({nodepool})
+
+    async def _handle_one(self, change: Change) -> str | None:
+        """Apply one change; the NodePool of a token Secret it added or changed."""
+        key = change.key
+        touched = None
+        if change.type != "DELETED" and has_large_values(change.obj) and (is_catalog(change.obj) or is_trust_object(change.obj)):
+            full = await asyncio.to_thread(self.source.get_full, key)
+            change = Change(change.type, key, full if full is not None else change.obj)
+        if self.trust is not None:
+            self.trust.handle(change)
+        if key.kind == "ConfigMap" and (is_catalog(change.obj) or self.catalog.knows(key)):
+            for pull_spec in self.catalog.update(key, None if change.type == "DELETED" else change.obj):
+                self._inputs_changed(release_key(pull_spec))
+        if key.kind == "Secret":
+            if change.type != "DELETED" and is_token_secret(change.obj):
+                secret = await self._apply(key, change.obj)
+                if secret is not None:
+                    touched = secret.nodepool
+            elif key in self.secrets:
+                why = "its token Secret was deleted" if change.type == "DELETED" else "it is no longer a token Secret"
+                self._forget_secret(key, why)
+        if key in self._dependents:
+            self._inputs_changed(key)
+        return touched
 
     def _inputs_changed(self, dependency: ObjectKey) -> None:
         """Re-render exactly the NodePools that read `dependency` (the digest decides if anything changed)."""
@@ -205,6 +238,9 @@ class Reconciler:
         pending = self._pending.pop(key, None)
         if pending:
             pending.task.cancel()
+        self.work.cancel(key.ref)
+        self.faults.forget(key.ref)
+        self._rotated_in_cache.discard(key)
         for token_key, record in self.cache.tokens_of_secret(key.ref).items():
             if record.state is not TokenState.RETIRED:
                 self._retire(token_key, record, now)
@@ -248,6 +284,9 @@ class Reconciler:
         except InvalidConfig as exc:
             self._render_failed(secret, "", str(exc))
             return
+        except Exception as exc:  # a bug in reading one NodePool's inputs must not stop the others
+            self._render_failed(secret, "", f"cannot gather the inputs: {type(exc).__name__}: {exc}")
+            return
         digest = inputs.digest()
         record = self.cache.get_render(secret.ref)
         if record is not None and record.inputs_digest == digest and self.cache.has_blob(record.blob_id):
@@ -275,7 +314,7 @@ class Reconciler:
                 self._render_failed(secret, digest, str(exc))
                 return
             except Exception as exc:  # a renderer bug must not take the watcher down
-                log.exception("render of %s failed", secret.ref)
+                log.debug("render of %s failed", secret.ref, exc_info=True)
                 self._render_failed(secret, digest, f"render failed: {type(exc).__name__}: {exc}")
                 return
             self.cache.put_render(
@@ -283,11 +322,14 @@ class Reconciler:
             )
             self.metrics.payloads_cached.set(self.cache.render_count())
             self._failures.pop(secret.key, None)
+            self.faults.succeeded("render", secret.ref)
             # Durable before we say so: a crash after "AsExpected" must not cost a render.
             await self.persist_index()
             log.info("payload ready for %s (%s, %d bytes)", secret.nodepool, secret.ref, len(rendered.body))
             message = "; ".join(rendered.notes)
-            await self._write_status(secret.key, Status("AsExpected", message))
+            # Queued, not awaited: the write-back re-enters the handler, and a render must
+            # not wait on (or fail with) what that does to other objects.
+            self._write_status_later(secret.key, None, Status("AsExpected", message))
         finally:
             current = self._pending.get(secret.key)
             if current is not None and current.task is asyncio.current_task():
@@ -332,10 +374,10 @@ class Reconciler:
         self.metrics.render_failures.inc()
         previous = self._failures.get(secret.key)
         attempts = previous[1] + 1 if previous and previous[0] == digest else 1
-        delay = min(RETRY_MAX, RETRY_MIN * 2 ** (attempts - 1))
+        delay = backoff(attempts)
         self._failures[secret.key] = (digest, attempts, self.clock() + delay)
         serving = "the last good payload keeps serving" if self.cache.get_render(secret.ref) else "no payload yet"
-        log.error("render of %s failed (%s; retry in %.0fs): %s", secret.ref, serving, delay, message)
+        self.faults.failed("render", secret.ref, f"{message} ({serving})")  # logged once, counted
         self._write_status_later(secret.key, None, Status("InvalidConfig", message))
 
     async def retry_failed(self) -> None:
@@ -361,24 +403,20 @@ class Reconciler:
 
     async def drain(self, timeout: float) -> None:
         """Let write-backs in flight finish (a draining shutdown loses no status or rotation)."""
-        if self._tasks:
-            await asyncio.wait(set(self._tasks), timeout=timeout)
+        await self.work.drain(timeout)
 
     async def wait_idle(self) -> None:
-        """Until no render is pending (tests and graceful shutdown)."""
-        while self._pending:
-            await asyncio.gather(*(p.task for p in list(self._pending.values())), return_exceptions=True)
+        """Until no render and no queued write-back is pending (tests and graceful shutdown).
+
+        A write-back that failed and waits for its retry does not count."""
+        while self._pending or self.work.running():
+            tasks = [p.task for p in self._pending.values()] + list(self.work.running())
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     # -- write-backs -----------------------------------------------------------------
 
-    def _background(self, work: Coroutine[Any, Any, Any]) -> None:
-        # The loop keeps only weak references to tasks: hold them until they are done.
-        task = asyncio.create_task(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
     def _write_status_later(self, key: ObjectKey, obj: dict[str, Any] | None, status: Status) -> None:
-        self._background(self._write_status(key, status, obj))
+        self.work.submit(key.ref, "status", lambda: self._write_status(key, status, obj))
 
     async def _write_status(self, key: ObjectKey, status: Status, obj: dict[str, Any] | None = None) -> None:
         # Only when it changes: the reference flooded its API server otherwise (OCPBUGS-42320).
@@ -390,34 +428,37 @@ class Reconciler:
         await self._write_back(key, status_mutation(status), "status")
 
     async def _write_back(self, key: ObjectKey, mutate: Callable[[dict[str, Any]], bool], what: str) -> bool:
+        """True when written. Raises when it could not be (the caller's queue retries with back-off)."""
         if not self.source.writable:
-            log.info("source %s is read-only: %s of %s not written back", self.source.describe(), what, key)
+            log.debug("source %s is read-only: %s of %s not written back", self.source.describe(), what, key)
             return False
         try:
             return await self.source.write_back(key, mutate) is not None
-        except (OSError, KeyError, RuntimeError) as exc:
-            log.warning("could not write %s back to %s: %s", what, key, exc)
-            return False
+        except KeyError:
+            return False  # gone from the source meanwhile: nothing to write to
 
     # A read-only source cannot take rotations: they live in the cache dir instead, sealed
     # (encrypted) with the index, and apply for as long as the source keeps its own token.
 
     def _with_rotation_state(self, secret: TokenSecret) -> TokenSecret:
-        if self.source.writable:
-            return secret
+        # Also with a writable source: a manifest that cannot be written (a symlink into a
+        # read-only mount) rotates in the cache dir too, and that must survive a restart.
         sealed = self.cache.unseal(_rotation_name(secret.ref))
         if sealed is None:
+            self._rotated_in_cache.discard(secret.key)
             return secret
         state = json.loads(sealed)
         if state["base"] != secret.token:
             self.cache.drop_sealed(_rotation_name(secret.ref))  # the source moved on by itself
+            self._rotated_in_cache.discard(secret.key)
             return secret
+        self._rotated_in_cache.add(secret.key)
         return replace(secret, token=state["token"], old_token=state["old_token"], generation_time=state["generation_time"])
 
-    def _rotate_in_cache(self, key: ObjectKey, secret: TokenSecret, now: float) -> None:
+    def _rotate_in_cache(self, key: ObjectKey, secret: TokenSecret, now: float, token: str | None = None) -> None:
         state = {
             "base": self._source_tokens.get(key),
-            "token": new_token(),
+            "token": token or new_token(),
             "old_token": secret.token,
             "generation_time": now,
         }
@@ -431,15 +472,21 @@ class Reconciler:
     async def rotate_due(self) -> int:
         """Rotate every Secret whose current token has lived TTL/2. Returns how many rotated."""
         now = self.clock()
-        due = [(key, secret) for key, secret in self.secrets.items() if self.policy.is_due(secret, now)]
+        due = [
+            (key, secret) for key, secret in self.secrets.items()
+            if self.policy.is_due(secret, now) and not self.faults.waiting("rotation", key.ref)
+        ]
         if not due:
             return 0
-        if not self.source.writable:
-            for key, secret in due:
+        in_cache = [(k, s) for k, s in due if not self.source.writable or k in self._rotated_in_cache]
+        if in_cache:
+            for key, secret in in_cache:
                 self._rotate_in_cache(key, secret, now)
             await self.persist_index()
-            self.metrics.token_rotations.inc(len(due))
-            return len(due)
+            self.metrics.token_rotations.inc(len(in_cache))
+            due = [(k, s) for k, s in due if self.source.writable and k not in self._rotated_in_cache]
+            if not due:
+                return len(in_cache)
         # The index learns first, durably, in one flush for all of them: the new token as
         # current and the outgoing old token as retired. A crash before the source write
         # then costs nothing; a crash after it cannot turn a 403 into a 511, nor leave a
@@ -458,15 +505,43 @@ class Reconciler:
         await self.persist_index()
         rotated = 0
         for key, secret, token, token_key in planned:
-            if await self._write_back(key, rotation_mutation(secret.token, token, now), "token rotation"):
+            try:
+                written = await self._write_back(key, rotation_mutation(secret.token, token, now), "token rotation")
+            except OSError as exc:
+                written = False
+                if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+                    self.cache.drop_token_key(token_key)
+                    self._rotate_to_cache(key, secret, now, token, exc)
+                    rotated += 1
+                    continue
+                self.faults.failed("rotation", key.ref, exc)
+            except Exception as exc:  # e.g. the manifest no longer parses: it stays as the operator left it
+                written = False
+                self.faults.failed("rotation", key.ref, exc)
+            else:
+                if written:
+                    self.faults.succeeded("rotation", key.ref)
+            if written:
                 rotated += 1
                 log.info("rotated the token of %s (NodePool %s)", key.ref, secret.nodepool)
             else:
                 self.cache.drop_token_key(token_key)  # never handed out
+                self._index_tokens(secret)  # and the outgoing old token stays valid: nothing rotated
+        if rotated:
+            await self.persist_index()
         self.metrics.token_rotations.inc(rotated)
         return rotated
 
-    async def _supersede_outdated(self, nodepools: set[str]) -> None:
+    def _rotate_to_cache(self, key: ObjectKey, secret: TokenSecret, now: float, token: str, exc: OSError) -> None:
+        """The manifest cannot be written (read-only target): rotate in the cache dir from now on."""
+        log.warning(
+            "cannot write the manifest of %s (%s): its token rotation state is kept (encrypted) in the cache dir, "
+            "as with --source-read-only", key.ref, exc,
+        )
+        self._rotated_in_cache.add(key)
+        self._rotate_in_cache(key, secret, now, token)
+
+    def _supersede_outdated(self, nodepools: set[str]) -> None:
         """A NodePool's newer token Secret outdates the older ones: they expire in 2 h."""
         now = self.clock()
         by_pool: dict[str, list[TokenSecret]] = {}
@@ -488,7 +563,12 @@ class Reconciler:
                     return True
 
                 log.info("%s is outdated by a newer token Secret of %s: expires at %s", outdated.ref, outdated.nodepool, stamp)
-                await self._write_back(outdated.key, mutate, "expiration")
+                # Queued per object, not awaited: the write-back re-enters the handler, and
+                # a failure to write this one (a manifest broken by hand) must reach no other.
+                self.work.submit(
+                    outdated.key.ref, "expiry",
+                    lambda key=outdated.key, mutate=mutate: self._write_back(key, mutate, "expiration"),
+                )
 
     def grant_for(self, namespace: str, pool_name: str) -> Grant | None:
         """The NodePool `pool_name` of the hosted cluster in `namespace`: its newest live generation.
@@ -528,7 +608,14 @@ class Reconciler:
             set_annotation(obj, ANNOTATION_IGNITION_REACHED, "True")
             return True
 
-        self._background(self._write_back(key, mutate, "ignition-reached"))
+        self.work.submit(key.ref, "write-back", lambda: self._write_back(key, mutate, "ignition-reached"))
+
+    def rotation_overdue(self, now: float) -> int:
+        """Live token Secrets whose current token has outlived the TTL: rotation (due at TTL/2) is not happening."""
+        return sum(
+            1 for secret in self.secrets.values()
+            if not secret.expired(now) and now - (secret.generation_time or 0.0) > self.policy.ttl
+        )
 
     # -- housekeeping ----------------------------------------------------------------
 
@@ -544,7 +631,13 @@ class Reconciler:
                 now = self.clock()
                 for secret in list(self.secrets.values()):
                     if secret.expired(now):
-                        self._index_tokens(secret)
+                        try:
+                            self._index_tokens(secret)
+                        except Exception as exc:  # one Secret's fault must not stop the sweep
+                            self.faults.failed("expiry", secret.ref, exc)
+                        else:
+                            self.faults.succeeded("expiry", secret.ref)
+                self.metrics.rotation_overdue.set(self.rotation_overdue(now))
                 if now - last_forget > 60:
                     self.cache.forget_expired(now)
                     last_forget = now
