@@ -33,6 +33,7 @@ class _Fault:
     attempts: int
     retry_at: float
     message: str
+    kind: str  # what changed when it is logged again: the exception's type, or the message
 
 
 @dataclass
@@ -46,14 +47,15 @@ class Faults:
     def failed(self, step: str, name: str, error: BaseException | str) -> float:
         """Record a failure; log it once (until it recovers). Returns the back-off delay."""
         message = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        kind = error if isinstance(error, str) else type(error).__name__  # temp names etc. vary
         self.count(step)
         previous = self._faults.get((step, name))
         attempts = previous.attempts + 1 if previous is not None else 1
         delay = backoff(attempts)
-        self._faults[(step, name)] = _Fault(attempts, self.clock() + delay, message)
+        self._faults[(step, name)] = _Fault(attempts, self.clock() + delay, message, kind)
         if previous is None:
             log.error("%s of %s failed (retrying with back-off, logged once): %s", step, name, message)
-        elif previous.message != message:
+        elif previous.kind != kind:
             log.error("%s of %s still fails, now with: %s", step, name, message)
         else:
             log.debug("%s of %s failed again (attempt %d): %s", step, name, attempts, message)
