@@ -43,6 +43,9 @@ class Faults:
     count: Callable[[str], None] = lambda _step: None  # the metric, by step
     clock: Callable[[], float] = time.monotonic
     _faults: dict[tuple[str, str], _Fault] = field(default_factory=dict)
+    # What was said of each object: one cause (a file broken by hand) failing several steps
+    # (expiry, status, ignition-reached) is one log line, not one per step.
+    _said: dict[str, set[str]] = field(default_factory=dict)
 
     def failed(self, step: str, name: str, error: BaseException | str) -> float:
         """Record a failure; log it once (until it recovers). Returns the back-off delay."""
@@ -53,10 +56,10 @@ class Faults:
         attempts = previous.attempts + 1 if previous is not None else 1
         delay = backoff(attempts)
         self._faults[(step, name)] = _Fault(attempts, self.clock() + delay, message, kind)
-        if previous is None:
+        said = self._said.setdefault(name, set())
+        if kind not in said:
+            said.add(kind)
             log.error("%s of %s failed (retrying with back-off, logged once): %s", step, name, message)
-        elif previous.kind != kind:
-            log.error("%s of %s still fails, now with: %s", step, name, message)
         else:
             log.debug("%s of %s failed again (attempt %d): %s", step, name, attempts, message)
         return delay
@@ -64,10 +67,13 @@ class Faults:
     def succeeded(self, step: str, name: str) -> None:
         if self._faults.pop((step, name), None) is not None:
             log.info("%s of %s works again", step, name)
+            if not any(key[1] == name for key in self._faults):
+                self._said.pop(name, None)
 
     def forget(self, name: str) -> None:
         for step_name in [k for k in self._faults if k[1] == name]:
             del self._faults[step_name]
+        self._said.pop(name, None)
 
     def waiting(self, step: str, name: str) -> bool:
         """True while a failed step is in its back-off (the caller skips it until then)."""
