@@ -168,9 +168,9 @@ class IgnitionServer:
                 await source.run(reconciler.handle)
             except asyncio.CancelledError:
                 raise
-            except OSError as exc:
-                # The source is down (unreadable, unmounted): keep serving what the index
-                # knows and try again with back-off.
+            except Exception as exc:
+                # The source is down (unreadable, unmounted), or its listing failed: keep
+                # serving what the index knows and try again with back-off.
                 log.error("source %s unavailable, serving from the cache: %s (retry in %.0fs)", source.describe(), exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 30.0)

@@ -30,7 +30,7 @@ from ignition_server.watch.outputs import PointerSettings, TokenOutputs
 from ignition_server.watch.reconciler import Reconciler
 from ignition_server.watch.status import written_status
 from payload_cache import CacheConfig, PayloadCache
-from test_reconciler import T0, Clock, secret
+from test_reconciler import T0, Clock, secret, settle, world  # noqa: F401  (world is a fixture)
 
 CA = b"-----BEGIN CERTIFICATE-----\nMIIBszCCAVmgAwIBAgIU\n-----END CERTIFICATE-----\n"
 POLL = 0.05
@@ -165,3 +165,26 @@ async def test_a_fault_in_one_object_leaves_later_changes_applied(step: str, tmp
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await reconciler.drain(1.0)
+
+
+async def test_rotation_overdue_gauge_counts_secrets_whose_rotation_cannot_happen(world) -> None:
+    make, clock, source_dir = world
+    reconciler, source, _cache = make()
+    path = write_manifests(source_dir / "p.yaml", secret("p", "tok-p"))
+    write_manifests(source_dir / "q.yaml", secret("q", "tok-q"))
+    await settle(reconciler, source)
+    good = path.read_text()
+    path.write_text(good.replace("kind: Secret", "kind: [Secret"))  # broken by hand: p cannot rotate
+    overdue = lambda: reconciler.metrics.registry.get_sample_value("ign_server_rotation_overdue_secrets")  # noqa: E731
+    housekeeping = asyncio.create_task(reconciler.run_periodic(tick=POLL))
+    try:
+        clock.now = T0 + 101  # past the TTL (100): q rotates, p cannot
+        await wait_until(lambda: overdue() == 1 and errors(reconciler.metrics, "rotation") >= 1)
+        assert reconciler.rotation_overdue(clock.now) == 1
+        path.write_text(good)  # fixed: the retry (with back-off) rotates it
+        await source.poll_once()
+        await wait_until(lambda: overdue() == 0, timeout=30)
+    finally:
+        housekeeping.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await housekeeping

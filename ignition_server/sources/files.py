@@ -140,14 +140,20 @@ class FileSource:
         await self._save_snapshot()
         last_save = time.monotonic()
         count = 0
+        failing: str | None = None
         while iterations is None or count < iterations:
             await asyncio.sleep(self.poll_interval)
             try:
                 await self.poll_once()
-            except OSError as exc:
+                failing = None
+            except Exception as exc:
                 # An unreadable directory is an outage of the source, not of the server:
-                # keep what we know and try again.
-                log.warning("cannot read source %s: %s", self.root, exc)
+                # keep what we know and try again (said once, not every poll). Nor does
+                # any other fault stop the poller: later changes must still arrive.
+                said = f"{type(exc).__name__}: {exc}"
+                if said != failing:
+                    log.warning("cannot read source %s (polling on): %s", self.root, said)
+                failing = said
             if time.monotonic() - last_save > SNAPSHOT_INTERVAL:
                 await self._save_snapshot()
                 last_save = time.monotonic()

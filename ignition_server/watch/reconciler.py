@@ -330,6 +330,10 @@ class Reconciler:
             # Queued, not awaited: the write-back re-enters the handler, and a render must
             # not wait on (or fail with) what that does to other objects.
             self._write_status_later(secret.key, None, Status("AsExpected", message))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # e.g. the index flush: the next housekeeping tick flushes again
+            self.faults.failed("render", secret.ref, exc)
         finally:
             current = self._pending.get(secret.key)
             if current is not None and current.task is asyncio.current_task():
