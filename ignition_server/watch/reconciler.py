@@ -420,6 +420,9 @@ class Reconciler:
     # -- write-backs -----------------------------------------------------------------
 
     def _write_status_later(self, key: ObjectKey, obj: dict[str, Any] | None, status: Status) -> None:
+        current = self.secrets.get(key)
+        if current is not None and (current.reason, current.message) == (status.reason, status.message):
+            return  # the common case after a restart: no task per NodePool for nothing to write
         self.work.submit(key.ref, "status", lambda: self._write_status(key, status, obj))
 
     async def _write_status(self, key: ObjectKey, status: Status, obj: dict[str, Any] | None = None) -> None:
