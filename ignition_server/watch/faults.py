@@ -92,6 +92,7 @@ Job = Callable[[], Awaitable[Any]]
 class _Queue:
     jobs: dict[str, Job] = field(default_factory=dict)  # by step: a newer job replaces a waiting one
     task: asyncio.Task[None] | None = None
+    running: str | None = None  # the step of the job being run
 
 
 @dataclass
@@ -134,6 +135,7 @@ class ObjectWork:
         while queue.jobs:
             step, job = next(iter(queue.jobs.items()))
             del queue.jobs[step]
+            queue.running = step
             try:
                 await job()
             except asyncio.CancelledError:
@@ -143,8 +145,15 @@ class ObjectWork:
                 self._retry_later(name, step, job, delay)
             else:
                 self.faults.succeeded(step, name)
+            finally:
+                queue.running = None
         if self._queues.get(name) is queue:
             del self._queues[name]
+
+    def in_hand(self, name: str, step: str) -> bool:
+        """A job for `step` of `name` is queued or running (not: waiting out a back-off)."""
+        queue = self._queues.get(name)
+        return queue is not None and (step in queue.jobs or queue.running == step)
 
     def discard(self, name: str, step: str) -> None:
         """A waiting retry of `step` is moot (a newer version of the object arrived)."""

@@ -421,7 +421,9 @@ class Reconciler:
 
     def _write_status_later(self, key: ObjectKey, obj: dict[str, Any] | None, status: Status) -> None:
         current = self.secrets.get(key)
-        if current is not None and (current.reason, current.message) == (status.reason, status.message):
+        if current is not None and (current.reason, current.message) == (status.reason, status.message) \
+                and not self.work.in_hand(key.ref, "status"):
+            self.work.discard(key.ref, "status")  # an older status waiting for its retry is moot
             return  # the common case after a restart: no task per NodePool for nothing to write
         self.work.submit(key.ref, "status", lambda: self._write_status(key, status, obj))
 
