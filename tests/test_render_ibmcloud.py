@@ -33,6 +33,7 @@ from ignition_server.render.ibmcloud import (
     render_registry_conf,
 )
 from ignition_server.render.inputs import InvalidConfig
+from harness import ignition_files_stage
 from ignition_server.render.join import JoinInputs, render_join_fragment
 
 IGNITION = "/usr/lib/dracut/modules.d/30ignition/ignition"
@@ -345,34 +346,6 @@ EXPECTED = {
 }
 
 
-def _run_ignition_files(tmp_path, config: dict, *, shim_setfiles: bool) -> tuple[subprocess.CompletedProcess, Path]:
-    if not os.access(IGNITION, os.X_OK):
-        pytest.skip("Ignition client not installed")
-    if os.geteuid() != 0:
-        pytest.skip("the Ignition files stage needs root")
-    root = tmp_path / "root"
-    root.mkdir()
-    cache = tmp_path / "config.json"
-    cache.write_text(json.dumps(config))
-    env = dict(os.environ)
-    if shim_setfiles:
-        # Everything is written before the SELinux relabel; a no-op setfiles lets the stage
-        # finish, so a zero exit proves every step before it succeeded.
-        (root / "etc/selinux").mkdir(parents=True)
-        (root / "etc/selinux/config").write_text("SELINUX=disabled\nSELINUXTYPE=targeted\n")
-        shim = tmp_path / "shim"
-        shim.mkdir()
-        (shim / "setfiles").write_text("#!/bin/sh\ncat >/dev/null\nexit 0\n")
-        (shim / "setfiles").chmod(0o755)
-        env["PATH"] = f"{shim}:{env.get('PATH', '/usr/bin:/bin')}"
-    res = subprocess.run(
-        [IGNITION, "-platform", "file", "-stage", "files", "-root", str(root), "-config-cache", str(cache),
-         "-state-file", str(tmp_path / "state"), "-log-to-stdout"],
-        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
-    )
-    return res, root
-
-
 def _assert_landed(root: Path, config: dict) -> None:
     sources = {f["path"]: decode(f["contents"]["source"]) for f in config["storage"]["files"]}
     for path, mode in EXPECTED.items():
@@ -395,7 +368,7 @@ def _assert_landed(root: Path, config: dict) -> None:
 @pytest.mark.ignition
 def test_real_ignition_files_stage_writes_everything(tmp_path):
     config = node_config()
-    res, root = _run_ignition_files(tmp_path, config, shim_setfiles=True)
+    res, root = ignition_files_stage(tmp_path, config, shim_setfiles=True)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     assert "Ignition finished successfully" in res.stdout + res.stderr
     _assert_landed(root, config)
@@ -404,7 +377,7 @@ def test_real_ignition_files_stage_writes_everything(tmp_path):
 @pytest.mark.ignition
 def test_real_ignition_files_stage_without_selinux_fails_only_at_relabel(tmp_path):
     config = node_config()
-    res, root = _run_ignition_files(tmp_path, config, shim_setfiles=False)
+    res, root = ignition_files_stage(tmp_path, config, shim_setfiles=False)
     out = res.stdout + res.stderr
     assert res.returncode != 0
     assert "relabel" in out and "CRITICAL" in out
