@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import shutil
 import stat
 import subprocess
 import threading
@@ -34,6 +33,7 @@ from ignition_server.render.ibmcloud import (
 )
 from ignition_server.render.inputs import InvalidConfig
 from harness import ignition_files_stage
+from realtools import require_tool
 from ignition_server.render.join import JoinInputs, render_join_fragment
 
 IGNITION = "/usr/lib/dracut/modules.d/30ignition/ignition"
@@ -259,7 +259,14 @@ def _run_providerid(tmp_path, s: IBMCloudSettings) -> tuple[subprocess.Completed
     return res, out
 
 
-@pytest.mark.skipif(not (shutil.which("jq") and shutil.which("curl")), reason="needs jq and curl")
+@pytest.fixture
+def jq_and_curl() -> None:
+    # The boot script runs them on the node; the test runs the real ones.
+    require_tool("jq", "apt-get install jq")
+    require_tool("curl", "apt-get install curl")
+
+
+@pytest.mark.usefixtures("jq_and_curl")
 def test_providerid_script_against_fake_metadata(tmp_path, metadata_server):
     s = settings(metadata_endpoint=metadata_server)
     res, out = _run_providerid(tmp_path, s)
@@ -279,7 +286,7 @@ def test_providerid_script_against_fake_metadata(tmp_path, metadata_server):
     assert "cl1q2w3e4r5t6y7u8i9o/0717_1e09281b-f177-46fb-baf1-bc152b2e391a\n" in out.read_text()
 
 
-@pytest.mark.skipif(not (shutil.which("jq") and shutil.which("curl")), reason="needs jq and curl")
+@pytest.mark.usefixtures("jq_and_curl")
 def test_providerid_script_rejects_hostile_metadata(tmp_path, metadata_server, monkeypatch):
     FakeMetadata.failures_left = 0
     monkeypatch.setattr(FakeMetadata, "instance", {**FakeMetadata.instance, "name": "x\nKUBELET_PROVIDERID=evil"})
@@ -288,7 +295,7 @@ def test_providerid_script_rejects_hostile_metadata(tmp_path, metadata_server, m
     assert not out.exists()
 
 
-@pytest.mark.skipif(not (shutil.which("jq") and shutil.which("curl")), reason="needs jq and curl")
+@pytest.mark.usefixtures("jq_and_curl")
 def test_providerid_script_gives_up_when_metadata_never_answers(tmp_path):
     res, out = _run_providerid(tmp_path, settings(metadata_endpoint="http://127.0.0.1:9"))
     assert res.returncode != 0 and not out.exists()
@@ -310,9 +317,7 @@ def node_config(**kw) -> dict:
 
 
 def test_full_config_passes_ignition_validate(tmp_path):
-    exe = shutil.which("ignition-validate")
-    if exe is None:
-        pytest.skip("ignition-validate not installed")
+    exe = require_tool("ignition-validate", "apt-get install ignition")
     path = tmp_path / "node.ign"
     path.write_text(json.dumps(node_config()))
     res = subprocess.run([exe, str(path)], capture_output=True, text=True, timeout=60)
@@ -359,10 +364,10 @@ def _assert_landed(root: Path, config: dict) -> None:
         assert f"enable {unit}" in preset
     cfg = (root / HAPROXY_CFG_PATH.lstrip("/")).read_text()
     assert "bind 172.20.0.1:2040" in cfg and "option httpchk GET /livez?exclude=etcd&exclude=log" in cfg
-    if shutil.which("haproxy"):
-        res = subprocess.run(["haproxy", "-c", "-f", str(root / HAPROXY_CFG_PATH.lstrip("/"))],
-                             capture_output=True, text=True, timeout=60)
-        assert res.returncode == 0, res.stdout + res.stderr
+    # The rendered haproxy.cfg, checked by the real HAProxy.
+    res = subprocess.run([require_tool("haproxy", "apt-get install haproxy"), "-c", "-f", str(root / HAPROXY_CFG_PATH.lstrip("/"))],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
 
 
 @pytest.mark.ignition

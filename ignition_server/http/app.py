@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import itertools
-import json
 import logging
 import time
 from dataclasses import dataclass
