@@ -177,7 +177,9 @@ def _newest_secret(source_dir: Path, nodepool: str) -> tuple[Any, Any, Any]:
 
 def _render(args: argparse.Namespace) -> int:
     from .render.payload import render_payload
-    from .render.spec import with_version
+    from .render.spec import (
+        SUPPORTED_VERSIONS, UnsatisfiableVersion, accept_for, body_version, negotiate, unsatisfiable_reason, with_version,
+    )
     from .watch.gather import gather
 
     from .sources.manifests import token_secret_config
@@ -186,7 +188,16 @@ def _render(args: argparse.Namespace) -> int:
     config = token_secret_config(source.get_full(secret.key))
     inputs, _deps = gather(secret, secret.annotations, source.get_full, catalog, config)
     rendered = render_payload(inputs)
-    body = with_version(rendered.body, args.spec_version) if args.spec_version else rendered.body
+    body = rendered.body
+    if args.spec_version:
+        if args.spec_version not in SUPPORTED_VERSIONS:
+            print(f"error: --spec-version {args.spec_version} is not one of {', '.join(SUPPORTED_VERSIONS)}", file=sys.stderr)
+            return 2
+        try:
+            body = with_version(body, negotiate(accept_for(args.spec_version), body_version(body)))
+        except UnsatisfiableVersion:
+            print(f"error: {unsatisfiable_reason(accept_for(args.spec_version), body)}", file=sys.stderr)
+            return 2
     sys.stdout.write(body.decode() + "\n")
     for note in rendered.notes:
         print(f"note: {note}", file=sys.stderr)

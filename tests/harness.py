@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import ssl
@@ -225,3 +224,40 @@ def require_ignition() -> None:
 
     require_tool(IGNITION, "apt-get install ignition")
     require_tool("ignition-validate", "apt-get install ignition")
+
+
+def ignition_files_stage(
+    tmp_path: Path, config: dict[str, Any], *, shim_setfiles: bool = True, prepare: Any = None,
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """Run the real client's files stage on `config`, writing under `tmp_path/root`.
+
+    `prepare(root)` lays out what the node's image would already hold (users, say)."""
+    import pytest
+    from realtools import require_tool
+
+    require_tool(IGNITION, "apt-get install ignition")
+    if os.geteuid() != 0:
+        pytest.skip("the Ignition files stage needs root")
+    root = tmp_path / "root"
+    root.mkdir()
+    if prepare is not None:
+        prepare(root)
+    cache = tmp_path / "config.json"
+    cache.write_text(json.dumps(config))
+    env = dict(os.environ)
+    if shim_setfiles:
+        # Everything is written before the SELinux relabel; a no-op setfiles lets the stage
+        # finish, so a zero exit proves every step before it succeeded.
+        (root / "etc/selinux").mkdir(parents=True, exist_ok=True)
+        (root / "etc/selinux/config").write_text("SELINUX=disabled\nSELINUXTYPE=targeted\n")
+        shim = tmp_path / "shim"
+        shim.mkdir()
+        (shim / "setfiles").write_text("#!/bin/sh\ncat >/dev/null\nexit 0\n")
+        (shim / "setfiles").chmod(0o755)
+        env["PATH"] = f"{shim}:{env.get('PATH', '/usr/bin:/bin')}"
+    res = subprocess.run(
+        [IGNITION, "-platform", "file", "-stage", "files", "-root", str(root), "-config-cache", str(cache),
+         "-state-file", str(tmp_path / "state"), "-log-to-stdout"],
+        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
+    )
+    return res, root

@@ -25,12 +25,15 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from ignition_server.auth.jwks import PrivateKeyRefused, kube_key_id, public_key_pem
 from ignition_server.auth.jwt import LEGACY_ISSUER, JwtRefused, ServiceAccountVerifier
 from proxy.edge import EdgeKey, render_edge_config, write_key_files
+from realtools import require_tool
 
-HAPROXY = shutil.which("haproxy")
-pytestmark = [
-    pytest.mark.haproxy,
-    pytest.mark.skipif(HAPROXY is None, reason="haproxy not installed"),
-]
+HAPROXY = shutil.which("haproxy") or "haproxy"
+pytestmark = [pytest.mark.haproxy]
+
+
+@pytest.fixture(autouse=True)
+def _real_haproxy() -> None:
+    require_tool("haproxy", "apt-get install haproxy")
 BOUND_ISSUER = "https://kubernetes.default.svc"
 CLUSTER = "clusters-foo"
 

@@ -25,9 +25,17 @@ from ignition_server.render.haproxy import (
     render_static_pod,
 )
 from ignition_server.render.inputs import InvalidConfig
+from realtools import require_tool
 
-HAPROXY = shutil.which("haproxy")
-needs_haproxy = pytest.mark.skipif(HAPROXY is None, reason="haproxy not installed")
+HAPROXY = shutil.which("haproxy") or "haproxy"
+
+
+@pytest.fixture
+def real_haproxy() -> None:
+    require_tool("haproxy", "apt-get install haproxy")
+
+
+needs_haproxy = pytest.mark.usefixtures("real_haproxy")
 
 
 def haproxy_check(tmp_path, cfg: str) -> subprocess.CompletedProcess:

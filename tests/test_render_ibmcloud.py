@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import shutil
 import stat
 import subprocess
 import threading
@@ -33,6 +32,8 @@ from ignition_server.render.ibmcloud import (
     render_registry_conf,
 )
 from ignition_server.render.inputs import InvalidConfig
+from harness import ignition_files_stage
+from realtools import require_tool
 from ignition_server.render.join import JoinInputs, render_join_fragment
 
 IGNITION = "/usr/lib/dracut/modules.d/30ignition/ignition"
@@ -258,7 +259,14 @@ def _run_providerid(tmp_path, s: IBMCloudSettings) -> tuple[subprocess.Completed
     return res, out
 
 
-@pytest.mark.skipif(not (shutil.which("jq") and shutil.which("curl")), reason="needs jq and curl")
+@pytest.fixture
+def jq_and_curl() -> None:
+    # The boot script runs them on the node; the test runs the real ones.
+    require_tool("jq", "apt-get install jq")
+    require_tool("curl", "apt-get install curl")
+
+
+@pytest.mark.usefixtures("jq_and_curl")
 def test_providerid_script_against_fake_metadata(tmp_path, metadata_server):
     s = settings(metadata_endpoint=metadata_server)
     res, out = _run_providerid(tmp_path, s)
@@ -278,7 +286,7 @@ def test_providerid_script_against_fake_metadata(tmp_path, metadata_server):
     assert "cl1q2w3e4r5t6y7u8i9o/0717_1e09281b-f177-46fb-baf1-bc152b2e391a\n" in out.read_text()
 
 
-@pytest.mark.skipif(not (shutil.which("jq") and shutil.which("curl")), reason="needs jq and curl")
+@pytest.mark.usefixtures("jq_and_curl")
 def test_providerid_script_rejects_hostile_metadata(tmp_path, metadata_server, monkeypatch):
     FakeMetadata.failures_left = 0
     monkeypatch.setattr(FakeMetadata, "instance", {**FakeMetadata.instance, "name": "x\nKUBELET_PROVIDERID=evil"})
@@ -287,7 +295,7 @@ def test_providerid_script_rejects_hostile_metadata(tmp_path, metadata_server, m
     assert not out.exists()
 
 
-@pytest.mark.skipif(not (shutil.which("jq") and shutil.which("curl")), reason="needs jq and curl")
+@pytest.mark.usefixtures("jq_and_curl")
 def test_providerid_script_gives_up_when_metadata_never_answers(tmp_path):
     res, out = _run_providerid(tmp_path, settings(metadata_endpoint="http://127.0.0.1:9"))
     assert res.returncode != 0 and not out.exists()
@@ -309,9 +317,7 @@ def node_config(**kw) -> dict:
 
 
 def test_full_config_passes_ignition_validate(tmp_path):
-    exe = shutil.which("ignition-validate")
-    if exe is None:
-        pytest.skip("ignition-validate not installed")
+    exe = require_tool("ignition-validate", "apt-get install ignition")
     path = tmp_path / "node.ign"
     path.write_text(json.dumps(node_config()))
     res = subprocess.run([exe, str(path)], capture_output=True, text=True, timeout=60)
@@ -345,34 +351,6 @@ EXPECTED = {
 }
 
 
-def _run_ignition_files(tmp_path, config: dict, *, shim_setfiles: bool) -> tuple[subprocess.CompletedProcess, Path]:
-    if not os.access(IGNITION, os.X_OK):
-        pytest.skip("Ignition client not installed")
-    if os.geteuid() != 0:
-        pytest.skip("the Ignition files stage needs root")
-    root = tmp_path / "root"
-    root.mkdir()
-    cache = tmp_path / "config.json"
-    cache.write_text(json.dumps(config))
-    env = dict(os.environ)
-    if shim_setfiles:
-        # Everything is written before the SELinux relabel; a no-op setfiles lets the stage
-        # finish, so a zero exit proves every step before it succeeded.
-        (root / "etc/selinux").mkdir(parents=True)
-        (root / "etc/selinux/config").write_text("SELINUX=disabled\nSELINUXTYPE=targeted\n")
-        shim = tmp_path / "shim"
-        shim.mkdir()
-        (shim / "setfiles").write_text("#!/bin/sh\ncat >/dev/null\nexit 0\n")
-        (shim / "setfiles").chmod(0o755)
-        env["PATH"] = f"{shim}:{env.get('PATH', '/usr/bin:/bin')}"
-    res = subprocess.run(
-        [IGNITION, "-platform", "file", "-stage", "files", "-root", str(root), "-config-cache", str(cache),
-         "-state-file", str(tmp_path / "state"), "-log-to-stdout"],
-        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
-    )
-    return res, root
-
-
 def _assert_landed(root: Path, config: dict) -> None:
     sources = {f["path"]: decode(f["contents"]["source"]) for f in config["storage"]["files"]}
     for path, mode in EXPECTED.items():
@@ -386,16 +364,16 @@ def _assert_landed(root: Path, config: dict) -> None:
         assert f"enable {unit}" in preset
     cfg = (root / HAPROXY_CFG_PATH.lstrip("/")).read_text()
     assert "bind 172.20.0.1:2040" in cfg and "option httpchk GET /livez?exclude=etcd&exclude=log" in cfg
-    if shutil.which("haproxy"):
-        res = subprocess.run(["haproxy", "-c", "-f", str(root / HAPROXY_CFG_PATH.lstrip("/"))],
-                             capture_output=True, text=True, timeout=60)
-        assert res.returncode == 0, res.stdout + res.stderr
+    # The rendered haproxy.cfg, checked by the real HAProxy.
+    res = subprocess.run([require_tool("haproxy", "apt-get install haproxy"), "-c", "-f", str(root / HAPROXY_CFG_PATH.lstrip("/"))],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
 
 
 @pytest.mark.ignition
 def test_real_ignition_files_stage_writes_everything(tmp_path):
     config = node_config()
-    res, root = _run_ignition_files(tmp_path, config, shim_setfiles=True)
+    res, root = ignition_files_stage(tmp_path, config, shim_setfiles=True)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     assert "Ignition finished successfully" in res.stdout + res.stderr
     _assert_landed(root, config)
@@ -404,7 +382,7 @@ def test_real_ignition_files_stage_writes_everything(tmp_path):
 @pytest.mark.ignition
 def test_real_ignition_files_stage_without_selinux_fails_only_at_relabel(tmp_path):
     config = node_config()
-    res, root = _run_ignition_files(tmp_path, config, shim_setfiles=False)
+    res, root = ignition_files_stage(tmp_path, config, shim_setfiles=False)
     out = res.stdout + res.stderr
     assert res.returncode != 0
     assert "relabel" in out and "CRITICAL" in out

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import json
-import shutil
 import subprocess
 from urllib.parse import unquote
 
@@ -20,6 +19,7 @@ from ignition_server.render.join import (
     merge_ca_bundles,
     render_join_fragment,
 )
+from realtools import require_tool
 
 KUBECONFIG = (
     b"apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://172.20.0.1:6443\n"
@@ -91,9 +91,7 @@ def test_merge_ca_bundles_normalises_crlf():
 
 
 def test_join_fragment_is_valid_ignition(tmp_path):
-    exe = shutil.which("ignition-validate")
-    if exe is None:
-        pytest.skip("ignition-validate not installed")
+    exe = require_tool("ignition-validate", "apt-get install ignition")
     frag = render_join_fragment(JoinInputs(KUBECONFIG, PULL, (cert(1),), kubelet_ca=cert(2)))
     path = tmp_path / "join.ign"
     path.write_text(json.dumps({"ignition": {"version": "3.2.0"}, **frag}))

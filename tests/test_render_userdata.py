@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import json
-import shutil
 import subprocess
 from urllib.parse import parse_qs, urlsplit
 
@@ -17,6 +16,7 @@ from ignition_server.render.userdata import (
     pointer_user_data,
     user_data_secret,
 )
+from realtools import require_tool
 
 CA = (
     "-----BEGIN CERTIFICATE-----\n"
@@ -27,9 +27,7 @@ TOKEN = "3f0c2a9e-6d6b-4b7e-9a53-0e0b1f9f1c2d"
 
 
 def _validate(tmp_path, config: dict | bytes) -> subprocess.CompletedProcess:
-    exe = shutil.which("ignition-validate")
-    if exe is None:
-        pytest.skip("ignition-validate not installed")
+    exe = require_tool("ignition-validate", "apt-get install ignition")
     path = tmp_path / "pointer.ign"
     path.write_bytes(config if isinstance(config, bytes) else json.dumps(config).encode())
     return subprocess.run([exe, str(path)], capture_output=True, text=True, timeout=30)

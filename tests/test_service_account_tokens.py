@@ -146,7 +146,6 @@ def test_token_secret_and_signing_key_rotations_overlap(cluster_pair) -> None:
 
 @pytest.mark.haproxy
 def test_edge_haproxy_config_follows_key_rotations(tmp_path: Path) -> None:
-    import shutil
     import ssl
     import subprocess
     import urllib.error
@@ -156,8 +155,9 @@ def test_edge_haproxy_config_follows_key_rotations(tmp_path: Path) -> None:
 
     from harness import free_port, wait_for_port
 
-    if shutil.which("haproxy") is None:
-        pytest.skip("haproxy is not installed")
+    from realtools import require_tool
+
+    require_tool("haproxy", "apt-get install haproxy")
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     source = tmp_path / "source"
     write_manifests(

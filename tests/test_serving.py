@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -264,6 +266,11 @@ def test_a_payload_the_client_cannot_read_gets_a_4xx_that_says_why(server) -> No
     wait_rendered(proc, 1)
     status, _, body = proc.get("/ignition", {**bearer("tok-k"), "Accept": "application/vnd.coreos.ignition+json;version=3.2.0"})
     assert status == 406 and b"3.3.0" in body and b"kernelArguments" in body
+    # `render --spec-version` says the same thing in the same words.
+    cli = subprocess.run(
+        [sys.executable, "-m", "ignition_server", "render", "--source", str(proc.source), "--nodepool", "clusters/kargs",
+         "--spec-version", "3.2.0"], capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 2 and f"error: {body.decode().strip()}" in cli.stderr, cli.stderr
     status, _, body = proc.get("/ignition", {**bearer("tok-k"), "Accept": "application/vnd.coreos.ignition+json;version=3.3.0, */*;q=0.1"})
     assert status == 200 and json.loads(body)["kernelArguments"]["shouldExist"] == ["nosmt"]
     # curl-like: the lowest version >= 3.2.0 that expresses the payload.

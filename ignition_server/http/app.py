@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import itertools
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from payload_cache import PayloadCache
 
 from ..auth.tokens import Grant, Refusal, TokenAuthenticator, check_nodepool, credential
 from ..metrics import ServerMetrics
-from ..render.spec import UnsatisfiableVersion, minimum_version_reason, negotiate, with_version
+from ..render.spec import UnsatisfiableVersion, negotiate, unsatisfiable_reason, with_version
 
 access_log = logging.getLogger("ignition_server.access")
 
@@ -133,12 +132,7 @@ class IgnitionHandlers:
             version = negotiate(accept, record.min_version)
         except UnsatisfiableVersion:
             # Rare and final for that node: worth saying which feature needs the newer spec.
-            feature = (await asyncio.to_thread(minimum_version_reason, json.loads(body)))[1]
-            try:
-                negotiate(accept, record.min_version, feature)
-            except UnsatisfiableVersion as exc:
-                raise Refusal(406, str(exc)) from None
-            raise
+            raise Refusal(406, await asyncio.to_thread(unsatisfiable_reason, accept, body)) from None
         return web.Response(
             body=with_version(body, version),
             headers={

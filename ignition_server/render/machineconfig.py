@@ -3,7 +3,8 @@
 Pure: YAML text in, dicts out.
 
 `merge_machineconfigs` returns a `MergedConfig(config, notes)` named tuple: `config` is the
-merged Ignition config (its `ignition.version` set to the lowest version that expresses it),
+merged Ignition config (its `ignition.version` set to the lowest version that expresses it;
+spec 2.2–2.4 configs are translated first, see `spec2`),
 `notes` says what was left out (fields of a MachineConfig that an Ignition payload cannot
 carry: `spec.extensions`, `spec.fips`, `spec.kernelType`, `spec.osImageURL`, …).
 
@@ -33,6 +34,7 @@ _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 from .inputs import InvalidConfig
 from .spec import SUPPORTED_VERSIONS, minimum_version, validate
+from .spec2 import is_spec2, translate
 
 API_VERSION = "machineconfiguration.openshift.io/v1"
 KIND = "MachineConfig"
@@ -130,6 +132,13 @@ def _check_machineconfig(where: str, obj: Any) -> dict:
         version = ign.get("version") if isinstance(ign, dict) else None
         if version is None:
             raise InvalidConfig(f"MachineConfig {name!r}: spec.config.ignition.version is missing")
+        if is_spec2(version):
+            try:
+                config = translate(config)
+            except InvalidConfig as e:
+                raise InvalidConfig(f"MachineConfig {name!r}: spec.config.{e}") from None
+            obj = {**obj, "spec": {**spec, "config": config}}
+            version = config["ignition"]["version"]
         if not isinstance(version, str) or not re.fullmatch(r"3\.\d+\.\d+", version):
             raise InvalidConfig(
                 f"MachineConfig {name!r}: spec.config.ignition.version {version!r} is not an "

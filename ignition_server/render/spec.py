@@ -349,6 +349,23 @@ def negotiate(accept: str | None, min_version: str, reason: str = "") -> str:
     return fitting[-1]
 
 
+def unsatisfiable_reason(accept: str | None, body: bytes) -> str:
+    """Why a canonical payload `body` cannot be served to a client sending `accept`, naming
+    the feature that needs the newer spec: the one message for the server's 406 and for
+    `render --spec-version`. Parses the payload, so only for the rare refusal."""
+    min_version, feature = minimum_version_reason(json.loads(body))
+    try:
+        negotiate(accept, min_version, feature)
+    except UnsatisfiableVersion as exc:
+        return str(exc)
+    raise ValueError("the payload can be served to this client")
+
+
+def accept_for(version: str) -> str:
+    """The Accept header of a client whose maximum is `version`."""
+    return f"{IGNITION_MEDIA_TYPE};version={version}"
+
+
 # ---------------------------------------------------------------------------------------------
 # validation
 
