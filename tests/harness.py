@@ -62,6 +62,19 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def wait_for(predicate: Any, timeout: float = 15.0, interval: float = 0.1, what: str = "condition") -> Any:
+    """Poll `predicate` until it returns something true, and return that (tests wait on
+    conditions, never on sleeps). Fails the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what} not met within {timeout}s")
+        time.sleep(interval)
+
+
 def wait_for_port(port: int, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness import EXAMPLE_MACHINECONFIG, ServerProcess, write_manifests
+from harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for, write_manifests
 from ignition_server.sources.manifests import build_token_secret
 
 
@@ -24,9 +24,7 @@ def test_cache_commands_on_a_served_cache(tmp_path: Path) -> None:
         namespace="ns", nodepool="ns/p", token="tok", machineconfigs_yaml=EXAMPLE_MACHINECONFIG.format(name="p"),
         generation_time=time.time()))
     proc = ServerProcess(source, tmp_path / "cache").start()
-    deadline = time.monotonic() + 15
-    while proc.metrics().get("ign_server_payload_cache_total") != 1 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_for(lambda: proc.metrics().get("ign_server_payload_cache_total") == 1, what="the payload rendered")
     assert proc.stop() == 0
     stats = json.loads(run("cache", "stats", "--cache-dir", str(tmp_path / "cache")).stdout)
     assert stats["blob_count"] == 1 and stats["renders"] == 1

@@ -322,8 +322,9 @@ import http.client  # noqa: E402
 import socket  # noqa: E402
 import ssl  # noqa: E402
 import threading  # noqa: E402
-import time  # noqa: E402
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer  # noqa: E402
+
+from harness import wait_for  # noqa: E402
 
 
 def _self_signed(tmp_path):
@@ -398,15 +399,13 @@ def _ask(port: int) -> str:
 
 
 def _wait(pred, timeout=15.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def settled() -> bool:
         try:
-            if pred():
-                return True
-        except OSError:
-            pass
-        time.sleep(0.1)
-    return False
+            return bool(pred())
+        except OSError:  # HAProxy not accepting yet, or between backends
+            return False
+
+    return wait_for(settled, timeout=timeout)
 
 
 @pytest.mark.haproxy

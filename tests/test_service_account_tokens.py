@@ -12,7 +12,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from harness import EXAMPLE_MACHINECONFIG, ServerProcess, files_in, ignition_fetch, require_ignition, write_manifests
+from harness import EXAMPLE_MACHINECONFIG, ServerProcess, files_in, ignition_fetch, require_ignition, wait_for, write_manifests
 from ignition_server.render.userdata import pointer_config
 from ignition_server.sources.manifests import build_token_secret
 from ignition_server.watch.trust import ANNOTATION_SERVICE_ACCOUNT_KEYS
@@ -65,9 +65,7 @@ def cluster_pair(tmp_path: Path):
                                machineconfigs_yaml=EXAMPLE_MACHINECONFIG.format(name=pool), generation_time=time.time()),
         )
     proc = ServerProcess(source, tmp_path / "cache", extra=["--service-account-overlap", f"{OVERLAP}s"]).start()
-    deadline = time.monotonic() + 15
-    while proc.metrics().get("ign_server_payload_cache_total") != 2 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_for(lambda: proc.metrics().get("ign_server_payload_cache_total") == 2, what="both payloads rendered")
     yield proc, key_a, key_b
     proc.kill()
 
@@ -126,20 +124,20 @@ def test_token_secret_and_signing_key_rotations_overlap(cluster_pair) -> None:
     documents = list(yaml.safe_load_all(path.read_text()))
     documents[0]["data"]["token-secret-name"] = "node-bootstrapper-token-two"
     write_manifests(path, *documents)
-    time.sleep(1.2)  # picked up by the poller
     after = legacy_jwt(key_a, "node-bootstrapper-token-two")
-    assert proc.get(f"/config/workers?token={url_token(after)}")[0] == 200
+    wait_for(lambda: proc.get(f"/config/workers?token={url_token(after)}")[0] == 200, what="the new token Secret accepted")
     assert proc.get(f"/config/workers?token={url_token(before_secret_rotation)}")[0] == 200  # inside the window
     # Signing-key rotation: the new key signs from now on; the old key's tokens stay good for the window.
     new_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     documents[0]["data"]["sa.pub"] = public_pem(new_key)
     write_manifests(path, *documents)
-    time.sleep(1.2)
-    assert proc.get(f"/config/workers?token={url_token(legacy_jwt(new_key, 'node-bootstrapper-token-two'))}")[0] == 200
+    signed_by_new_key = legacy_jwt(new_key, 'node-bootstrapper-token-two')
+    wait_for(lambda: proc.get(f"/config/workers?token={url_token(signed_by_new_key)}")[0] == 200,
+             what="the new signing key trusted")
     assert proc.get(f"/config/workers?token={url_token(after)}")[0] == 200  # old key, inside the window
-    time.sleep(OVERLAP + 0.5)
     # After the window: the old key verifies nothing (401), the old Secret's token is refused (403).
-    assert proc.get(f"/config/workers?token={url_token(after)}")[0] == 401
+    wait_for(lambda: proc.get(f"/config/workers?token={url_token(after)}")[0] == 401, timeout=OVERLAP + 15,
+             what="the old signing key dropped after the overlap")
     assert proc.get(f"/config/workers?token={url_token(legacy_jwt(new_key, 'node-bootstrapper-token-one'))}")[0] == 403
     assert proc.get(f"/config/workers?token={url_token(legacy_jwt(new_key, 'node-bootstrapper-token-two'))}")[0] == 200
 
@@ -170,9 +168,7 @@ def test_edge_haproxy_config_follows_key_rotations(tmp_path: Path) -> None:
     proc = ServerProcess(source, tmp_path / "cache", extra=[
         "--service-account-overlap", f"{OVERLAP}s", "--edge-dir", str(edge_dir), "--edge-bind", f"127.0.0.1:{edge_port}"]).start()
     config = edge_dir / "haproxy.cfg"
-    deadline = time.monotonic() + 15
-    while (not config.exists() or "jwt_verify" not in config.read_text()) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_for(lambda: config.exists() and "jwt_verify" in config.read_text(), what="the edge config")
     assert subprocess.run(["haproxy", "-c", "-f", str(config)], capture_output=True).returncode == 0
     haproxy = subprocess.Popen(["haproxy", "-db", "-f", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -201,14 +197,8 @@ def test_edge_haproxy_config_follows_key_rotations(tmp_path: Path) -> None:
             keys = len(list((edge_dir / "keys").glob("*.pem")))
             return keys == count and config.read_text().count("jwt_verify(") == count
 
-        deadline = time.monotonic() + 5
-        while not edge_holds(2) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert len(list((edge_dir / "keys").glob("*.pem"))) == 2
-        assert config.read_text().count("jwt_verify(") == 2
-        time.sleep(OVERLAP + 1.0)
-        assert len(list((edge_dir / "keys").glob("*.pem"))) == 1
-        assert config.read_text().count("jwt_verify(") == 1
+        wait_for(lambda: edge_holds(2), what="the edge trusting both keys")
+        wait_for(lambda: edge_holds(1), timeout=OVERLAP + 15, what="the edge dropping the old key after the overlap")
         haproxy.kill()  # restart with the regenerated config (a reload, for this test)
         haproxy.wait()
         haproxy = subprocess.Popen(["haproxy", "-db", "-f", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -19,6 +19,7 @@ from harness import (
     finish_fetch,
     ignition_fetch,
     require_ignition,
+    wait_for,
     write_manifests,
 )
 from ignition_server.render.userdata import pointer_config
@@ -40,16 +41,6 @@ def token_secret(pool: str, token: str, *, generation_time: float | None = None,
 
 def current_secret(path: Path) -> dict:
     return next(d for d in yaml.safe_load_all(path.read_text()) if d and d.get("kind") == "Secret")
-
-
-def wait_for(predicate, timeout: float = 15.0, interval: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout}s")
 
 
 def bearer(token: str) -> dict[str, str]:
@@ -137,7 +128,8 @@ def test_unknown_token_gets_511_and_the_client_retries_until_it_appears(server, 
     proc.start()
     pointer = pointer_config(source_url=proc.url, token="tok-late", ca_pem=proc.ca_file.read_bytes(), nodepool="clusters/late")
     client = ignition_fetch(pointer, tmp_path / "node", background=True)
-    time.sleep(3)
+    # The client keeps retrying a 511 (several answered) instead of giving up.
+    wait_for(lambda: proc.metrics().get('ign_server_responses_total{code="511"}', 0) >= 3, what="three 511s")
     assert client.poll() is None, "the client must keep retrying a 511"
     write_manifests(proc.source / "late.yaml", token_secret("late", "tok-late"))
     output, _ = client.communicate(timeout=30)
@@ -193,7 +185,7 @@ def test_restart_after_kill_serves_every_payload_before_any_render(server) -> No
         status, _, body = proc.get("/ignition", bearer(f"tok-{pool}"))
         assert status == 200, body
         assert f"/etc/{pool}.conf".encode() in body
-    time.sleep(1.5)  # the first listing has been applied by now: still nothing to render
+    wait_for(lambda: "listed " in proc.logs(), what="the first listing")  # applied: still nothing to render
     metrics = proc.metrics()
     assert metrics.get("ign_server_payload_cache_miss_total", 0) == 0
     assert metrics.get("ign_server_payload_generation_seconds_count", 0) == 0
@@ -230,6 +222,44 @@ def test_sigterm_drains_and_exits_zero(server) -> None:
     write_manifests(proc.source / "pool.yaml", token_secret("workers", "tok-t"))
     proc.start()
     assert proc.stop() == 0
+
+
+def test_a_response_in_flight_at_sigterm_completes(server) -> None:
+    import os
+    import signal
+    import socket
+
+    proc = server()
+    # A payload far larger than the socket buffers, read slowly: its response is still being
+    # written when SIGTERM arrives.
+    noise = base64.b64encode(os.urandom(6 * 1024 * 1024)).decode()
+    big = EXAMPLE_MACHINECONFIG.format(name="big").replace(
+        "source: data:,hello%20from%20big%0A", f"source: data:;base64,{noise}")
+    write_manifests(proc.source / "big.yaml", build_token_secret(
+        namespace="clusters-demo", nodepool="clusters/big", token="tok-big", machineconfigs_yaml=big,
+        generation_time=time.time()))
+    proc.start()
+    wait_rendered(proc, 1)
+    raw = socket.create_connection(("127.0.0.1", proc.port), timeout=30)
+    raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    conn = proc.ssl_context().wrap_socket(raw, server_hostname="localhost")
+    token = base64.b64encode(b"tok-big").decode()
+    conn.sendall(f"GET /ignition HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {token}\r\n"
+                 f"Connection: close\r\n\r\n".encode())
+    received = conn.recv(64 * 1024)
+    assert received.startswith(b"HTTP/1.1 200")
+    proc.proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: "draining" in proc.logs(), what="the server draining")
+    assert proc.proc.poll() is None, "exited with a response in flight"
+    chunks = [received]
+    while chunk := conn.recv(256 * 1024):
+        chunks.append(chunk)
+    conn.close()
+    head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+    assert len(body) == length and noise[-1000:].encode() in body
+    assert json.loads(body)["storage"]["files"]
+    assert proc.proc.wait(30) == 0
 
 
 def test_cache_survives_an_unreadable_source_and_holds_no_plaintext(server, tmp_path: Path) -> None:

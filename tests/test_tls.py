@@ -9,7 +9,7 @@ import ssl
 import time
 from pathlib import Path
 
-from harness import ServerProcess, write_manifests
+from harness import ServerProcess, wait_for, write_manifests
 from ignition_server.http.tls import ensure_self_signed
 from ignition_server.sources.manifests import build_token_secret
 
@@ -41,10 +41,8 @@ def test_given_certificate_is_reloaded_when_it_changes(tmp_path: Path) -> None:
             tmp = target.with_suffix(".new")
             shutil.copy(source, tmp)
             os.replace(tmp, target)
-        deadline = time.monotonic() + 15
-        while not handshake_ok(proc.port, second.ca) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert handshake_ok(proc.port, second.ca) and not handshake_ok(proc.port, first.ca)
+        wait_for(lambda: handshake_ok(proc.port, second.ca), what="the new certificate served")
+        assert not handshake_ok(proc.port, first.ca)
         assert "reloaded the serving certificate" in proc.logs()
     finally:
         proc.kill()
