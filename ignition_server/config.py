@@ -88,3 +88,8 @@ class ServeSettings:
     @property
     def rotation_interval(self) -> float:
         return self.token_ttl / 2
+
+    @property
+    def edge_token_map(self) -> Path:
+        """Hashes of the valid opaque tokens, for the edge's token check (HAProxy map)."""
+        return self.cache_dir / "edge" / "tokens.map"

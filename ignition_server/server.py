@@ -73,7 +73,7 @@ class IgnitionServer:
         )
         verifier = ServiceAccountVerifier(clock=self.clock, overlap_seconds=settings.service_account_overlap)
         ssl_context = self._tls_context()
-        outputs = TokenOutputs(source, settings.cache_dir / "edge" / "tokens.map", self._pointer_settings())
+        outputs = TokenOutputs(source, settings.edge_token_map, self._pointer_settings())
         self.reconciler = reconciler = Reconciler(
             source=source,
             cache=cache,
@@ -131,7 +131,7 @@ class IgnitionServer:
             verifier=verifier, directory=settings.edge_dir, bind=settings.edge_bind,
             backend=f"{host}:{settings.listen[1]}",
             cert_pem=self.tls_files.cert.read_bytes() + self.tls_files.key.read_bytes(),
-            ca_file=self.tls_files.ca,
+            ca_file=self.tls_files.ca, token_map=settings.edge_token_map,
         )
         return writer.keys_changed
 

@@ -48,6 +48,7 @@ _SAFE_WORD = re.compile(r"^[A-Za-z0-9._:/@%+=~\[\]-]+$")
 _SAFE_PATH = re.compile(r"^/[A-Za-z0-9._/+@=~-]*$")
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 _JWS_REGEX = "'^eyJ[A-Za-z0-9_-]+[.][A-Za-z0-9_-]+[.][A-Za-z0-9_-]+$'"
+_OPAQUE_REGEX = "'^[A-Za-z0-9._~+/=-]{1,512}$'"  # a UUID and the like: printable, no spaces
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,7 @@ def render_edge_config(
     timeout_server: str = "120s",
     timeout_connect: str = "5s",
     with_global: bool = True,
+    token_map: str | None = None,
 ) -> str:
     """A complete HAProxy config (or, with ``with_global=False``, only the frontend and
     backend sections) that forwards to ``backend_servers`` (``host:port``) only requests
@@ -134,6 +136,11 @@ def render_edge_config(
     every request must carry a JWT: HyperShift's opaque Bearer tokens would be refused, so
     leave it off when the edge also fronts the HyperShift shape on the same port).
     The first ``token`` parameter is the one checked; the server must read the same one.
+    ``token_map``: the server's map of valid opaque tokens (``<sha256 hex> <nodepool>`` per
+    line, old and new during the overlap). With it, a token that is not a JWT is looked up
+    there: found, it is forwarded; well formed but not found, ``511`` (it may be newer than
+    the map, and the client retries a 5xx); malformed, ``403``. HAProxy reads the map at
+    start: keep it current with a reload or the runtime API (``add map``/``del map``).
     """
     keys = _keys(key_files)
     if not backend_servers:
@@ -150,6 +157,8 @@ def render_edge_config(
             subs.append(sub)
     if not subs:
         raise ValueError("at least one allowed (namespace, service account) pair is needed")
+    if token_map is not None and not _SAFE_PATH.match(token_map):
+        raise ValueError(f"token map path {token_map!r} must be absolute and plain")
     if not _SAFE_NAME.match(name) or not _SAFE_NAME.match(token_param):
         raise ValueError("name and token_param must be plain identifiers")
     for p in open_paths:
@@ -197,14 +206,38 @@ def render_edge_config(
         if open_paths
         else "    # no open paths: every request needs a token",
         "    # The token: base64 of the JWT in the URL parameter (MCS / IBM shape).",
-        f"    http-request set-var(txn.jwt) url_param({token_param}),url_dec,b64dec"
+        f"    http-request set-var(txn.tok_raw) url_param({token_param}),url_dec"
         " unless { var(txn.jwt_open) -m bool }",
+        "    http-request set-var(txn.jwt) var(txn.tok_raw),b64dec if { var(txn.tok_raw) -m found }",
     ]
-    if bearer:
-        out.append(
-            "    http-request set-var(txn.jwt) http_auth_bearer,b64dec"
-            " if !{ var(txn.jwt) -m found } !{ var(txn.jwt_open) -m bool }"
+    if token_map is not None:
+        out.append(  # an opaque token travels in the URL as it is
+            f"    http-request set-var(txn.opaque) var(txn.tok_raw) if {{ var(txn.tok_raw) -m found }}"
+            f" !{{ var(txn.jwt) -m reg {_JWS_REGEX} }}"
         )
+    if bearer:
+        out += [
+            "    # Or the Bearer value (HyperShift shape): base64 of the token, JWT or opaque.",
+            "    http-request set-var(txn.bearer) http_auth_bearer,b64dec"
+            " if !{ var(txn.tok_raw) -m found } !{ var(txn.jwt_open) -m bool }",
+            f"    http-request set-var(txn.jwt) var(txn.bearer) if {{ var(txn.bearer) -m reg {_JWS_REGEX} }}",
+        ]
+        if token_map is not None:
+            out.append(
+                f"    http-request set-var(txn.opaque) var(txn.bearer) if {{ var(txn.bearer) -m found }}"
+                f" !{{ var(txn.bearer) -m reg {_JWS_REGEX} }}"
+            )
+    if token_map is not None:
+        out += [
+            "    # Opaque tokens: known (current or previous) -> forwarded; unknown -> 511, it may be",
+            "    # newer than this map and the client retries a 5xx; malformed -> 403.",
+            _refuse("token malformed", f"if {{ var(txn.opaque) -m found }} !{{ var(txn.opaque) -m reg {_OPAQUE_REGEX} }}"),
+            "    http-request set-var(txn.jwt_open) bool(true) if { var(txn.opaque) -m found }"
+            f" {{ var(txn.opaque),sha2(256),hex,lower,map({token_map}) -m found }}",
+            '    http-request return status 511 content-type "text/plain" string "token not known yet\\n"'
+            " hdr Cache-Control no-store hdr Retry-After 5"
+            " if { var(txn.opaque) -m found } !{ var(txn.jwt_open) -m bool }",
+        ]
     guard = "!{ var(txn.jwt_open) -m bool }"
     out += [
         _refuse("token missing or not base64 of a JWT",

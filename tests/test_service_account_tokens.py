@@ -209,3 +209,86 @@ def test_edge_haproxy_config_follows_key_rotations(tmp_path: Path) -> None:
         haproxy.kill()
         haproxy.wait()
         proc.kill()
+
+
+@pytest.mark.haproxy
+def test_edge_passes_every_token_the_server_accepts(tmp_path: Path) -> None:
+    """One token of each kind through the real HAProxy edge in front of the real server:
+    legacy and bound service-account JWTs (the bound one with the cluster's own issuer) and
+    opaque tokens (checked against the server's token map), both request shapes."""
+    import ssl
+    import subprocess
+    import urllib.error
+    import urllib.request
+
+    from harness import free_port, wait_for_port
+    from realtools import require_tool
+
+    haproxy_bin = require_tool("haproxy", "apt-get install haproxy")
+    issuer = "https://oidc.example.com/clusters-a"
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    keys = keys_configmap("clusters-a", key, "node-bootstrapper-token-one")
+    keys["data"]["issuer"] = issuer
+    del keys["data"]["token-secret-name"]  # bound tokens name no Secret
+    source = tmp_path / "source"
+    write_manifests(
+        source / "a.yaml", keys,
+        build_token_secret(namespace="clusters-a", nodepool="clusters/workers", token="opaque-0c9d8e7f",
+                           machineconfigs_yaml=EXAMPLE_MACHINECONFIG.format(name="workers"), generation_time=time.time()),
+    )
+    edge_dir, edge_port = tmp_path / "edge", free_port()
+    proc = ServerProcess(source, tmp_path / "cache", extra=[
+        "--edge-dir", str(edge_dir), "--edge-bind", f"127.0.0.1:{edge_port}"]).start()
+    config = edge_dir / "haproxy.cfg"
+    token_map = proc.cache_dir / "edge" / "tokens.map"
+    wait_for(lambda: config.exists() and issuer in config.read_text(), what="the edge config with the cluster's issuer")
+    wait_for(lambda: token_map.exists() and b"clusters/workers" in token_map.read_bytes(), what="the token map")
+    check = subprocess.run([haproxy_bin, "-c", "-f", str(config)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    haproxy = subprocess.Popen([haproxy_bin, "-db", "-f", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    context = ssl.create_default_context(cafile=str(proc.ca_file))
+
+    def via_edge(path: str, headers: dict[str, str] | None = None) -> int:
+        request = urllib.request.Request(f"https://127.0.0.1:{edge_port}{path}", headers=headers or {})
+        try:
+            with urllib.request.urlopen(request, context=context, timeout=10) as response:
+                return response.status
+        except urllib.error.HTTPError as error:
+            return error.code
+
+    def served() -> float:
+        return proc.metrics().get('ign_server_get_request{nodePool="clusters/workers"}', 0.0)
+
+    def bearer(token: str) -> dict[str, str]:
+        return {"Authorization": "Bearer " + base64.b64encode(token.encode()).decode()}
+
+    now = int(time.time())
+    bound = pyjwt.encode({
+        "iss": issuer, "sub": "system:serviceaccount:openshift-machine-config-operator:node-bootstrapper",
+        "aud": ["https://kubernetes.default.svc"], "iat": now - 60, "nbf": now - 60, "exp": now + 3600,
+        "kubernetes.io": {"namespace": "openshift-machine-config-operator",
+                          "serviceaccount": {"name": "node-bootstrapper", "uid": "0b8e1b5c-1c43-4c6e-a5b1-2b1f0e9f7c11"}},
+    }, key, algorithm="RS256")
+    try:
+        wait_for_port(edge_port)
+        accepted = {
+            "legacy JWT": ("/config/workers?token=" + url_token(legacy_jwt(key, "node-bootstrapper-token-one")), {}),
+            "bound JWT, the cluster's issuer": ("/config/workers?token=" + url_token(bound), {}),
+            "opaque token in the URL": ("/config/workers?token=opaque-0c9d8e7f", {}),
+            "opaque token as Bearer": ("/ignition", bearer("opaque-0c9d8e7f")),
+        }
+        for name, (path, headers) in accepted.items():
+            before = served()
+            assert via_edge(path, headers) == 200, name
+            assert served() == before + 1, name  # served by the server behind the edge
+        before = served()
+        # Unknown but well formed: maybe newer than the map, so a 5xx the client retries.
+        assert via_edge("/config/workers?token=opaque-forged-1234") == 511
+        assert via_edge("/ignition", bearer("opaque-forged-1234")) == 511
+        assert via_edge("/config/workers?token=bad%20token%0A") == 403  # malformed: never good
+        assert served() == before  # none of them reached the server
+        assert proc.metrics().get('ign_server_responses_total{code="511"}', 0.0) == 0
+    finally:
+        haproxy.kill()
+        haproxy.wait()
+        proc.kill()

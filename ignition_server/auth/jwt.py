@@ -481,6 +481,12 @@ class ServiceAccountVerifier:
                 return []
             return list(st.keys.values()) + [k for k, until in st.retired_keys.values() if until > now]
 
+    def issuers(self, cluster: str) -> frozenset[str]:
+        """The bound-token issuers of `cluster` (legacy tokens are always LEGACY_ISSUER's)."""
+        with self._lock:
+            st = self._clusters.get(cluster)
+            return st.issuers if st is not None else frozenset()
+
     def next_expiry(self, cluster: str) -> float | None:
         """Earliest end of an overlap window (key or token Secret) of the cluster: when the
         edge config should be re-rendered."""
