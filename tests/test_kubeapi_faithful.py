@@ -1,0 +1,143 @@
+"""The test API server is faithful: the real kubectl and kubernetes-asyncio, which no one here
+wrote, work against it as against a real API server, and meet its strictness (409, 410, 404)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from kubernetes_asyncio import client, config, watch
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from harness import wait_for
+from kubeapi import KubeAPI
+from realtools import require_tool
+
+SECRET = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s1", "namespace": "ns1"}, "data": {"a": "YQ=="}}
+
+
+@pytest.fixture
+def api(tmp_path: Path):
+    with KubeAPI(tmp_path / "kubeapi", bookmark_interval=0.2) as server:
+        yield server
+
+
+@pytest.fixture
+def kubectl(api: KubeAPI):
+    binary = require_tool("kubectl", "apt-get install kubernetes-client")
+
+    def run(*args: str, stdin: str | None = None, ok: bool = True) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run([binary, "--kubeconfig", str(api.kubeconfig), *args], input=stdin,
+                                capture_output=True, text=True, timeout=60)
+        if ok:
+            assert result.returncode == 0, result.stdout + result.stderr
+        return result
+
+    return run
+
+
+def test_kubectl_get_apply_patch_delete(api: KubeAPI, kubectl) -> None:
+    api.create(SECRET)
+    assert "s1" in kubectl("get", "secrets", "-A").stdout
+    shown = json.loads(kubectl("get", "secret", "s1", "-n", "ns1", "-o", "json").stdout)
+    assert shown["data"] == {"a": "YQ=="} and shown["metadata"]["resourceVersion"]
+    kubectl("patch", "secret", "s1", "-n", "ns1", "--type", "merge", "-p", '{"data":{"b":"Yg=="}}')
+    kubectl("patch", "secret", "s1", "-n", "ns1", "-p", '{"data":{"c":"Yw=="}}')  # strategic, kubectl's default
+    kubectl("patch", "secret", "s1", "-n", "ns1", "--type", "json", "-p", '[{"op":"remove","path":"/data/a"}]')
+    assert api.get("secrets", "ns1", "s1")["data"] == {"b": "Yg==", "c": "Yw=="}
+    # A failed JSON-patch test leaves the object as it was.
+    assert kubectl("patch", "secret", "s1", "-n", "ns1", "--type", "json", "-p",
+                   '[{"op":"test","path":"/data/b","value":"x"},{"op":"remove","path":"/data/b"}]', ok=False).returncode != 0
+    assert "b" in api.get("secrets", "ns1", "s1")["data"]
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm", "namespace": "ns1"}, "data": {"x": "1"}}
+    # Client-side validation needs the OpenAPI document, which this server does not serve.
+    kubectl("apply", "--validate=false", "-f", "-", stdin=json.dumps(cm))
+    kubectl("apply", "--validate=false", "-f", "-", stdin=json.dumps({**cm, "data": {"x": "2"}}))
+    assert kubectl("get", "cm", "cm", "-n", "ns1", "-o", "jsonpath={.data.x}").stdout == "2"
+    kubectl("delete", "secret", "s1", "-n", "ns1")
+    missing = kubectl("get", "secret", "s1", "-n", "ns1", ok=False)
+    assert missing.returncode != 0 and 'secrets "s1" not found' in missing.stderr
+    assert kubectl("get", "secret", "x", "-n", "no-such-ns", ok=False).returncode != 0
+
+
+def test_kubectl_replace_with_a_stale_version_conflicts(api: KubeAPI, kubectl, tmp_path: Path) -> None:
+    api.create(SECRET)
+    stale = json.loads(kubectl("get", "secret", "s1", "-n", "ns1", "-o", "json").stdout)
+    api.patch("secrets", "ns1", "s1", {"data": {"meanwhile": "eA=="}})
+    stale["data"]["mine"] = "eQ=="
+    path = tmp_path / "stale.json"
+    path.write_text(json.dumps(stale))
+    result = kubectl("replace", "--validate=false", "-f", str(path), ok=False)
+    assert result.returncode != 0 and "the object has been modified" in result.stderr
+    assert "mine" not in api.get("secrets", "ns1", "s1")["data"]
+
+
+def test_kubectl_watch_sees_a_change(api: KubeAPI, kubectl) -> None:
+    api.create(SECRET)
+    binary = require_tool("kubectl", "apt-get install kubernetes-client")
+    proc = subprocess.Popen([binary, "--kubeconfig", str(api.kubeconfig), "get", "secrets", "-n", "ns1", "--watch",
+                             "-o", "name"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "secret/s1"  # the listing
+        api.create({**SECRET, "metadata": {"name": "s2", "namespace": "ns1"}})
+        assert proc.stdout.readline().strip() == "secret/s2"  # the watch
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_unauthenticated_requests_are_refused(api: KubeAPI, tmp_path: Path) -> None:
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    context = ssl.create_default_context(cafile=str(api.tls.ca))
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"{api.url}/api/v1/secrets", context=context, timeout=10)
+    assert refused.value.code == 401
+
+
+async def _core(api: KubeAPI) -> tuple[client.ApiClient, client.CoreV1Api]:
+    configuration = client.Configuration()
+    await config.load_kube_config(config_file=str(api.kubeconfig), client_configuration=configuration)
+    api_client = client.ApiClient(configuration)
+    return api_client, client.CoreV1Api(api_client)
+
+
+async def test_kubernetes_asyncio_list_watch_bookmark_gone_conflict(api: KubeAPI) -> None:
+    api.create(SECRET)
+    api_client, core = await _core(api)
+    async with api_client:
+        listed = await core.list_secret_for_all_namespaces()
+        assert [s.metadata.name for s in listed.items] == ["s1"] and listed.metadata.resource_version
+        api.create({**SECRET, "metadata": {"name": "s2", "namespace": "ns1"}})
+        seen = []
+        stream = watch.Watch()
+        async for event in stream.stream(core.list_secret_for_all_namespaces, resource_version=listed.metadata.resource_version,
+                                         allow_watch_bookmarks=True, timeout_seconds=5):
+            seen.append((event["type"], event["raw_object"]["metadata"].get("name")))
+            if event["type"] == "BOOKMARK":
+                break
+        stream.stop()
+        assert seen[0] == ("ADDED", "s2") and seen[-1][0] == "BOOKMARK"
+        # A compacted version: the watch answers 410 Gone, and the client must list again.
+        api.compact()
+        api.create({**SECRET, "metadata": {"name": "s3", "namespace": "ns1"}})
+        with pytest.raises(ApiException) as gone:
+            async for _event in watch.Watch().stream(core.list_secret_for_all_namespaces,
+                                                     resource_version=listed.metadata.resource_version, timeout_seconds=5):
+                pass
+        assert gone.value.status == 410
+        # A patch whose resourceVersion is stale: 409.
+        current = await core.read_namespaced_secret("s1", "ns1")
+        api.patch("secrets", "ns1", "s1", {"data": {"b": "Yg=="}})
+        with pytest.raises(ApiException) as conflict:
+            await core.patch_namespaced_secret("s1", "ns1", {"metadata": {"resourceVersion": current.metadata.resource_version},
+                                                             "data": {"c": "Yw=="}})
+        assert conflict.value.status == 409
+        with pytest.raises(ApiException) as missing:
+            await core.read_namespaced_secret("nope", "ns1")
+        assert missing.value.status == 404
+    wait_for(lambda: api.server.live_watches == 0, what="watches closed")
