@@ -1,0 +1,35 @@
+"""Payload bodies kept ready to send, per (blob, spec version): the hot path's last step.
+
+Serving a payload at a version other than the one it was stored at splices a new ~300 KiB
+bytes object (render.spec.with_version); per request that copy was a quarter of the serving
+CPU in keep-alive (py-spy, bench compare). A booting fleet asks the same few NodePools at the
+same version over and over, so the spliced body is kept, bounded by bytes. Blob ids are
+content hashes, so an entry can never go stale: a re-render is a new blob id.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from cachetools import LRUCache
+
+from ..render.spec import with_version
+
+DEFAULT_READY_BYTES = 16 * 1024 * 1024
+
+
+class ReadyBodies:
+    """An LRU of response bodies keyed by (blob id, version); used from the event loop only."""
+
+    def __init__(self, max_bytes: int = DEFAULT_READY_BYTES) -> None:
+        self._bodies: LRUCache[tuple[str, str], bytes] = LRUCache(maxsize=max(max_bytes, 1), getsizeof=len)
+
+    def get(self, blob_id: str, version: str) -> bytes | None:
+        return self._bodies.get((blob_id, version))
+
+    def make(self, blob_id: str, version: str, body: bytes, rewrite: Callable[[bytes, str], bytes] = with_version) -> bytes:
+        """`body` at `version`, kept for the next request (a body larger than the bound is not kept)."""
+        ready = rewrite(body, version)
+        if len(ready) <= self._bodies.maxsize:
+            self._bodies[(blob_id, version)] = ready
+        return ready
