@@ -73,7 +73,9 @@ async def test_a_payload_is_kept_ready_per_version_and_a_new_render_replaces_it(
         response = await client.get("/ignition", headers={**bearer, "Accept": accept})
         assert response.status == 200
         assert response.headers["Content-Type"].endswith(f"version={version}")
-        return json.loads(await response.read())
+        body = await response.read()  # written in pieces: one Content-Length, the whole body
+        assert int(response.headers["Content-Length"]) == len(body)
+        return json.loads(body)
 
     for version in ("3.4.0", "3.3.0", "3.4.0", "3.3.0"):
         assert (await fetch(version))["ignition"]["version"] == version

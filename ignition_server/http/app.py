@@ -22,7 +22,7 @@ from payload_cache import PayloadCache
 from ..auth.tokens import Grant, Refusal, TokenAuthenticator, check_nodepool, credential
 from ..metrics import ServerMetrics
 from ..render.spec import UnsatisfiableVersion, minimum_version_reason, negotiate
-from .ready import ReadyBodies
+from .ready import PiecewiseBody, ReadyBodies
 
 access_log = logging.getLogger("ignition_server.access")
 
@@ -157,9 +157,10 @@ class IgnitionHandlers:
 
 
 def _payload_response(body: bytes, version: str) -> web.Response:
+    content_type = f"{IGNITION_MEDIA_TYPE};version={version}"
     return web.Response(
-        body=body,
-        headers={"Content-Type": f"{IGNITION_MEDIA_TYPE};version={version}", "Cache-Control": "no-store"},
+        body=PiecewiseBody(body, content_type=content_type),
+        headers={"Content-Type": content_type, "Cache-Control": "no-store"},
     )
 
 

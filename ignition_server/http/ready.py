@@ -9,13 +9,21 @@ content hashes, so an entry can never go stale: a re-render is a new blob id.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
+from aiohttp.abc import AbstractStreamWriter
+from aiohttp.payload import BytesPayload
 from cachetools import LRUCache
 
 from ..render.spec import with_version
 
 DEFAULT_READY_BYTES = 16 * 1024 * 1024
+# Below the allocator's fixed mmap threshold (memory.MMAP_THRESHOLD, 128 KiB): every buffer a
+# response makes on its way out (headers joined to the first piece, the TLS records read back
+# from the SSL memory BIO) stays a heap allocation. Handed over whole, a ~300 KiB body made
+# each of those an mmap + munmap with fresh zeroed pages: keep-alive served ~1,000 req/s per
+# core that way, ~2,300 with the same buffers from the heap (one process, same run).
+WRITE_PIECE = 64 * 1024
 
 
 class ReadyBodies:
@@ -33,3 +41,20 @@ class ReadyBodies:
         if len(ready) <= self._bodies.maxsize:
             self._bodies[(blob_id, version)] = ready
         return ready
+
+
+class PiecewiseBody(BytesPayload):
+    """A bytes body that aiohttp writes in WRITE_PIECE slices (views, no copies)."""
+
+    def __init__(self, value: bytes, **kwargs: Any) -> None:
+        super().__init__(value, **kwargs)
+
+    async def write(self, writer: AbstractStreamWriter) -> None:
+        await self.write_with_length(writer, None)
+
+    async def write_with_length(self, writer: AbstractStreamWriter, content_length: int | None) -> None:
+        view = memoryview(self._value)
+        if content_length is not None:
+            view = view[:content_length]
+        for start in range(0, len(view), WRITE_PIECE):
+            await writer.write(view[start:start + WRITE_PIECE])
