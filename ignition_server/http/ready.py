@@ -17,7 +17,9 @@ from cachetools import LRUCache
 
 from ..render.spec import with_version
 
-DEFAULT_READY_BYTES = 16 * 1024 * 1024
+# Bounded apart from the memory tier (--cache-memory): ~27 bodies of ~300 KiB, the NodePools a
+# storm is hitting now, and 8 MiB at most on top of the RSS target.
+DEFAULT_READY_BYTES = 8 * 1024 * 1024
 # Below the allocator's fixed mmap threshold (memory.MMAP_THRESHOLD, 128 KiB): every buffer a
 # response makes on its way out (headers joined to the first piece, the TLS records read back
 # from the SSL memory BIO) stays a heap allocation. Handed over whole, a ~300 KiB body made
