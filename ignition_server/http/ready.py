@@ -9,7 +9,7 @@ content hashes, so an entry can never go stale: a re-render is a new blob id.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 from aiohttp.abc import AbstractStreamWriter
 from aiohttp.payload import BytesPayload
@@ -47,9 +47,6 @@ class ReadyBodies:
 
 class PiecewiseBody(BytesPayload):
     """A bytes body that aiohttp writes in WRITE_PIECE slices (views, no copies)."""
-
-    def __init__(self, value: bytes, **kwargs: Any) -> None:
-        super().__init__(value, **kwargs)
 
     async def write(self, writer: AbstractStreamWriter) -> None:
         await self.write_with_length(writer, None)
