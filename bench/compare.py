@@ -1,12 +1,12 @@
 """This server against nginx and bare aiohttp, in one run: `python -m bench compare`.
 
-    python -m bench compare [--seconds 8] [--rounds 2] [--connections 32] [--server-args '...']
+    python -m bench compare [--seconds 8] [--rounds 2] [--connections 32] [--processes 2] [--server-args '...']
 
 Targets, each started, measured and stopped in turn, interleaved over `--rounds` rounds:
   server  `ignition-server serve` on a one-NodePool fleet (~293 KiB payload), real auth headers
-  nginx   Debian nginx, 2 workers, the same payload bytes as a static file, the same certificate,
+  nginx   Debian nginx, 2 workers (--processes), the same payload bytes as a static file, the same certificate,
           `ssl_session_tickets off; ssl_session_cache off;`
-  bare    bare aiohttp + uvloop, two processes on one port (SO_REUSEPORT), no auth (bench/bare.py)
+  bare    bare aiohttp + uvloop, two processes (--processes) on one port (SO_REUSEPORT), no auth (bench/bare.py)
 Modes: `storm` (a new TLS connection per request, full handshake, `Connection: close`, as a
 booting node) and `keepalive`.
 
@@ -87,6 +87,8 @@ class Setup:
     server_args: list[str]
     source: Path
     cache_dir: Path
+    bare_processes: int = 2
+    nginx_workers: int = 2
 
 
 def nginx_conf(setup: Setup, port: int) -> Path:
@@ -94,7 +96,7 @@ def nginx_conf(setup: Setup, port: int) -> Path:
     (root / "logs").mkdir(parents=True, exist_ok=True)
     user = "user root;\n" if os.geteuid() == 0 else ""  # workers must read the payload file
     conf = root / "nginx.conf"
-    conf.write_text(f"""{user}worker_processes 2;
+    conf.write_text(f"""{user}worker_processes {setup.nginx_workers};
 pid {root}/nginx.pid;
 error_log {root}/logs/error.log warn;
 events {{ worker_connections 4096; }}
@@ -165,7 +167,7 @@ def make_targets(setup: Setup) -> dict[str, Any]:
         argv = [sys.executable, "-m", "bench.bare", "--port", str(port), "--cert", str(setup.cert),
                 "--key", str(setup.key), "--payload", str(setup.payload)]
         return [subprocess.Popen(argv, cwd=_REPO, stdout=subprocess.DEVNULL, stderr=open(logs / "bare.log", "ab"))
-                for _ in range(2)]
+                for _ in range(setup.bare_processes)]
 
     server = ServerProcess(source=setup.source, cache_dir=setup.cache_dir, extra=setup.server_args)
 
@@ -315,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--connections", type=int, default=32, help="connections in flight")
     parser.add_argument("--payload-kib", type=int, default=290, help="fleet payload size (KiB asked of bench.fleet)")
+    parser.add_argument("--processes", type=int, default=2,
+                        help="nginx workers and bare aiohttp processes (1: a per-process comparison with a one-process server)")
     parser.add_argument("--verify", action="store_true",
                         help="the client verifies the certificate (costs it an ECDSA verify per handshake)")
     parser.add_argument("--server-args", default="", help="more `serve` flags, e.g. '--workers 2'")
@@ -329,7 +333,9 @@ def main(argv: list[str] | None = None) -> int:
     args.results.mkdir(parents=True, exist_ok=True)
     client = build_client(args.work)
     setup = prepare(args.work, args.payload_kib, shlex.split(args.server_args))
-    say(f"payload {setup.payload.stat().st_size / 1024:.0f} KiB; {args.connections} connections, {args.seconds:.0f} s "
+    setup.bare_processes, setup.nginx_workers = args.processes, args.processes
+    say(f"payload {setup.payload.stat().st_size / 1024:.0f} KiB; nginx and bare aiohttp with {args.processes} processes; "
+        f"{args.connections} connections, {args.seconds:.0f} s "
         f"per target and mode, {args.rounds} rounds; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     runs = measure(setup, client, args)
     best = summarise(runs)
@@ -339,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "load_average": os.getloadavg(),
                "cpus": len(os.sched_getaffinity(0)), "payload_bytes": setup.payload.stat().st_size,
                "connections": args.connections, "seconds": args.seconds, "rounds": args.rounds,
-               "server_args": args.server_args, "best": best, "runs": runs}
+               "server_args": args.server_args, "processes": args.processes, "best": best, "runs": runs}
     (args.results / "latest.json").write_text(json.dumps(summary, indent=1) + "\n")
     plot(runs, best, args.results / "latest.png", [])
     for mode in MODES:
