@@ -59,3 +59,29 @@ async def test_not_ready_is_503_and_head_is_allowed(tmp_path: Path, aiohttp_clie
     assert (await client.head("/ignition", headers=headers)).status == 200
     assert (await client.put("/ignition", headers=headers)).status == 405
     handlers.close()
+
+
+async def test_a_payload_is_kept_ready_per_version_and_a_new_render_replaces_it(tmp_path: Path, aiohttp_client) -> None:
+    cache = served_cache(tmp_path)  # no memory tier: a body not kept ready costs a disk read
+    handlers = IgnitionHandlers(cache=cache, authenticator=TokenAuthenticator(cache), metrics=ServerMetrics(),
+                                state=ServingState(ready=True))
+    client = await aiohttp_client(build_app(handlers))
+    bearer = {"Authorization": "Bearer " + base64.b64encode(b"tok").decode()}
+
+    async def fetch(version: str) -> dict:
+        accept = f"application/vnd.coreos.ignition+json;version={version}"
+        response = await client.get("/ignition", headers={**bearer, "Accept": accept})
+        assert response.status == 200
+        assert response.headers["Content-Type"].endswith(f"version={version}")
+        body = await response.read()  # written in pieces: one Content-Length, the whole body
+        assert int(response.headers["Content-Length"]) == len(body)
+        return json.loads(body)
+
+    for version in ("3.4.0", "3.3.0", "3.4.0", "3.3.0"):
+        assert (await fetch(version))["ignition"]["version"] == version
+    assert cache.stats().disk_hits == 2  # one read per version; the repeats were sent as kept
+    # A re-render is a new blob: served at once, never the body kept for the old one.
+    config = {"ignition": {"version": "3.2.0"}, "storage": {"files": [{"path": "/etc/new", "contents": {"source": "data:,"}}]}}
+    cache.put_render(RenderRecord("ns/token-p", "clusters/p", "digest2", cache.put_blob(encode(config, "3.2.0")), "3.2.0", 0.0))
+    assert [f["path"] for f in (await fetch("3.4.0"))["storage"]["files"]] == ["/etc/new"]
+    handlers.close()

@@ -20,7 +20,8 @@ from payload_cache import PayloadCache
 
 from ..auth.tokens import Grant, Refusal, TokenAuthenticator, check_nodepool, credential
 from ..metrics import ServerMetrics
-from ..render.spec import UnsatisfiableVersion, negotiate, unsatisfiable_reason, with_version
+from ..render.spec import UnsatisfiableVersion, negotiate, unsatisfiable_reason
+from .ready import PiecewiseBody, ReadyBodies
 
 access_log = logging.getLogger("ignition_server.access")
 
@@ -57,6 +58,7 @@ class IgnitionHandlers:
         self._max_in_flight = max_in_flight
         self._in_flight = 0  # payload requests being answered now (one event loop: no lock)
         self._ids = itertools.count(1)
+        self._ready = ReadyBodies()
         # Payload reads get threads of their own: behind renders, listings and write-backs
         # in the shared default pool, a disk read would wait for background work.
         self._readers = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="payload-read")
@@ -120,6 +122,14 @@ class IgnitionHandlers:
         record = self._cache.get_render(grant.secret)
         if record is None:
             raise Refusal(503, "payload is still rendering", retry_after=5)
+        accept = request.headers.get("Accept")
+        try:
+            version: str | None = negotiate(accept, record.min_version)
+        except UnsatisfiableVersion:
+            version = None  # answered below, where the body says which feature needs the newer spec
+        ready = self._ready.get(record.blob_id, version) if version is not None else None
+        if ready is not None and version is not None:
+            return _payload_response(ready, version)
         body = self._cache.get_blob_from_memory(record.blob_id)
         if body is None:
             body = await asyncio.get_running_loop().run_in_executor(self._readers, self._cache.get_blob, record.blob_id)
@@ -127,19 +137,10 @@ class IgnitionHandlers:
             # Lost or failed its integrity check (quarantined): have the watcher re-render it.
             self._on_missing(grant.secret)
             raise Refusal(503, "payload is being rebuilt", retry_after=5)
-        accept = request.headers.get("Accept")
-        try:
-            version = negotiate(accept, record.min_version)
-        except UnsatisfiableVersion:
+        if version is None:
             # Rare and final for that node: worth saying which feature needs the newer spec.
             raise Refusal(406, await asyncio.to_thread(unsatisfiable_reason, accept, body)) from None
-        return web.Response(
-            body=with_version(body, version),
-            headers={
-                "Content-Type": f"{IGNITION_MEDIA_TYPE};version={version}",
-                "Cache-Control": "no-store",
-            },
-        )
+        return _payload_response(self._ready.make(record.blob_id, version, body), version)
 
     async def healthz(self, _request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
@@ -148,6 +149,14 @@ class IgnitionHandlers:
         if self._state.ready and not self._state.draining:
             return web.Response(text="ready\n")
         return web.Response(status=503, text="not ready\n", headers={"Retry-After": "1"})
+
+
+def _payload_response(body: bytes, version: str) -> web.Response:
+    content_type = f"{IGNITION_MEDIA_TYPE};version={version}"
+    return web.Response(
+        body=PiecewiseBody(body, content_type=content_type),
+        headers={"Content-Type": content_type, "Cache-Control": "no-store"},
+    )
 
 
 def _refusal_response(refusal: Refusal) -> web.Response:

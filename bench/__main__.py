@@ -1,0 +1,28 @@
+"""`python -m bench <command> [flags]`: one entry point for the benchmarks.
+
+  compare   this server against nginx and bare aiohttp, both modes, one run (bench/compare.py)
+  run       restart scenarios: cold, warm, memory, crash (bench/run.py)
+  fleet     generate a fleet of token Secrets (bench/fleet.py)
+  rerender  serving while NodePools re-render (bench/rerender.py)
+"""
+
+from __future__ import annotations
+
+import importlib
+import signal
+import sys
+
+COMMANDS = {"compare": "bench.compare", "run": "bench.run", "fleet": "bench.fleet", "rerender": "bench.rerender"}
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in COMMANDS:
+        print(__doc__, file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[argv[0]])
+    return int(module.main(argv[1:]) or 0)
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,359 @@
+"""This server against nginx and bare aiohttp, in one run: `python -m bench compare`.
+
+    python -m bench compare [--seconds 8] [--rounds 2] [--connections 32] [--processes 2] [--server-args '...']
+
+Targets, each started, measured and stopped in turn, interleaved over `--rounds` rounds:
+  server  `ignition-server serve` on a one-NodePool fleet (~293 KiB payload), real auth headers
+  nginx   Debian nginx, 2 workers (--processes), the same payload bytes as a static file, the same certificate,
+          `ssl_session_tickets off; ssl_session_cache off;`
+  bare    bare aiohttp + uvloop, two processes (--processes) on one port (SO_REUSEPORT), no auth (bench/bare.py)
+Modes: `storm` (a new TLS connection per request, full handshake, `Connection: close`, as a
+booting node) and `keepalive`.
+
+The load client is bench/loadclient.c (compiled here with gcc and OpenSSL): it never resumes a
+TLS session (it reports any resumed handshake, which must be 0) and prints its own CPU use, so
+the run shows whether the client was the bottleneck. Figures are best of the rounds; absolute
+req/s depend on what else the two cores run, the ratios within one run are what to read.
+Writes bench/results/latest.json and bench/results/latest.png; the last line prints the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+_REPO = Path(__file__).resolve().parents[1]
+if str(_REPO) not in sys.path:  # tests/ is not an installed package
+    sys.path.insert(0, str(_REPO))
+
+from tests.harness import ServerProcess, free_port, wait_for_port  # noqa: E402
+
+from . import fleet as fleetgen  # noqa: E402
+
+ACCEPT = "application/vnd.coreos.ignition+json;version=3.4.0, */*;q=0.1"
+RESULTS = _REPO / "bench" / "results"
+MODES = ("storm", "keepalive")
+TARGETS = ("nginx", "bare", "server")
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+# -- the load client ----------------------------------------------------------------------
+
+
+def build_client(work: Path) -> Path:
+    source = Path(__file__).with_name("loadclient.c")
+    binary = work / "loadclient"
+    if not binary.exists() or binary.stat().st_mtime < source.stat().st_mtime:
+        if shutil.which("gcc") is None:
+            raise SystemExit("gcc is needed to build the load client (apt-get install gcc libssl-dev)")
+        subprocess.run(["gcc", "-O2", "-pthread", "-o", str(binary), str(source), "-lssl", "-lcrypto"], check=True)
+    return binary
+
+
+def run_client(binary: Path, port: int, ca: Path | None, seconds: float, connections: int, mode: str,
+               headers: list[str]) -> dict[str, Any]:
+    argv = [str(binary), "127.0.0.1", str(port), str(ca) if ca else "-", str(seconds), str(connections),
+            "close" if mode == "storm" else "keepalive", "/ignition", *headers]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 120, check=True)
+    return json.loads(done.stdout)
+
+
+# -- targets --------------------------------------------------------------------------------
+
+
+@dataclass
+class Setup:
+    work: Path
+    payload: Path  # the exact bytes this server answers, for nginx and bare aiohttp
+    cert: Path
+    key: Path
+    ca: Path
+    headers: list[str]
+    server_args: list[str]
+    source: Path
+    cache_dir: Path
+    bare_processes: int = 2
+    nginx_workers: int = 2
+
+
+def nginx_conf(setup: Setup, port: int) -> Path:
+    root = setup.work / "nginx"
+    (root / "logs").mkdir(parents=True, exist_ok=True)
+    user = "user root;\n" if os.geteuid() == 0 else ""  # workers must read the payload file
+    conf = root / "nginx.conf"
+    conf.write_text(f"""{user}worker_processes {setup.nginx_workers};
+pid {root}/nginx.pid;
+error_log {root}/logs/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    client_body_temp_path {root}/tmp_body;
+    proxy_temp_path {root}/tmp_proxy;
+    fastcgi_temp_path {root}/tmp_fastcgi;
+    uwsgi_temp_path {root}/tmp_uwsgi;
+    scgi_temp_path {root}/tmp_scgi;
+    keepalive_requests 1000000;
+    server {{
+        listen 127.0.0.1:{port} ssl;
+        ssl_certificate {setup.cert};
+        ssl_certificate_key {setup.key};
+        ssl_protocols TLSv1.2 TLSv1.3;
+        ssl_session_tickets off;
+        ssl_session_cache off;
+        location = /ignition {{
+            default_type application/json;
+            add_header Cache-Control no-store;
+            alias {setup.payload};
+        }}
+    }}
+}}
+""")
+    return conf
+
+
+class Target:
+    """A server under test: start() returns when it accepts connections; stop() ends it."""
+
+    def __init__(self, name: str, start: Callable[[int], list[subprocess.Popen[bytes]]]) -> None:
+        self.name = name
+        self._start = start
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.port = 0
+
+    def start(self) -> int:
+        self.port = free_port()
+        self.procs = self._start(self.port)
+        wait_for_port(self.port, timeout=60)
+        return self.port
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.procs = []
+
+
+def make_targets(setup: Setup) -> dict[str, Any]:
+    logs = setup.work / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+
+    def nginx(port: int) -> list[subprocess.Popen[bytes]]:
+        conf = nginx_conf(setup, port)
+        return [subprocess.Popen(["nginx", "-p", str(conf.parent), "-c", str(conf), "-g", "daemon off;"],
+                                 stdout=subprocess.DEVNULL, stderr=open(logs / "nginx.log", "ab"))]
+
+    def bare(port: int) -> list[subprocess.Popen[bytes]]:
+        argv = [sys.executable, "-m", "bench.bare", "--port", str(port), "--cert", str(setup.cert),
+                "--key", str(setup.key), "--payload", str(setup.payload)]
+        return [subprocess.Popen(argv, cwd=_REPO, stdout=subprocess.DEVNULL, stderr=open(logs / "bare.log", "ab"))
+                for _ in range(setup.bare_processes)]
+
+    server = ServerProcess(source=setup.source, cache_dir=setup.cache_dir, extra=setup.server_args)
+
+    def ours(port: int) -> list[subprocess.Popen[bytes]]:
+        server.port = port
+        server.start(wait=True)
+        assert server.proc is not None
+        return [server.proc]
+
+    return {"nginx": Target("nginx", nginx), "bare": Target("bare", bare), "server": Target("server", ours)}
+
+
+# -- set-up ---------------------------------------------------------------------------------
+
+
+def prepare(work: Path, payload_kib: int, server_args: list[str]) -> Setup:
+    shutil.rmtree(work / "fleet", ignore_errors=True)
+    meta = fleetgen.generate(work / "fleet", 1, 1, payload_kib, progress=False)
+    nodepool, token = next(iter(meta["tokens"].items()))
+    cache_dir = work / "cache"
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    Path(str(cache_dir) + ".key").unlink(missing_ok=True)
+    headers = [f"Authorization: Bearer {base64.b64encode(token.encode()).decode()}", f"NodePool: {nodepool}",
+               f"Accept: {ACCEPT}"]
+    server = ServerProcess(source=Path(meta["source"]), cache_dir=cache_dir, extra=server_args)
+    server.start(wait=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # the first start renders; wait for the payload
+            status, _, body = server.get("/ignition", headers=dict(h.split(": ", 1) for h in headers))
+            if status == 200:
+                break
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the server never served the payload (last status {status})")
+            time.sleep(0.2)
+    finally:
+        server.stop()
+    payload = work / "payload.json"
+    payload.write_bytes(body)
+    tls = cache_dir / "tls"
+    return Setup(work=work, payload=payload, cert=tls / "serving.crt", key=tls / "serving.key", ca=tls / "ca.crt",
+                 headers=headers, server_args=server_args, source=Path(meta["source"]), cache_dir=cache_dir)
+
+
+def cpu_seconds_tree(procs: list[subprocess.Popen[bytes]]) -> float:
+    """CPU seconds of the given processes and their children (nginx workers, server workers)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    pids = {p.pid for p in procs}
+    total = 0.0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(entry) in pids or int(fields[1]) in pids:
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+# -- the run --------------------------------------------------------------------------------
+
+
+def measure(setup: Setup, client: Path, args: argparse.Namespace) -> dict[str, Any]:
+    targets = make_targets(setup)
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {t: {m: [] for m in MODES} for t in TARGETS}
+    for round_ in range(1, args.rounds + 1):
+        for name in TARGETS:
+            target = targets[name]
+            port = target.start()
+            try:
+                for mode in MODES:
+                    cpu0 = cpu_seconds_tree(target.procs)
+                    got = run_client(client, port, setup.ca if args.verify else None, args.seconds, args.connections, mode, setup.headers)
+                    got["server_cpu_share"] = round((cpu_seconds_tree(target.procs) - cpu0) / got["elapsed_s"], 3)
+                    got["round"] = round_
+                    runs[name][mode].append(got)
+                    say(f"round {round_} {name:7s} {mode:9s} {got['rps']:8.1f} req/s  p50 {got['p50_ms']:7.1f} ms  "
+                        f"p99 {got['p99_ms']:7.1f} ms  errors {got['errors']}  resumed {got['resumed_sessions']}  "
+                        f"cpu: client {got['client_cpu_share']:.2f} / server {got['server_cpu_share']:.2f} cores")
+            finally:
+                target.stop()
+    return runs
+
+
+def summarise(runs: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
+    best: dict[str, dict[str, Any]] = {}
+    for name, modes in runs.items():
+        best[name] = {}
+        for mode, results in modes.items():
+            top = max(results, key=lambda r: r["rps"])
+            best[name][mode] = {"rps": top["rps"], "p50_ms": top["p50_ms"], "p99_ms": top["p99_ms"],
+                                "errors": sum(r["errors"] for r in results),
+                                "resumed_sessions": sum(r["resumed_sessions"] for r in results),
+                                "client_cpu_share": top["client_cpu_share"], "server_cpu_share": top["server_cpu_share"],
+                                "rounds_rps": [r["rps"] for r in results]}
+    for name in best:
+        for mode in MODES:
+            entry = best[name][mode]
+            entry["vs_nginx"] = round(entry["rps"] / best["nginx"][mode]["rps"], 3)
+            entry["vs_bare"] = round(entry["rps"] / best["bare"][mode]["rps"], 3)
+    return best
+
+
+def plot(runs: dict[str, dict[str, list[dict[str, Any]]]], best: dict[str, Any], out: Path,
+         markers: list[tuple[float, str]]) -> bool:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        say("matplotlib not installed (pip install -e '.[bench]'): no plot")
+        return False
+    fig, (bars, lat) = plt.subplots(1, 2, figsize=(12, 4.5))
+    width = 0.25
+    for i, name in enumerate(TARGETS):
+        values = [best[name][m]["rps"] for m in MODES]
+        drawn = bars.bar([x + (i - 1) * width for x in range(len(MODES))], values, width, label=name)
+        for rect, mode in zip(drawn, MODES):
+            bars.annotate(f"{best[name][mode]['vs_nginx']:.2f}x", (rect.get_x() + rect.get_width() / 2, rect.get_height()),
+                          ha="center", va="bottom", fontsize=8)
+    bars.set_xticks(range(len(MODES)), ["boot storm (new TLS conn/request)", "keep-alive"])
+    bars.set_ylabel("req/s (best round)")
+    bars.set_title("throughput; label = ratio to nginx")
+    bars.legend()
+    for name in TARGETS:
+        last = runs[name]["storm"][-1]
+        points = [(s, p99) for s, ok, _err, _p50, p99 in last["timeline"] if ok > 0]
+        lat.plot([p[0] for p in points], [p[1] for p in points], label=f"{name} p99")
+    for at, label in markers:
+        lat.axvline(at, color="red", linestyle="--")
+        lat.annotate(label, (at, lat.get_ylim()[1]), color="red", fontsize=8, va="top")
+    lat.set_xlabel("seconds into the boot-storm run (last round)")
+    lat.set_ylabel("p99 latency per second (ms)")
+    lat.set_title("boot storm latency over time")
+    lat.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench compare", description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=8.0, help="per target, mode and round")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--connections", type=int, default=32, help="connections in flight")
+    parser.add_argument("--payload-kib", type=int, default=290, help="fleet payload size (KiB asked of bench.fleet)")
+    parser.add_argument("--processes", type=int, default=2,
+                        help="nginx workers and bare aiohttp processes (1: a per-process comparison with a one-process server)")
+    parser.add_argument("--verify", action="store_true",
+                        help="the client verifies the certificate (costs it an ECDSA verify per handshake)")
+    parser.add_argument("--server-args", default="", help="more `serve` flags, e.g. '--workers 2'")
+    parser.add_argument("--work", type=Path, default=_REPO / "bench" / "out" / "compare")
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    if shutil.which("nginx") is None:
+        parser.error("nginx is needed (apt-get install nginx)")
+    args.work.mkdir(parents=True, exist_ok=True)
+    args.results.mkdir(parents=True, exist_ok=True)
+    client = build_client(args.work)
+    setup = prepare(args.work, args.payload_kib, shlex.split(args.server_args))
+    setup.bare_processes, setup.nginx_workers = args.processes, args.processes
+    say(f"payload {setup.payload.stat().st_size / 1024:.0f} KiB; nginx and bare aiohttp with {args.processes} processes; "
+        f"{args.connections} connections, {args.seconds:.0f} s "
+        f"per target and mode, {args.rounds} rounds; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    runs = measure(setup, client, args)
+    best = summarise(runs)
+    resumed = sum(best[t][m]["resumed_sessions"] for t in TARGETS for m in MODES)
+    if resumed:
+        say(f"WARNING: {resumed} TLS sessions were resumed: the boot-storm figures are not full handshakes")
+    summary = {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "load_average": os.getloadavg(),
+               "cpus": len(os.sched_getaffinity(0)), "payload_bytes": setup.payload.stat().st_size,
+               "connections": args.connections, "seconds": args.seconds, "rounds": args.rounds,
+               "server_args": args.server_args, "processes": args.processes, "best": best, "runs": runs}
+    (args.results / "latest.json").write_text(json.dumps(summary, indent=1) + "\n")
+    plot(runs, best, args.results / "latest.png", [])
+    for mode in MODES:
+        for name in TARGETS:
+            b = best[name][mode]
+            say(f"best {mode:9s} {name:7s} {b['rps']:8.1f} req/s  p50 {b['p50_ms']:.1f} ms  p99 {b['p99_ms']:.1f} ms  "
+                f"errors {b['errors']}  {b['vs_nginx']:.2f}x nginx  {b['vs_bare']:.2f}x bare aiohttp")
+    s, k = best["server"]["storm"], best["server"]["keepalive"]
+    say(f"server vs nginx: storm {s['vs_nginx']:.2f}x, keep-alive {k['vs_nginx']:.2f}x; "
+        f"server vs bare aiohttp: storm {s['vs_bare']:.2f}x, keep-alive {k['vs_bare']:.2f}x")
+    return 0
