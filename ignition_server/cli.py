@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -55,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="serve Ignition payloads")
-    _add(serve, "--source", required=True, help="directory of Kubernetes manifests")
+    _add(serve, "--source", help="directory of Kubernetes manifests (or --kubernetes)")
     _add(serve, "--cache-dir", required=True, help="where payloads, the token index and the self-made CA live")
     _add(serve, "--listen", default=DEFAULT_LISTEN, help="HOST:PORT for the Ignition endpoint (TLS)")
     _add(serve, "--metrics-listen", default=DEFAULT_METRICS_LISTEN, help="HOST:PORT for /metrics (plain HTTP); 'off' disables")
@@ -72,6 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add(serve, "--render-concurrency", default="2", help="renders running at once")
     _add(serve, "--max-in-flight", default="1024", help="payload requests answered at once; more get 503 + Retry-After")
     _add(serve, "--log-format", default="auto", choices=["auto", "json", "text"], help="log format")
+    _add(serve, "--kubernetes", action="store_true", help="read and write the objects in a live cluster instead of --source")
+    _add(serve, "--kubeconfig", help="kubeconfig for --kubernetes (default: the in-cluster service account)")
+    _add(serve, "--namespace", help="watch only these namespaces, comma-separated (default: every namespace the RBAC allows)")
+    _add(serve, "--pod-namespace", help="namespace of the Lease and the shared CA (default: this pod's namespace)")
+    _add(serve, "--replica-id", help="this replica's name in the Lease (default: the host name)")
+    _add(serve, "--lease-duration", default="15s", help="how long a Lease holder that stops renewing keeps it")
 
     render = commands.add_parser("render", help="print a NodePool's payload")
     _add(render, "--source", required=True, help="directory of Kubernetes manifests")
@@ -105,8 +112,16 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
     if bool(args.tls_cert) != bool(args.tls_key):
         raise ValueError("--tls-cert and --tls-key go together")
     metrics = None if str(args.metrics_listen).lower() == "off" else parse_hostport(args.metrics_listen, 8080)
+    if not args.source and not args.kubernetes:
+        raise ValueError("serve needs --source DIR or --kubernetes")
     return ServeSettings(
-        source_dir=Path(args.source),
+        source_dir=Path(args.source or "."),
+        kubernetes=bool(args.kubernetes),
+        kubeconfig=Path(args.kubeconfig) if args.kubeconfig else None,
+        namespaces=tuple(n.strip() for n in (args.namespace or "").split(",") if n.strip()),
+        pod_namespace=args.pod_namespace or _pod_namespace(),
+        replica_id=args.replica_id or socket.gethostname(),
+        lease_duration=parse_duration(args.lease_duration),
         cache_dir=Path(args.cache_dir),
         listen=parse_hostport(args.listen, 9090),
         metrics_listen=metrics,
@@ -125,6 +140,11 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
     )
 
 
+def _pod_namespace() -> str:
+    in_cluster = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+    return in_cluster.read_text().strip() if in_cluster.is_file() else "default"
+
+
 def _serve(args: argparse.Namespace) -> int:
     from . import logs, memory
     from .server import IgnitionServer
@@ -132,7 +152,7 @@ def _serve(args: argparse.Namespace) -> int:
     settings = serve_settings(args)
     logs.configure(settings.log_format)
     memory.tune()
-    if not settings.source_dir.is_dir():
+    if not settings.kubernetes and not settings.source_dir.is_dir():
         logging.getLogger("ignition_server").warning(
             "source directory %s is not there (yet): serving what the cache knows", settings.source_dir
         )

@@ -84,6 +84,14 @@ class ServeSettings:
     max_in_flight: int = 1024
     shutdown_timeout: float = 10.0
     log_format: str = "text"
+    # Kubernetes mode: the objects live in the API server; several replicas, one writer.
+    kubernetes: bool = False
+    kubeconfig: Path | None = None
+    namespaces: tuple[str, ...] = ()
+    pod_namespace: str = "default"
+    replica_id: str = "ignition-server"
+    lease_duration: float = 15.0
+    watch_timeout: float = 300.0
 
     @property
     def rotation_interval(self) -> float:

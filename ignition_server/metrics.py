@@ -104,6 +104,19 @@ class ServerMetrics:
             "Token Secrets whose last rotation is older than the TTL although this server rotates them",
             registry=self.registry,
         )
+        # Kubernetes mode: the informers' health and the Lease.
+        self.source_watch_up = Gauge(
+            "ign_server_source_watch_up", "1 while a watch stream of the source is live and current", ["kind"],
+            registry=self.registry,
+        )
+        self.source_watch_restarts = Counter(
+            "ign_server_source_watch_restarts", "Watch streams started again (reason: ended, gone, error)",
+            ["kind", "reason"], registry=self.registry,
+        )
+        self.api_requests = Counter(
+            "ign_server_api_requests", "Requests to the Kubernetes API server, by verb", ["verb"], registry=self.registry,
+        )
+        self.leader = Gauge("ign_server_leader", "1 on the replica that holds the Lease (the writer)", registry=self.registry)
 
     def watch_cache(self, stats: Callable[[], CacheStats]) -> None:
         self.registry.register(_CacheCollector(stats))

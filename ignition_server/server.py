@@ -27,6 +27,8 @@ from .http.app import IgnitionHandlers, ServingState, build_app, build_metrics_a
 from .http.tls import TLSFiles, ensure_self_signed, reload_on_change, server_context
 from .metrics import ServerMetrics
 from .render.payload import render_payload
+from .cluster import Cluster, WatchHealth, connect as connect_cluster, shared_tls
+from .sources.events import Source
 from .sources.files import FileSource
 from .sources.manifests import is_token_secret
 from .watch.reconciler import Reconciler, Renderer
@@ -58,6 +60,8 @@ class IgnitionServer:
     reconciler: Reconciler | None = None
     tls_files: TLSFiles | None = None
     ports: dict[str, int] = field(default_factory=dict)
+    cluster: Cluster | None = None
+    watch_health: WatchHealth | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         settings = self.settings
@@ -65,12 +69,23 @@ class IgnitionServer:
         self.cache = cache = await asyncio.to_thread(open_cache, settings)
         self.metrics.watch_cache(cache.stats)
         self.metrics.payloads_cached.set(len(cache.renders()))
-        source = FileSource(
-            settings.source_dir, poll_interval=settings.poll_interval, read_only=settings.source_read_only,
-            # The watcher keeps what it needs of token Secrets; the source need not keep them too.
-            retain=lambda obj: not is_token_secret(obj),
-            state=cache,
-        )
+        cluster: Cluster | None = None
+        source: Source
+        if settings.kubernetes:
+            self.watch_health = health = WatchHealth(self.metrics)
+            self.state.behind = lambda: [f"{kind} watch reconnecting" for kind in sorted(health.behind)]
+            self.cluster = cluster = await connect_cluster(settings, self.metrics, self.watch_health)
+            source = cluster.source
+            if settings.tls.cert_file is None:
+                self.tls_files = await shared_tls(cluster.client, settings.pod_namespace, settings.cache_dir / "tls",
+                                                  settings.public_url)
+        else:
+            source = FileSource(
+                settings.source_dir, poll_interval=settings.poll_interval, read_only=settings.source_read_only,
+                # The watcher keeps what it needs of token Secrets; the source need not keep them too.
+                retain=lambda obj: not is_token_secret(obj),
+                state=cache,
+            )
         verifier = ServiceAccountVerifier(clock=self.clock, overlap_seconds=settings.service_account_overlap)
         ssl_context = self._tls_context()
         outputs = TokenOutputs(source, settings.edge_token_map, self._pointer_settings())
@@ -84,6 +99,7 @@ class IgnitionServer:
             clock=self.clock,
             trust=TrustWatcher(verifier, self._edge_writer(verifier)),
             outputs=outputs,
+            writer=cluster.is_writer if cluster is not None else (lambda: True),
         )
         handlers = IgnitionHandlers(
             cache=cache,
@@ -113,10 +129,14 @@ class IgnitionServer:
         ]
         if ssl_context is not None and self.tls_files is not None:
             tasks.append(asyncio.create_task(reload_on_change(ssl_context, self.tls_files), name="tls-reload"))
+        if cluster is not None:
+            tasks.append(asyncio.create_task(cluster.elector.run(), name="lease"))
         try:
             await stop.wait()
         finally:
             await self._shutdown(runners, tasks, cache)
+            if cluster is not None:
+                await cluster.close()
             await reconciler.drain(self.settings.shutdown_timeout)
             await asyncio.to_thread(cache.flush)
             await source.flush()
@@ -144,6 +164,8 @@ class IgnitionServer:
 
     def _tls_context(self) -> ssl.SSLContext:
         tls = self.settings.tls
+        if self.tls_files is not None:  # the replicas' shared CA (Kubernetes mode)
+            return server_context(self.tls_files)
         if tls.cert_file is not None and tls.key_file is not None:
             self.tls_files = TLSFiles(tls.cert_file, tls.key_file, None)
         else:
@@ -161,7 +183,7 @@ class IgnitionServer:
             self.ports[name] = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         return runner
 
-    async def _run_source(self, source: FileSource, reconciler: Reconciler) -> None:
+    async def _run_source(self, source: Source, reconciler: Reconciler) -> None:
         delay = 1.0
         while True:
             try:

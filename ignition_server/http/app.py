@@ -35,6 +35,8 @@ class ServingState:
 
     ready: bool = False
     draining: bool = False
+    # What is behind while serving goes on from the cache (a Kubernetes watch reconnecting).
+    behind: Callable[[], list[str]] = lambda: []
 
 
 class IgnitionHandlers:
@@ -147,7 +149,7 @@ class IgnitionHandlers:
 
     async def readyz(self, _request: web.Request) -> web.Response:
         if self._state.ready and not self._state.draining:
-            return web.Response(text="ready\n")
+            return web.Response(text="ready\n" + "".join(f"behind: {what}\n" for what in self._state.behind()))
         return web.Response(status=503, text="not ready\n", headers={"Retry-After": "1"})
 
 

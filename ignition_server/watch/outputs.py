@@ -14,7 +14,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from payload_cache.fsio import atomic_write, make_dir
 
@@ -71,6 +71,7 @@ class TokenOutputs:
     _task: asyncio.Task[None] | None = None
     _last_map: bytes | None = None
     faults: Faults = field(default_factory=Faults)  # the watcher's, once it owns these outputs
+    writer: Callable[[], bool] = lambda: True  # the watcher's: only the writing replica puts user-data
 
     def tokens_changed(self, secret: TokenSecret) -> None:
         self._secrets[secret.key] = secret
@@ -96,7 +97,7 @@ class TokenOutputs:
             else:
                 self._last_map = content
                 self.faults.succeeded("edge", str(self.edge_map_path))
-        if self.pointer is None or not self.source.writable:
+        if self.pointer is None or not self.source.writable or not self.writer():
             self._dirty.clear()
             return
         dirty, self._dirty = self._dirty, set()

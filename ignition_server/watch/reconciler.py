@@ -77,6 +77,9 @@ class Reconciler:
     outputs: TokenOutputs | None = None
     debounce: float = 0.05  # a burst of changes to one NodePool's inputs renders once
     catalog: ReleaseCatalog = field(default_factory=ReleaseCatalog)
+    # Whether this replica writes (rotation, expiry, status, user-data, ignition-reached):
+    # with several replicas only the Lease holder does; every replica indexes and serves.
+    writer: Callable[[], bool] = lambda: True
     secrets: dict[ObjectKey, TokenSecret] = field(default_factory=dict)
     _order: dict[ObjectKey, int] = field(default_factory=dict)  # first-seen order, for ties
     _renders: dict[str, asyncio.Task[RenderedPayload]] = field(default_factory=dict)  # by inputs digest
@@ -103,6 +106,7 @@ class Reconciler:
         self.work = ObjectWork(self.faults)
         if self.outputs is not None:
             self.outputs.faults = self.faults
+            self.outputs.writer = self.writer
 
     # -- source events -------------------------------------------------------------
 
@@ -438,6 +442,9 @@ class Reconciler:
 
     async def _write_back(self, key: ObjectKey, mutate: Callable[[dict[str, Any]], bool], what: str) -> bool:
         """True when written. Raises when it could not be (the caller's queue retries with back-off)."""
+        if not self.writer():
+            log.debug("not the writer: %s of %s left to the replica that writes", what, key)
+            return False
         if not self.source.writable:
             log.debug("source %s is read-only: %s of %s not written back", self.source.describe(), what, key)
             return False
@@ -480,6 +487,8 @@ class Reconciler:
 
     async def rotate_due(self) -> int:
         """Rotate every Secret whose current token has lived TTL/2. Returns how many rotated."""
+        if not self.writer():
+            return 0  # the writer rotates; this replica learns the new token from the source
         now = self.clock()
         due = [
             (key, secret) for key, secret in self.secrets.items()

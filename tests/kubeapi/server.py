@@ -48,6 +48,7 @@ class ApiServer:
     bookmark_interval: float = 1.0
     requests: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
     live_watches: int = 0
+    reads: list[tuple[str, str, str]] = field(default_factory=list)  # (plural, namespace, name) of every GET of one object
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._auth_and_errors])
@@ -238,8 +239,8 @@ class ApiServer:
                     next_bookmark = loop.time() + self.bookmark_interval
                 wait = min(deadline, next_bookmark if bookmarks else deadline) - loop.time()
                 await self.store.wait_beyond(since, max(0.01, wait))
-        except (ConnectionResetError, asyncio.CancelledError):
-            raise
+        except ConnectionResetError:  # the client went away (aiohttp's ClientConnectionResetError too)
+            return response
         finally:
             self.live_watches -= 1
         return response
@@ -254,6 +255,7 @@ class ApiServer:
         name = request.match_info["name"]
         if request.method == "GET":
             self._count("get", resource)
+            self.reads.append((resource.plural, namespace, name))
             obj = self.store.get(resource, namespace, name)
             shape = _shape(request)
             if shape == "Table":

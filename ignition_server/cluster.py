@@ -1,0 +1,99 @@
+"""Kubernetes mode's wiring: the API client, the source, the Lease, and the CA every replica shares.
+
+Several replicas serve the same NodePools, so they must present certificates that the
+same pointer configs trust: the first replica to start makes the CA and serving certificate
+and publishes them in a Secret (create, so only one can win); every other replica uses that
+one. Only the Lease holder writes (rotation, status, user-data).
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import ServeSettings
+from .http.tls import TLSFiles, ensure_self_signed
+from .metrics import ServerMetrics
+from .sources.kube import KubeClient, KubeError, KubeSource, LeaderElector
+from .sources.kube.client import collection_path, item_path
+from .watch.interest import secret_wanted, secrets_referenced
+
+log = logging.getLogger("ignition_server.cluster")
+
+TLS_SECRET = "ignition-server-tls"
+_TLS_FILES = ("ca.crt", "ca.key", "serving.crt", "serving.key")
+
+
+@dataclass
+class Cluster:
+    client: KubeClient
+    source: KubeSource
+    elector: LeaderElector
+
+    def is_writer(self) -> bool:
+        return self.elector.is_leader
+
+    async def close(self) -> None:
+        await self.elector.release()
+        await self.client.close()
+
+
+async def connect(settings: ServeSettings, metrics: ServerMetrics, on_watch: "WatchHealth") -> Cluster:
+    api = await KubeClient.connect(settings.kubeconfig, count=lambda verb: metrics.api_requests.labels(verb=verb).inc())
+    source = KubeSource(
+        api, wanted=secret_wanted, references=secrets_referenced, namespaces=settings.namespaces,
+        watch_timeout=settings.watch_timeout, on_health=on_watch,
+    )
+    elector = LeaderElector(
+        api, namespace=settings.pod_namespace, identity=settings.replica_id,
+        lease_duration=settings.lease_duration, renew_interval=settings.lease_duration / 3,
+        on_change=lambda leader: metrics.leader.set(1 if leader else 0),
+    )
+    return Cluster(api, source, elector)
+
+
+class WatchHealth:
+    """The informers' state, for the metrics and /readyz: which watches are behind."""
+
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self.metrics = metrics
+        self.behind: set[str] = set()
+
+    def __call__(self, kind: str, up: bool, reason: str | None) -> None:
+        self.metrics.source_watch_up.labels(kind=kind).set(1 if up else 0)
+        if reason is not None:
+            self.metrics.source_watch_restarts.labels(kind=kind, reason=reason).inc()
+        (self.behind.discard if up else self.behind.add)(kind)
+
+
+async def shared_tls(client: KubeClient, namespace: str, directory: Path, public_url: str | None) -> TLSFiles:
+    """The replicas' one CA and serving certificate, from the Secret (made here if none yet)."""
+    path = item_path("Secret", namespace, TLS_SECRET)
+    try:
+        secret = await client.request("get", "GET", path)
+    except KubeError as exc:
+        if exc.status != 404:
+            raise
+        with tempfile.TemporaryDirectory() as scratch:
+            made = ensure_self_signed(Path(scratch), public_url)
+            data = {name: base64.b64encode((made.cert.parent / name).read_bytes()).decode() for name in _TLS_FILES}
+        body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "data": data,
+                "metadata": {"name": TLS_SECRET, "namespace": namespace}}
+        try:
+            secret = await client.request("create", "POST", collection_path("Secret", namespace), body=body)
+            log.info("made the replicas' CA and serving certificate: Secret %s/%s", namespace, TLS_SECRET)
+        except KubeError as race:
+            if race.status != 409:
+                raise
+            secret = await client.request("get", "GET", path)  # another replica made it first: use theirs
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for name in _TLS_FILES:
+        target = directory / name
+        content = base64.b64decode(secret["data"][name])
+        if not target.exists() or target.read_bytes() != content:
+            target.write_bytes(content)
+            target.chmod(0o600 if name.endswith(".key") else 0o644)
+    return ensure_self_signed(directory, public_url)  # reads them back (and checks they belong together)

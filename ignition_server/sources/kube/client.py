@@ -1,0 +1,120 @@
+"""The Kubernetes API as this server uses it: JSON in and out over kubernetes-asyncio's
+configured client (kubeconfig or in-cluster: TLS, token), and watch streams as JSON lines.
+
+One small surface (request, stream) instead of the generated per-kind methods: the source
+needs metadata-only answers (`PartialObjectMetadata`), patches with preconditions and raw
+watch events, and every request is counted for the API-load figures.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable
+
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+METADATA = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
+MERGE_PATCH = "application/merge-patch+json"
+
+_PATHS = {
+    "Secret": ("/api/v1", "secrets"),
+    "ConfigMap": ("/api/v1", "configmaps"),
+    "Event": ("/api/v1", "events"),
+    "Lease": ("/apis/coordination.k8s.io/v1", "leases"),
+}
+
+
+class KubeError(Exception):
+    """A non-2xx answer of the API server, with its status code and reason."""
+
+    def __init__(self, status: int, reason: str, retry_after: float | None = None) -> None:
+        super().__init__(f"{status} {reason}")
+        self.status, self.reason, self.retry_after = status, reason, retry_after
+
+
+def collection_path(kind: str, namespace: str | None) -> str:
+    prefix, plural = _PATHS[kind]
+    return f"{prefix}/namespaces/{namespace}/{plural}" if namespace else f"{prefix}/{plural}"
+
+
+def item_path(kind: str, namespace: str, name: str) -> str:
+    return f"{collection_path(kind, namespace)}/{name}"
+
+
+@dataclass
+class KubeClient:
+    api: client.ApiClient
+    count: Callable[[str], None] = lambda _verb: None
+
+    @classmethod
+    async def connect(cls, kubeconfig: Path | None, count: Callable[[str], None] = lambda _verb: None) -> "KubeClient":
+        configuration = client.Configuration()
+        if kubeconfig is not None:
+            await config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+        else:
+            config.load_incluster_config(client_configuration=configuration)
+        return cls(client.ApiClient(configuration), count)
+
+    async def close(self) -> None:
+        await self.api.close()
+
+    async def request(
+        self, verb: str, method: str, path: str, *, query: dict[str, Any] | None = None, body: Any = None,
+        content_type: str = "application/json", accept: str = "application/json", timeout: float = 30.0,
+    ) -> Any:
+        self.count(verb)
+        headers = {"Accept": accept, "Content-Type": content_type}
+        try:
+            response = await self.api.call_api(
+                path, method, query_params=list((query or {}).items()), header_params=headers, body=body,
+                auth_settings=["BearerToken"], _preload_content=False, _request_timeout=timeout,
+            )
+            raw = await response.read()
+        except ApiException as exc:
+            raise _error(exc) from None
+        if not 200 <= response.status <= 299:
+            raise _status_error(response.status, raw, response.headers)
+        return json.loads(raw) if raw else None
+
+    async def stream(self, path: str, query: dict[str, Any], accept: str, timeout: float) -> AsyncIterator[dict[str, Any]]:
+        """The events of a watch, until the server ends the stream."""
+        self.count("watch")
+        try:
+            response = await self.api.call_api(
+                path, "GET", query_params=list({**query, "watch": "true"}.items()), header_params={"Accept": accept},
+                auth_settings=["BearerToken"], _preload_content=False, _request_timeout=timeout,
+            )
+        except ApiException as exc:
+            raise _error(exc) from None
+        if not 200 <= response.status <= 299:
+            raw = await response.read()
+            response.release()
+            raise _status_error(response.status, raw, response.headers)
+        try:
+            while line := await response.content.readline():
+                if line.strip():
+                    yield json.loads(line)
+        finally:
+            response.release()
+
+
+def _status_error(status: int, body: bytes | str | None, headers: Any) -> KubeError:
+    """The v1 Status of a refusal: its message, and Retry-After when the server sent one."""
+    retry_after = None
+    value = str((headers or {}).get("Retry-After", ""))
+    if value.isdigit():
+        retry_after = float(value)
+    reason = f"HTTP {status}"
+    try:
+        reason = json.loads(body or b"").get("message", reason)
+    except (TypeError, ValueError, AttributeError):
+        pass
+    return KubeError(status, reason, retry_after)
+
+
+def _error(exc: ApiException) -> KubeError:
+    return _status_error(exc.status or 0, exc.body, exc.headers)

@@ -1,0 +1,313 @@
+"""The Kubernetes source: the same objects as the file source, read and written live.
+
+ConfigMaps are listed and watched whole. Secrets are listed and watched as metadata only
+(`PartialObjectMetadata`): a namespace also holds keys this server has no business keeping
+(a service-account signing key), so only the Secrets the watcher reads (`wanted`: token
+Secrets, service-account keys, join inputs, user-data) are fetched, one GET each when their
+metadata says they changed. Events are applied once: a version already seen (the echo of our
+own write, a replay after a reconnect) changes nothing.
+
+Write-back is a JSON merge patch of what the mutation changed, with the resourceVersion it
+was made from as a precondition: a 409 (another writer came first) reads the object again
+and applies the mutation to that, so two replicas never hand out two different new tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import hashlib
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping
+
+from ..events import Change, ChangeHandler, Mutation
+from ..manifests import ObjectKey, object_key
+from .client import MERGE_PATCH, KubeClient, KubeError, collection_path, item_path
+from .informer import Informer
+
+log = logging.getLogger("ignition_server.sources.kube")
+
+WRITE_ATTEMPTS = 10
+FETCH_CONCURRENCY = 16
+
+
+def merge_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch (RFC 7386) that turns `old` into `new`."""
+    patch: dict[str, Any] = {}
+    for key in set(old) | set(new):
+        if key not in new:
+            patch[key] = None
+        elif key not in old:
+            patch[key] = copy.deepcopy(new[key])
+        elif isinstance(old[key], dict) and isinstance(new[key], dict):
+            inner = merge_diff(old[key], new[key])
+            if inner:
+                patch[key] = inner
+        elif old[key] != new[key]:
+            patch[key] = copy.deepcopy(new[key])
+    return patch
+
+
+def _version(obj: Mapping[str, Any]) -> int:
+    text = str((obj.get("metadata") or {}).get("resourceVersion") or "0")
+    return int(text) if text.isdigit() else 0
+
+
+def _fingerprint(obj: Mapping[str, Any]) -> str:
+    body = {k: v for k, v in obj.items() if k != "metadata"}
+    meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k not in ("resourceVersion", "managedFields")}
+    return hashlib.sha256(json.dumps([meta, body], sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _key(kind: str, obj: Mapping[str, Any]) -> ObjectKey | None:
+    return object_key({**obj, "kind": kind})
+
+
+@dataclass
+class KubeSource:
+    client: KubeClient
+    # Which Secrets to fetch (their data): judged on metadata alone.
+    wanted: Callable[[Mapping[str, Any]], bool]
+    # Objects a fetched token Secret names as its inputs (fetched too, whatever their name).
+    references: Callable[[Mapping[str, Any]], Iterable[ObjectKey]] = lambda _obj: ()
+    namespaces: tuple[str, ...] = ()  # empty: every namespace the RBAC allows
+    watch_timeout: float = 300.0
+    on_health: Callable[[str, bool, str | None], None] = lambda _kind, _up, _reason: None  # metrics, readiness
+    _objects: dict[ObjectKey, dict[str, Any]] = field(default_factory=dict)
+    _fingerprints: dict[ObjectKey, str] = field(default_factory=dict)
+    _versions: dict[ObjectKey, int] = field(default_factory=dict)
+    _secret_meta: dict[ObjectKey, dict[str, Any]] = field(default_factory=dict)  # every Secret, metadata only
+    _referenced: set[ObjectKey] = field(default_factory=set)
+    _informers: list[Informer] = field(default_factory=list)
+    _first: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    _listed: asyncio.Event = field(default_factory=asyncio.Event)
+    _handler: ChangeHandler | None = None
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _fetches: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(FETCH_CONCURRENCY))
+
+    @property
+    def writable(self) -> bool:
+        return True
+
+    def describe(self) -> str:
+        return f"Kubernetes API ({', '.join(self.namespaces) or 'every namespace'})"
+
+    def objects(self) -> dict[ObjectKey, dict[str, Any]]:
+        return dict(self._objects)
+
+    def get(self, key: ObjectKey) -> dict[str, Any] | None:
+        return self._objects.get(key)
+
+    def get_full(self, key: ObjectKey) -> dict[str, Any] | None:
+        return self._objects.get(key)
+
+    async def flush(self) -> None:
+        return None
+
+    # -- watching ----------------------------------------------------------------------------
+
+    async def run(self, handler: ChangeHandler, *, iterations: int | None = None) -> None:
+        """List every kind, hand the whole listing over at once (it tells the watcher what is
+        gone), then follow the watches until cancelled."""
+        self._handler = handler
+        scopes: list[str | None] = list(self.namespaces) or [None]
+        self._informers = [
+            Informer(self.client, kind, namespace, self, metadata_only=(kind == "Secret"), watch_timeout=self.watch_timeout)
+            for kind in ("ConfigMap", "Secret") for namespace in scopes
+        ]
+        tasks = [asyncio.create_task(i.run(iterations=iterations), name=f"watch {i.scope}") for i in self._informers]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    async def listed(self, informer: Informer, items: list[dict[str, Any]]) -> None:
+        if not self._listed.is_set():
+            self._first[id(informer)] = items
+            if len(self._first) < len(self._informers):
+                return
+            everything = [(i, it) for i in self._informers for it in self._first.pop(id(i))]
+            changes = await self._relist(everything, scopes=None)
+            self._listed.set()
+            log.info("listed %s: %d objects kept (%d Secrets seen, metadata only)", self.describe(),
+                     len(self._objects), len(self._secret_meta))
+            await self._hand_over(changes, first=True)
+            return
+        await self._hand_over(await self._relist([(informer, it) for it in items], scopes=[informer]))
+
+    async def _relist(self, items: list[tuple[Informer, dict[str, Any]]], scopes: list[Informer] | None) -> list[Change]:
+        """Changes that bring what is kept in line with a listing (of `scopes`, or of everything)."""
+        seen: set[ObjectKey] = set()
+        changes: list[Change] = []
+        for informer, obj in items:
+            key = _key(informer.kind, obj)
+            if key is None:
+                continue
+            seen.add(key)
+            if informer.kind == "Secret":
+                self._secret_meta[key] = obj.get("metadata") or {}
+        fetched = await asyncio.gather(*(self._observe(i.kind, obj) for i, obj in items))
+        changes += [c for c in fetched if c is not None]
+        changes += await self._fetch_referenced()
+        in_scope = (lambda k: True) if scopes is None else (
+            lambda k: any(k.kind == i.kind and (i.namespace is None or i.namespace == k.namespace) for i in scopes))
+        for key in [k for k in list(self._objects) if k not in seen and in_scope(k)]:
+            changes.append(self._forget(key))
+        for key in [k for k in list(self._secret_meta) if k not in seen and in_scope(k)]:
+            del self._secret_meta[key]
+        return changes
+
+    async def event(self, informer: Informer, type_: str, obj: dict[str, Any]) -> None:
+        key = _key(informer.kind, obj)
+        if key is None:
+            return
+        if type_ == "DELETED":
+            self._secret_meta.pop(key, None)
+            if key in self._objects:
+                await self._hand_over([self._forget(key)])
+            return
+        if informer.kind == "Secret":
+            self._secret_meta[key] = obj.get("metadata") or {}
+        change = await self._observe(informer.kind, obj)
+        changes = [change] if change is not None else []
+        changes += await self._fetch_referenced()
+        await self._hand_over(changes)
+
+    def health(self, informer: Informer, up: bool, restart_reason: str | None = None) -> None:
+        self.on_health(informer.kind, up, restart_reason)
+
+    async def _observe(self, kind: str, obj: dict[str, Any]) -> Change | None:
+        """Keep (fetching a Secret's data first, if wanted) an object seen in a list or watch."""
+        key = _key(kind, obj)
+        assert key is not None
+        if _version(obj) and _version(obj) <= self._versions.get(key, -1):
+            return None  # seen already: our own write's echo, or a replay
+        if kind == "Secret":
+            meta = {**obj, "kind": "Secret"}
+            if not (self.wanted(meta) or key in self._referenced):
+                return self._forget(key) if key in self._objects else None
+            full = await self._fetch(key)
+            if full is None:
+                return self._forget(key) if key in self._objects else None
+            obj = full
+        return self._keep(key, {**obj, "kind": kind, "apiVersion": obj.get("apiVersion", "v1")})
+
+    async def _fetch(self, key: ObjectKey) -> dict[str, Any] | None:
+        async with self._fetches:
+            try:
+                return await self.client.request("get", "GET", item_path(key.kind, key.namespace, key.name))
+            except KubeError as exc:
+                if exc.status == 404:
+                    return None
+                raise
+
+    async def _fetch_referenced(self) -> list[Change]:
+        wanted: set[ObjectKey] = set()
+        for obj in self._objects.values():
+            wanted.update(self.references(obj))
+        new = [k for k in wanted - self._referenced if k.kind == "Secret" and k in self._secret_meta and k not in self._objects]
+        self._referenced = wanted
+        changes = []
+        for key in new:
+            full = await self._fetch(key)
+            if full is not None:
+                change = self._keep(key, {**full, "kind": "Secret"})
+                if change is not None:
+                    changes.append(change)
+        return changes
+
+    def _keep(self, key: ObjectKey, obj: dict[str, Any]) -> Change | None:
+        self._versions[key] = _version(obj)
+        fingerprint = _fingerprint(obj)
+        previous = self._fingerprints.get(key)
+        self._objects[key] = obj
+        self._fingerprints[key] = fingerprint
+        if previous == fingerprint:
+            return None
+        return Change("MODIFIED" if previous is not None else "ADDED", key, obj)
+
+    def _forget(self, key: ObjectKey) -> Change:
+        self._fingerprints.pop(key, None)
+        self._versions.pop(key, None)
+        gone = self._objects.pop(key, None) or {"kind": key.kind, "metadata": {"name": key.name, "namespace": key.namespace}}
+        return Change("DELETED", key, gone)
+
+    async def _hand_over(self, changes: list[Change], *, first: bool = False) -> None:
+        if (changes or first) and self._handler is not None:
+            async with self._lock:
+                await self._handler(changes)
+
+    # -- writing -----------------------------------------------------------------------------
+
+    async def write_back(self, key: ObjectKey, mutate: Mutation) -> dict[str, Any] | None:
+        """Apply `mutate` to the object and patch what it changed, with the version it was
+        made from as a precondition; on a conflict, read it again and start over."""
+        current = self._objects.get(key)
+        for _ in range(WRITE_ATTEMPTS):
+            if current is None:
+                current = await self._fetch(key)
+                if current is None:
+                    raise KeyError(f"{key} is not in the API server")
+                current = {**current, "kind": key.kind}
+            changed = copy.deepcopy(current)
+            if not mutate(changed):
+                return None
+            patch = merge_diff(current, changed)
+            patch.setdefault("metadata", {})["resourceVersion"] = (current.get("metadata") or {}).get("resourceVersion")
+            try:
+                written = await self.client.request(
+                    "patch", "PATCH", item_path(key.kind, key.namespace, key.name), body=patch, content_type=MERGE_PATCH)
+            except KubeError as exc:
+                if exc.status == 409:
+                    current = None  # someone else wrote first: read theirs, decide again
+                    continue
+                if exc.status == 404:
+                    raise KeyError(f"{key} is gone from the API server") from None
+                raise
+            change = self._keep(key, {**written, "kind": key.kind})
+            if change is not None:
+                await self._hand_over([change])
+            return written
+        raise RuntimeError(f"{key} kept changing while writing it back")
+
+    async def put(self, obj: dict[str, Any], *, beside: ObjectKey) -> None:
+        """Create an object, or bring an existing one in line with it."""
+        key = object_key(obj)
+        if key is None:
+            raise ValueError("an object needs kind and metadata.name")
+
+        def replace(current: dict[str, Any]) -> bool:
+            wanted = {k: v for k, v in obj.items() if k != "metadata"}
+            if all(current.get(k) == v for k, v in wanted.items()):
+                return False
+            current.update(copy.deepcopy(wanted))
+            return True
+
+        if key in self._objects:  # kept already (user-data is): one patch, no create that fails first
+            await self.write_back(key, replace)
+            return
+        try:
+            created = await self.client.request("create", "POST", collection_path(key.kind, key.namespace), body=obj)
+        except KubeError as exc:
+            if exc.status != 409:
+                raise
+        else:
+            self._keep(key, {**created, "kind": key.kind})
+            return
+        await self.write_back(key, replace)
+
+    async def delete(self, key: ObjectKey, *, resource_version: str | None = None) -> bool:
+        """Delete an object (only at `resource_version`, when given). False when already gone."""
+        body = {"kind": "DeleteOptions", "apiVersion": "v1"}
+        if resource_version:
+            body["preconditions"] = {"resourceVersion": resource_version}
+        try:
+            await self.client.request("delete", "DELETE", item_path(key.kind, key.namespace, key.name), body=body)
+        except KubeError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True

@@ -1,0 +1,34 @@
+"""Which Secrets the watcher reads: what a source that sees only Secrets' metadata (the
+Kubernetes source) fetches in full, and no others (a namespace also holds keys this server
+has no business keeping, such as a service-account signing key)."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+from ..sources.manifests import ManifestError, ObjectKey, annotations, is_token_secret, parse_token_secret
+from .gather import JOIN_INPUTS, SETTINGS_INPUTS, input_key
+from .trust import is_trust_object
+
+USER_DATA_PREFIX = "user-data-"  # the pointer configs this server writes (HyperShift's naming)
+_INPUT_SECRET_NAMES = frozenset(i.name for i in JOIN_INPUTS + SETTINGS_INPUTS if i.kind == "Secret")
+
+
+def secret_wanted(obj: Mapping[str, Any]) -> bool:
+    """Judged on metadata alone (kind, name, annotations)."""
+    name = str((obj.get("metadata") or {}).get("name") or "")
+    return (
+        is_token_secret(obj) or is_trust_object(obj) or name in _INPUT_SECRET_NAMES or name.startswith(USER_DATA_PREFIX)
+    )
+
+
+def secrets_referenced(obj: Mapping[str, Any]) -> Iterable[ObjectKey]:
+    """The input Secrets a token Secret names by annotation (in another namespace, say)."""
+    if not is_token_secret(obj):
+        return ()
+    try:
+        secret = parse_token_secret(obj)
+        notes = annotations(obj)
+        return [input_key(secret, wanted, notes) for wanted in JOIN_INPUTS + SETTINGS_INPUTS if wanted.kind == "Secret"]
+    except (ManifestError, ValueError, KeyError):
+        return ()

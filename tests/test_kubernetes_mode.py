@@ -1,0 +1,172 @@
+"""Kubernetes mode end to end: real server processes (`serve --kubernetes`) against the strict
+test API server over TLS, the same token Secrets as the file source, several replicas."""
+
+from __future__ import annotations
+
+import base64
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for
+from ignition_server.sources.manifests import build_token_secret
+from kubeapi import KubeAPI
+
+NAMESPACE = "clusters-a"
+
+
+def token_secret(pool: str, token: str, *, generation_time: float | None = None) -> dict:
+    return build_token_secret(namespace=NAMESPACE, nodepool=f"clusters/{pool}", token=token,
+                              machineconfigs_yaml=EXAMPLE_MACHINECONFIG.format(name=pool),
+                              generation_time=time.time() if generation_time is None else generation_time)
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": "Bearer " + base64.b64encode(token.encode()).decode()}
+
+
+def token_of(api: KubeAPI, name: str) -> str | None:
+    secret = api.get("secrets", NAMESPACE, name)
+    return base64.b64decode(secret["data"]["token"]).decode() if secret else None
+
+
+@pytest.fixture
+def api(tmp_path: Path):
+    with KubeAPI(tmp_path / "kubeapi", bookmark_interval=0.5) as server:
+        server.namespace("ignition")
+        server.namespace(NAMESPACE)
+        yield server
+
+
+@pytest.fixture
+def replicas(tmp_path: Path, api: KubeAPI):
+    started: list[ServerProcess] = []
+
+    def start(name: str, token_ttl: str = "11h", wait: bool = True) -> ServerProcess:
+        (tmp_path / "empty").mkdir(exist_ok=True)
+        proc = ServerProcess(tmp_path / "empty", tmp_path / name / "cache", token_ttl=token_ttl, extra=[
+            "--kubernetes", "--kubeconfig", str(api.kubeconfig), "--pod-namespace", "ignition",
+            "--replica-id", name, "--lease-duration", "3s"])
+        started.append(proc)
+        return proc.start(wait=wait)
+
+    yield start
+    for proc in started:
+        proc.kill()
+
+
+def served(proc: ServerProcess, token: str) -> bool:
+    return proc.get("/ignition", bearer(token))[0] == 200
+
+
+def test_a_token_secret_in_the_api_is_served_and_rotated_by_patch(api: KubeAPI, replicas) -> None:
+    secret = api.create(token_secret("workers", "tok-first"))
+    name = secret["metadata"]["name"]
+    proc = replicas("r1", token_ttl="6s")
+    wait_for(lambda: served(proc, "tok-first"), timeout=30, what="the payload served")
+    # Rotation at half the TTL: the new token is patched in with a resourceVersion precondition.
+    wait_for(lambda: token_of(api, name) != "tok-first", timeout=30, what="a rotation written to the API")
+    rotated = api.get("secrets", NAMESPACE, name)
+    assert base64.b64decode(rotated["data"]["old_token"]).decode() == "tok-first"
+    new = token_of(api, name)
+    assert served(proc, new) and served(proc, "tok-first")  # the overlap
+    assert api.server.requests[("patch", "secrets")] >= 1 and api.server.requests[("update", "secrets")] == 0
+    # Metadata only: the server never listed Secrets' data (it GETs the ones it reads).
+    assert api.server.requests[("list", "secrets")] >= 1
+    # The user-data Secret next to it carries the current token (as the pointer config's Bearer value).
+    def user_data_current() -> bool:
+        wanted = base64.b64encode(token_of(api, name).encode()).decode()
+        return any(s["metadata"]["name"].startswith("user-data-") and wanted in base64.b64decode(s["data"]["value"]).decode()
+                   for s in api.list("secrets", NAMESPACE))
+
+    wait_for(user_data_current, timeout=30, what="user-data with the current token")
+    assert "Lease ignition/ignition-server acquired by r1" in proc.logs()
+    # Everything it asked of the API server is allowed by deploy/'s RBAC, and nothing else was needed.
+    from test_deploy_manifests import rbac_rules
+
+    groups = {"leases": "coordination.k8s.io"}
+    used = {(groups.get(plural, ""), plural, verb) for verb, plural in api.server.requests}
+    assert used <= rbac_rules(), used - rbac_rules()
+
+
+def test_a_service_account_signing_key_is_never_read(api: KubeAPI, replicas) -> None:
+    api.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "sa-signing-key", "namespace": NAMESPACE},
+                "data": {"service-account.key": base64.b64encode(b"-----BEGIN PRIVATE KEY-----").decode()}})
+    api.create(token_secret("workers", "tok-a"))
+    proc = replicas("r1")
+    wait_for(lambda: served(proc, "tok-a"), timeout=30, what="the payload served")
+    read = {name for plural, namespace, name in api.server.reads if plural == "secrets" and namespace == NAMESPACE}
+    assert any(name.startswith("token-workers") for name in read)
+    assert "sa-signing-key" not in read  # listed and watched as metadata only, never fetched
+
+
+def test_watches_that_drop_and_expire_lose_nothing_and_render_once(api: KubeAPI, replicas) -> None:
+    api.server.faults.watch_max_seconds = 1.0  # every stream ends after a second
+    proc = replicas("r1")
+
+    def restarts(reason: str) -> float:
+        return sum(v for k, v in proc.metrics().items()
+                   if k.startswith("ign_server_source_watch_restarts_total") and f'reason="{reason}"' in k)
+
+    for i in range(2):
+        api.create(token_secret(f"pool{i}", f"tok-{i}"))
+    wait_for(lambda: restarts("ended") >= 2, timeout=30, what="watch streams ended and resumed")
+    api.server.faults.gone_next_watches = 4  # the next resumes answer 410 Gone: list again
+    api.create(token_secret("pool2", "tok-2"))
+    wait_for(lambda: restarts("gone") >= 1, timeout=30, what="a 410 and a new listing")
+    api.create(token_secret("pool3", "tok-3"))
+    for i in range(4):
+        wait_for(lambda i=i: served(proc, f"tok-{i}"), timeout=30, what=f"pool{i} served")
+    assert proc.get("/readyz")[0] == 200  # held throughout: serving from the cache
+    assert proc.metrics()["ign_server_payload_cache_miss_total"] == 4  # one render each, none repeated
+
+
+def test_the_api_server_down_for_a_while(api: KubeAPI, replicas) -> None:
+    api.create(token_secret("workers", "tok-a"))
+    proc = replicas("r1")
+    wait_for(lambda: served(proc, "tok-a"), timeout=30, what="the payload served")
+    api.stop()
+    wait_for(lambda: proc.metrics().get('ign_server_source_watch_up{kind="Secret"}') == 0, timeout=30,
+             what="the watch seen down")
+    assert served(proc, "tok-a")  # serving goes on from the cache
+    assert "behind: Secret watch reconnecting" in proc.get("/readyz")[2].decode()
+    api.start()
+    api.create(token_secret("later", "tok-later"))
+    wait_for(lambda: served(proc, "tok-later"), timeout=60, what="a Secret made after the outage served")
+
+
+def test_three_replicas_converge_and_exactly_one_writes(api: KubeAPI, replicas) -> None:
+    secret = api.create(token_secret("workers", "tok-0", generation_time=time.time()))
+    name = secret["metadata"]["name"]
+    procs = [replicas(f"r{i}", token_ttl="4s") for i in range(3)]
+    seen: list[str] = []
+    deadline = time.monotonic() + 60
+    while len(seen) < 4 and time.monotonic() < deadline:
+        token = token_of(api, name)
+        if token and (not seen or seen[-1] != token):
+            seen.append(token)
+            # Every replica converges on the token the writer wrote.
+            for proc in procs:
+                wait_for(lambda proc=proc, token=token: served(proc, token), timeout=20, what="a replica serving the new token")
+        time.sleep(0.1)
+    assert len(seen) >= 4, seen
+    rotations = [p.metrics().get("ign_server_token_rotation_total", 0) for p in procs]
+    leaders = [p.metrics().get("ign_server_leader", 0) for p in procs]
+    assert sum(leaders) == 1 and sum(1 for r in rotations if r) == 1, (rotations, leaders)
+    # Exactly one write per rotation: every token the API held was written once.
+    token_writes = [e for e in api.server.store.history if e.type == "MODIFIED"
+                    and (e.obj.get("metadata") or {}).get("name") == name]
+    tokens_written = [base64.b64decode(e.obj["data"]["token"]).decode() for e in token_writes]
+    assert len(set(tokens_written)) == len([t for i, t in enumerate(tokens_written) if i == 0 or tokens_written[i - 1] != t])
+
+    # The writer killed: another replica takes the Lease within its duration and rotates on.
+    writer = procs[leaders.index(1)]
+    writer.kill()
+    survivors = [p for p in procs if p is not writer]
+    wait_for(lambda: sum(p.metrics().get("ign_server_leader", 0) for p in survivors) == 1, timeout=15,
+             what="a survivor holding the Lease")
+    before = token_of(api, name)
+    wait_for(lambda: token_of(api, name) != before, timeout=30, what="a rotation by the new writer")
+    for proc in survivors:
+        wait_for(lambda proc=proc: served(proc, token_of(api, name)), timeout=20, what="survivors serving it")
