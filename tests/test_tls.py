@@ -6,7 +6,6 @@ import os
 import shutil
 import socket
 import ssl
-import time
 from pathlib import Path
 
 from harness import ServerProcess, wait_for, write_manifests

@@ -8,40 +8,34 @@ concurrency, and identical inputs render once (single-flight), so serving never 
 from __future__ import annotations
 
 import asyncio
-import errno
-import json
 import logging
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from payload_cache import PayloadCache, RenderRecord, TokenRecord, TokenState
 
 from ..auth.tokens import Grant
-from ..auth.rotation import RotationPolicy, new_token, rotation_mutation
+from ..auth.rotation import RotationPolicy
 from .. import memory
-from ..config import SUPERSEDED_GRACE
 from ..metrics import ServerMetrics
 from ..render.inputs import InvalidConfig, NodePoolInputs, RenderedPayload
 from ..sources.events import Change, Source
 from ..sources.manifests import (
-    ANNOTATION_IGNITION_REACHED,
-    ANNOTATION_TOKEN_EXPIRATION,
     ManifestError,
     ObjectKey,
     TokenSecret,
-    format_time,
     is_token_secret,
     parse_token_secret,
     has_large_values,
-    set_annotation,
     token_secret_config,
 )
 from .faults import Faults, ObjectWork, backoff
 from .gather import gather
 from .outputs import TokenOutputs
 from .releases import ReleaseCatalog, is_catalog, release_key
-from .status import Status, status_mutation, written_status
+from .status import Status
+from .writes import WriterDuties
 from .trust import TrustWatcher, is_trust_object
 
 log = logging.getLogger("ignition_server.watch")
@@ -54,10 +48,6 @@ def _pool_of(secret: TokenSecret) -> tuple[str, str]:
     return (secret.key.namespace, secret.nodepool.partition("/")[2])
 
 
-def _rotation_name(secret_ref: str) -> str:
-    return f"rotation/{secret_ref}"
-
-
 @dataclass
 class _Pending:
     task: asyncio.Task[None]
@@ -65,7 +55,7 @@ class _Pending:
 
 
 @dataclass
-class Reconciler:
+class Reconciler(WriterDuties):
     source: Source
     cache: PayloadCache
     renderer: Renderer
@@ -421,173 +411,6 @@ class Reconciler:
             tasks = [p.task for p in self._pending.values()] + list(self.work.running())
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    # -- write-backs -----------------------------------------------------------------
-
-    def _write_status_later(self, key: ObjectKey, obj: dict[str, Any] | None, status: Status) -> None:
-        current = self.secrets.get(key)
-        if current is not None and (current.reason, current.message) == (status.reason, status.message) \
-                and not self.work.in_hand(key.ref, "status"):
-            self.work.discard(key.ref, "status")  # an older status waiting for its retry is moot
-            return  # the common case after a restart: no task per NodePool for nothing to write
-        self.work.submit(key.ref, "status", lambda: self._write_status(key, status, obj))
-
-    async def _write_status(self, key: ObjectKey, status: Status, obj: dict[str, Any] | None = None) -> None:
-        # Only when it changes: the reference flooded its API server otherwise (OCPBUGS-42320).
-        current = self.secrets.get(key)
-        if current is not None and (current.reason, current.message) == (status.reason, status.message):
-            return
-        if obj is not None and written_status(obj) == status:
-            return
-        await self._write_back(key, status_mutation(status), "status")
-
-    async def _write_back(self, key: ObjectKey, mutate: Callable[[dict[str, Any]], bool], what: str) -> bool:
-        """True when written. Raises when it could not be (the caller's queue retries with back-off)."""
-        if not self.writer():
-            log.debug("not the writer: %s of %s left to the replica that writes", what, key)
-            return False
-        if not self.source.writable:
-            log.debug("source %s is read-only: %s of %s not written back", self.source.describe(), what, key)
-            return False
-        try:
-            return await self.source.write_back(key, mutate) is not None
-        except KeyError:
-            return False  # gone from the source meanwhile: nothing to write to
-
-    # A read-only source cannot take rotations: they live in the cache dir instead, sealed
-    # (encrypted) with the index, and apply for as long as the source keeps its own token.
-
-    def _with_rotation_state(self, secret: TokenSecret) -> TokenSecret:
-        # Also with a writable source: a manifest that cannot be written (a symlink into a
-        # read-only mount) rotates in the cache dir too, and that must survive a restart.
-        sealed = self.cache.unseal(_rotation_name(secret.ref))
-        if sealed is None:
-            self._rotated_in_cache.discard(secret.key)
-            return secret
-        state = json.loads(sealed)
-        if state["base"] != secret.token:
-            self.cache.drop_sealed(_rotation_name(secret.ref))  # the source moved on by itself
-            self._rotated_in_cache.discard(secret.key)
-            return secret
-        self._rotated_in_cache.add(secret.key)
-        return replace(secret, token=state["token"], old_token=state["old_token"], generation_time=state["generation_time"])
-
-    def _rotate_in_cache(self, key: ObjectKey, secret: TokenSecret, now: float, token: str | None = None) -> None:
-        state = {
-            "base": self._source_tokens.get(key),
-            "token": token or new_token(),
-            "old_token": secret.token,
-            "generation_time": now,
-        }
-        self.cache.seal(_rotation_name(secret.ref), json.dumps(state).encode())
-        rotated = replace(secret, token=state["token"], old_token=secret.token, generation_time=now)
-        self.secrets[key] = rotated
-        self._index_tokens(rotated)
-        if self.outputs is not None:
-            self.outputs.tokens_changed(rotated)
-
-    async def rotate_due(self) -> int:
-        """Rotate every Secret whose current token has lived TTL/2. Returns how many rotated."""
-        if not self.writer():
-            return 0  # the writer rotates; this replica learns the new token from the source
-        now = self.clock()
-        due = [
-            (key, secret) for key, secret in self.secrets.items()
-            if self.policy.is_due(secret, now) and not self.faults.waiting("rotation", key.ref)
-        ]
-        if not due:
-            return 0
-        in_cache = [(k, s) for k, s in due if not self.source.writable or k in self._rotated_in_cache]
-        if in_cache:
-            for key, secret in in_cache:
-                self._rotate_in_cache(key, secret, now)
-            await self.persist_index()
-            self.metrics.token_rotations.inc(len(in_cache))
-            due = [(k, s) for k, s in due if self.source.writable and k not in self._rotated_in_cache]
-            if not due:
-                return len(in_cache)
-        # The index learns first, durably, in one flush for all of them: the new token as
-        # current and the outgoing old token as retired. A crash before the source write
-        # then costs nothing; a crash after it cannot turn a 403 into a 511, nor leave a
-        # node's brand-new token unknown (511) until the source is listed again.
-        planned: list[tuple[ObjectKey, TokenSecret, str, bytes]] = []
-        for key, secret in due:
-            token = new_token()
-            token_key = self.cache.token_key(token)
-            self.cache.put_token_key(token_key, TokenRecord(secret.nodepool, secret.ref, TokenState.CURRENT, secret.expiration))
-            if secret.old_token and secret.old_token != secret.token:
-                old_key = self.cache.token_key(secret.old_token)
-                record = self.cache.lookup_token_key(old_key)
-                if record is not None and record.state is not TokenState.RETIRED:
-                    self._retire(old_key, record, now)
-            planned.append((key, secret, token, token_key))
-        await self.persist_index()
-        rotated = 0
-        for key, secret, token, token_key in planned:
-            try:
-                written = await self._write_back(key, rotation_mutation(secret.token, token, now), "token rotation")
-            except OSError as exc:
-                written = False
-                if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-                    self.cache.drop_token_key(token_key)
-                    self._rotate_to_cache(key, secret, now, token, exc)
-                    rotated += 1
-                    continue
-                self.faults.failed("rotation", key.ref, exc)
-            except Exception as exc:  # e.g. the manifest no longer parses: it stays as the operator left it
-                written = False
-                self.faults.failed("rotation", key.ref, exc)
-            else:
-                if written:
-                    self.faults.succeeded("rotation", key.ref)
-            if written:
-                rotated += 1
-                log.info("rotated the token of %s (NodePool %s)", key.ref, secret.nodepool)
-            else:
-                self.cache.drop_token_key(token_key)  # never handed out
-                self._index_tokens(secret)  # and the outgoing old token stays valid: nothing rotated
-        if rotated:
-            await self.persist_index()
-        self.metrics.token_rotations.inc(rotated)
-        return rotated
-
-    def _rotate_to_cache(self, key: ObjectKey, secret: TokenSecret, now: float, token: str, exc: OSError) -> None:
-        """The manifest cannot be written (read-only target): rotate in the cache dir from now on."""
-        log.warning(
-            "cannot write the manifest of %s (%s): its token rotation state is kept (encrypted) in the cache dir, "
-            "as with --source-read-only", key.ref, exc,
-        )
-        self._rotated_in_cache.add(key)
-        self._rotate_in_cache(key, secret, now, token)
-
-    def _supersede_outdated(self, nodepools: set[str]) -> None:
-        """A NodePool's newer token Secret outdates the older ones: they expire in 2 h."""
-        now = self.clock()
-        by_pool: dict[str, list[TokenSecret]] = {}
-        for nodepool in nodepools:
-            live = [self.secrets[k] for k in self._by_nodepool.get(nodepool, ())]
-            by_pool[nodepool] = [s for s in live if s.expiration is None]
-        for secrets in by_pool.values():
-            if len(secrets) < 2:
-                continue
-            secrets.sort(key=lambda s: (s.creation_time or 0.0, self._order.get(s.key, 0)))
-            for outdated in secrets[:-1]:
-                stamp = format_time(now + SUPERSEDED_GRACE)
-
-                def mutate(obj: dict[str, Any], stamp: str = stamp) -> bool:
-                    notes = (obj.get("metadata") or {}).get("annotations") or {}
-                    if notes.get(ANNOTATION_TOKEN_EXPIRATION):
-                        return False
-                    set_annotation(obj, ANNOTATION_TOKEN_EXPIRATION, stamp)
-                    return True
-
-                log.info("%s is outdated by a newer token Secret of %s: expires at %s", outdated.ref, outdated.nodepool, stamp)
-                # Queued per object, not awaited: the write-back re-enters the handler, and
-                # a failure to write this one (a manifest broken by hand) must reach no other.
-                self.work.submit(
-                    outdated.key.ref, "expiry",
-                    lambda key=outdated.key, mutate=mutate: self._write_back(key, mutate, "expiration"),
-                )
-
     def grant_for(self, namespace: str, pool_name: str) -> Grant | None:
         """The NodePool `pool_name` of the hosted cluster in `namespace`: its newest live generation.
 
@@ -609,24 +432,6 @@ class Reconciler:
         secret = self.secrets.get(ObjectKey("Secret", namespace, name))
         if secret is not None:
             self._schedule_render(secret)  # has_blob is False now, so this renders
-
-    def note_served(self, secret_ref: str) -> None:
-        """Set `ignition-reached` once per Secret, off the request path (the reference paid a GET+UPDATE per request)."""
-        namespace, _, name = secret_ref.partition("/")
-        key = ObjectKey("Secret", namespace, name)
-        secret = self.secrets.get(key)
-        if secret is None or secret.ignition_reached or key in self._reached_written:
-            return
-        self._reached_written.add(key)
-
-        def mutate(obj: dict[str, Any]) -> bool:
-            notes = (obj.get("metadata") or {}).get("annotations") or {}
-            if str(notes.get(ANNOTATION_IGNITION_REACHED, "")).lower() == "true":
-                return False
-            set_annotation(obj, ANNOTATION_IGNITION_REACHED, "True")
-            return True
-
-        self.work.submit(key.ref, "write-back", lambda: self._write_back(key, mutate, "ignition-reached"))
 
     def rotation_overdue(self, now: float) -> int:
         """Live token Secrets whose current token has outlived the TTL: rotation (due at TTL/2) is not happening."""
