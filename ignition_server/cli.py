@@ -79,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add(serve, "--pod-namespace", help="namespace of the Lease and the shared CA (default: this pod's namespace)")
     _add(serve, "--replica-id", help="this replica's name in the Lease (default: the host name)")
     _add(serve, "--lease-duration", default="15s", help="how long a Lease holder that stops renewing keeps it")
+    _add(serve, "--prune-expired-after", default="60s", help="--kubernetes: delete expired token Secrets (and their user-data) this long after expiry")
 
     render = commands.add_parser("render", help="print a NodePool's payload")
     _add(render, "--source", required=True, help="directory of Kubernetes manifests")
@@ -122,6 +123,7 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         pod_namespace=args.pod_namespace or _pod_namespace(),
         replica_id=args.replica_id or socket.gethostname(),
         lease_duration=parse_duration(args.lease_duration),
+        prune_grace=parse_duration(args.prune_expired_after),
         cache_dir=Path(args.cache_dir),
         listen=parse_hostport(args.listen, 9090),
         metrics_listen=metrics,

@@ -91,6 +91,7 @@ class ServeSettings:
     pod_namespace: str = "default"
     replica_id: str = "ignition-server"
     lease_duration: float = 15.0
+    prune_grace: float = 60.0
     watch_timeout: float = 300.0
 
     @property

@@ -100,6 +100,7 @@ class IgnitionServer:
             trust=TrustWatcher(verifier, self._edge_writer(verifier)),
             outputs=outputs,
             writer=cluster.is_writer if cluster is not None else (lambda: True),
+            prune_grace=settings.prune_grace,
         )
         handlers = IgnitionHandlers(
             cache=cache,

@@ -43,11 +43,11 @@ def api(tmp_path: Path):
 def replicas(tmp_path: Path, api: KubeAPI):
     started: list[ServerProcess] = []
 
-    def start(name: str, token_ttl: str = "11h", wait: bool = True) -> ServerProcess:
+    def start(name: str, token_ttl: str = "11h", wait: bool = True, extra: tuple[str, ...] = ()) -> ServerProcess:
         (tmp_path / "empty").mkdir(exist_ok=True)
         proc = ServerProcess(tmp_path / "empty", tmp_path / name / "cache", token_ttl=token_ttl, extra=[
             "--kubernetes", "--kubeconfig", str(api.kubeconfig), "--pod-namespace", "ignition",
-            "--replica-id", name, "--lease-duration", "3s"])
+            "--replica-id", name, "--lease-duration", "3s", *extra])
         started.append(proc)
         return proc.start(wait=wait)
 
@@ -170,3 +170,32 @@ def test_three_replicas_converge_and_exactly_one_writes(api: KubeAPI, replicas) 
     wait_for(lambda: token_of(api, name) != before, timeout=30, what="a rotation by the new writer")
     for proc in survivors:
         wait_for(lambda proc=proc: served(proc, token_of(api, name)), timeout=20, what="survivors serving it")
+
+
+def test_expired_token_secrets_are_deleted_with_their_user_data(api: KubeAPI, replicas) -> None:
+    from ignition_server.sources.manifests import ANNOTATION_TOKEN_EXPIRATION, format_time
+
+    old = token_secret("workers", "tok-old")
+    old["metadata"]["annotations"][ANNOTATION_TOKEN_EXPIRATION] = format_time(time.time() + 4)
+    name = api.create(old)["metadata"]["name"]
+    api.create(token_secret("infra", "tok-infra"))
+    proc = replicas("r1", extra=("--prune-expired-after", "1s"))
+    wait_for(lambda: served(proc, "tok-old"), timeout=30, what="served before its expiry")
+    wait_for(lambda: any(s["metadata"]["name"].startswith("user-data-workers") for s in api.list("secrets", NAMESPACE)),
+             timeout=30, what="its user-data written")
+    wait_for(lambda: api.get("secrets", NAMESPACE, name) is None, timeout=30, what="the expired token Secret deleted")
+    names = [s["metadata"]["name"] for s in api.list("secrets", NAMESPACE)]
+    assert not any(n.startswith("user-data-workers") for n in names), names  # its user-data too
+    assert any(n.startswith("user-data-infra") for n in names) and served(proc, "tok-infra")  # the live one stays
+    assert proc.get("/ignition", bearer("tok-old"))[0] in (403, 511)  # never served after its expiry
+
+
+def test_a_render_failure_is_an_event_on_the_token_secret(api: KubeAPI, replicas) -> None:
+    bad = build_token_secret(namespace=NAMESPACE, nodepool="clusters/bad", token="tok-bad",
+                             machineconfigs_yaml="kind: [broken", generation_time=time.time())
+    name = api.create(bad)["metadata"]["name"]
+    replicas("r1")
+    wait_for(lambda: base64.b64decode((api.get("secrets", NAMESPACE, name)["data"].get("reason") or "")).decode()
+             == "InvalidConfig", timeout=30, what="InvalidConfig on the Secret")
+    wait_for(lambda: any(e["involvedObject"]["name"] == name and e["reason"] == "InvalidConfig"
+                         for e in api.list("events", NAMESPACE)), timeout=30, what="an Event on the Secret")

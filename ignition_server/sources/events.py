@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Literal, Protocol
+from typing import Any, Awaitable, Callable, Literal, Protocol, runtime_checkable
 
 from .manifests import ObjectKey
 
@@ -41,3 +41,13 @@ class Source(Protocol):
     async def put(self, obj: dict[str, Any], *, beside: ObjectKey) -> None: ...
 
     async def flush(self) -> None: ...
+
+
+@runtime_checkable
+class PruningSource(Source, Protocol):
+    """A source that can also delete objects and record events (the Kubernetes source).
+    The file source cannot: expired token Secrets stay in their files, ignored."""
+
+    async def delete(self, key: ObjectKey, *, resource_version: str | None = None) -> bool: ...
+
+    async def record_event(self, about: ObjectKey, reason: str, message: str, *, warning: bool = True) -> None: ...

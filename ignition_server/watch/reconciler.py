@@ -70,6 +70,7 @@ class Reconciler(WriterDuties):
     # Whether this replica writes (rotation, expiry, status, user-data, ignition-reached):
     # with several replicas only the Lease holder does; every replica indexes and serves.
     writer: Callable[[], bool] = lambda: True
+    prune_grace: float = 60.0  # an expired token Secret is deleted this long after its expiry (sources that can)
     secrets: dict[ObjectKey, TokenSecret] = field(default_factory=dict)
     _order: dict[ObjectKey, int] = field(default_factory=dict)  # first-seen order, for ties
     _renders: dict[str, asyncio.Task[RenderedPayload]] = field(default_factory=dict)  # by inputs digest
@@ -450,6 +451,7 @@ class Reconciler(WriterDuties):
             await asyncio.sleep(tick)
             try:
                 await self.rotate_due()
+                await self.prune_expired()
                 await self.retry_failed()
                 now = self.clock()
                 for secret in list(self.secrets.values()):

@@ -25,6 +25,8 @@ from ..sources.manifests import (
     format_time,
     set_annotation,
 )
+from ..render.userdata import user_data_secret_name
+from ..sources.events import PruningSource
 from .status import Status, status_mutation, written_status
 
 log = logging.getLogger("ignition_server.watch")
@@ -53,7 +55,10 @@ class WriterDuties:
             return
         if obj is not None and written_status(obj) == status:
             return
-        await self._write_back(key, status_mutation(status), "status")
+        written = await self._write_back(key, status_mutation(status), "status")
+        if written and status.reason != "AsExpected" and isinstance(self.source, PruningSource):
+            # Once per change of status, like the status itself: `kubectl describe` shows why.
+            await self.source.record_event(key, status.reason, status.message)
 
     async def _write_back(self, key: ObjectKey, mutate: Callable[[dict[str, Any]], bool], what: str) -> bool:
         """True when written. Raises when it could not be (the caller's queue retries with back-off)."""
@@ -220,3 +225,28 @@ class WriterDuties:
             return True
 
         self.work.submit(key.ref, "write-back", lambda: self._write_back(key, mutate, "ignition-reached"))
+
+    async def prune_expired(self) -> int:
+        """Delete token Secrets that expired (`grace` seconds ago, so every replica has
+        stopped serving them) and their user-data Secrets (the reference leaked both)."""
+        if not self.writer() or not isinstance(self.source, PruningSource):
+            return 0
+        now = self.clock()
+        pruned = 0
+        for key, secret in list(self.secrets.items()):
+            if secret.expiration is None or now < secret.expiration + self.prune_grace or self.faults.waiting("prune", key.ref):
+                continue
+            pool_name = secret.nodepool.partition("/")[2]
+            user_data = ObjectKey("Secret", key.namespace, user_data_secret_name(
+                nodepool_name=pool_name, token_secret_name=key.name, user_data=b""))
+            try:
+                if self.source.get(user_data) is not None:
+                    await self.source.delete(user_data)
+                await self.source.delete(key)
+            except Exception as exc:
+                self.faults.failed("prune", key.ref, exc)
+                continue
+            self.faults.succeeded("prune", key.ref)
+            log.info("deleted the expired token Secret %s and its user-data", key.ref)
+            pruned += 1
+        return pruned

@@ -19,6 +19,7 @@ import copy
 import hashlib
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
@@ -298,6 +299,20 @@ class KubeSource:
             self._keep(key, {**created, "kind": key.kind})
             return
         await self.write_back(key, replace)
+
+    async def record_event(self, about: ObjectKey, reason: str, message: str, *, warning: bool = True) -> None:
+        """A core/v1 Event on the object (what `kubectl describe` shows)."""
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        involved = self._objects.get(about, {}).get("metadata") or {}
+        body = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{about.name}.", "namespace": about.namespace},
+            "involvedObject": {"apiVersion": "v1", "kind": about.kind, "namespace": about.namespace, "name": about.name,
+                               "uid": involved.get("uid"), "resourceVersion": involved.get("resourceVersion")},
+            "reason": reason, "message": message[:1024], "type": "Warning" if warning else "Normal",
+            "source": {"component": "ignition-server"}, "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
+        await self.client.request("create", "POST", collection_path("Event", about.namespace), body=body)
 
     async def delete(self, key: ObjectKey, *, resource_version: str | None = None) -> bool:
         """Delete an object (only at `resource_version`, when given). False when already gone."""
