@@ -199,3 +199,29 @@ def test_a_render_failure_is_an_event_on_the_token_secret(api: KubeAPI, replicas
              == "InvalidConfig", timeout=30, what="InvalidConfig on the Secret")
     wait_for(lambda: any(e["involvedObject"]["name"] == name and e["reason"] == "InvalidConfig"
                          for e in api.list("events", NAMESPACE)), timeout=30, what="an Event on the Secret")
+
+
+def test_the_real_client_boots_from_a_replica_that_lags_a_rotation(api: KubeAPI, replicas, tmp_path: Path) -> None:
+    from harness import finish_fetch, ignition_fetch, require_ignition
+    from ignition_server.render.userdata import pointer_config
+
+    require_ignition()
+    name = api.create(token_secret("workers", "tok-0"))["metadata"]["name"]
+    writer = replicas("r1", token_ttl="16s")
+    wait_for(lambda: writer.metrics().get("ign_server_leader") == 1, timeout=15, what="r1 holding the Lease")
+    lagging = replicas("r2", token_ttl="16s")
+    wait_for(lambda: served(lagging, "tok-0"), timeout=30, what="r2 serving")
+    api.server.faults.hold_events = True  # every watch stalls: r2 will not hear of the rotation
+    wait_for(lambda: token_of(api, name) != "tok-0", timeout=30, what="the writer's rotation (at half the TTL)")
+    new = token_of(api, name)
+    assert served(writer, new)  # the writer applied its own write at once
+    assert lagging.get("/ignition", bearer(new))[0] == 511  # not a 4xx: the node retries
+    pointer = pointer_config(source_url=lagging.url, token=new, ca_pem=lagging.ca_file.read_bytes(), nodepool="clusters/workers")
+    client = ignition_fetch(pointer, tmp_path / "node", background=True)
+    wait_for(lambda: lagging.metrics().get('ign_server_responses_total{code="511"}', 0) >= 3, timeout=30,
+             what="the client retrying the lagging replica")
+    api.server.faults.hold_events = False  # the watch catches up
+    output, _ = client.communicate(timeout=60)
+    run = finish_fetch(client, output, tmp_path / "node")
+    assert run.returncode == 0, output
+    assert "/etc/workers.conf" in {f["path"] for f in run.config["storage"]["files"]}

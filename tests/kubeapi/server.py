@@ -38,6 +38,7 @@ class Faults:
     watch_max_events: int | None = None  # ... or after this many events
     gone_next_watches: int = 0  # the next N watches answer 410 Gone at once
     refuse_writes: bool = False  # every write answers 500 (an etcd outage)
+    hold_events: bool = False  # open watches send nothing (bookmarks neither) until released: a lagging watch
 
 
 @dataclass
@@ -222,6 +223,9 @@ class ApiServer:
         self.live_watches += 1
         try:
             while loop.time() < deadline:
+                if self.faults.hold_events:
+                    await asyncio.sleep(0.05)
+                    continue
                 for event in [e for e in self.store.history if e.rv > since]:
                     since = event.rv
                     meta = event.obj.get("metadata", {})
