@@ -49,6 +49,7 @@ class ApiServer:
     bookmark_interval: float = 1.0
     requests: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
     live_watches: int = 0
+    refusals: collections.Counter[int] = field(default_factory=collections.Counter)  # answers by status code >= 400
     reads: list[tuple[str, str, str]] = field(default_factory=list)  # (plural, namespace, name) of every GET of one object
 
     def app(self) -> web.Application:
@@ -74,6 +75,7 @@ class ApiServer:
         try:
             return await handler(request)
         except ApiError as exc:
+            self.refusals[exc.code] += 1
             return web.json_response(exc.status(), status=exc.code)
         except PatchError as exc:
             return web.json_response(ApiError(422, "Invalid", str(exc)).status(), status=422)
