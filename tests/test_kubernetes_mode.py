@@ -123,34 +123,45 @@ def test_watches_that_drop_and_expire_lose_nothing_and_render_once(api: KubeAPI,
 
 
 def test_the_api_server_down_for_a_while(api: KubeAPI, replicas) -> None:
-    api.create(token_secret("workers", "tok-a"))
-    proc = replicas("r1")
+    name = api.create(token_secret("workers", "tok-a"))["metadata"]["name"]
+    proc = replicas("r1", token_ttl="16s")
     wait_for(lambda: served(proc, "tok-a"), timeout=30, what="the payload served")
     api.stop()
     wait_for(lambda: proc.metrics().get('ign_server_source_watch_up{kind="Secret"}') == 0, timeout=30,
              what="the watch seen down")
     assert served(proc, "tok-a")  # serving goes on from the cache
     assert "behind: Secret watch reconnecting" in proc.get("/readyz")[2].decode()
+    # It cannot renew its Lease, so it stops writing (another replica could hold it by now);
+    # the rotation that falls due meanwhile (at 8 s) waits, and is written once it is back.
+    wait_for(lambda: proc.metrics().get("ign_server_leader") == 0, timeout=30, what="the writer standing down")
+    time.sleep(8)  # past the rotation's due time, on purpose: nothing may be handed out while down
+    assert proc.metrics().get("ign_server_token_rotation_total", 0) == 0
     api.start()
     api.create(token_secret("later", "tok-later"))
     wait_for(lambda: served(proc, "tok-later"), timeout=60, what="a Secret made after the outage served")
+    wait_for(lambda: token_of(api, name) != "tok-a", timeout=60, what="the rotation written after the outage")
+    rotated = token_of(api, name)
+    assert served(proc, rotated) and served(proc, "tok-a")
+    writes = [e for e in api.server.store.history if e.type == "MODIFIED" and e.obj["metadata"]["name"] == name
+              and "old_token" in e.obj.get("data", {})]
+    assert len({e.obj["data"]["token"] for e in writes}) == len(writes)  # no token written twice
 
 
 def test_three_replicas_converge_and_exactly_one_writes(api: KubeAPI, replicas) -> None:
     secret = api.create(token_secret("workers", "tok-0", generation_time=time.time()))
     name = secret["metadata"]["name"]
-    procs = [replicas(f"r{i}", token_ttl="4s") for i in range(3)]
+    procs = [replicas(f"r{i}", token_ttl="3s") for i in range(3)]
     seen: list[str] = []
-    deadline = time.monotonic() + 60
-    while len(seen) < 4 and time.monotonic() < deadline:
+    deadline = time.monotonic() + 120
+    while len(seen) < 21 and time.monotonic() < deadline:  # the first token and 20 rotations
         token = token_of(api, name)
         if token and (not seen or seen[-1] != token):
             seen.append(token)
-            # Every replica converges on the token the writer wrote.
+            # Every replica converges on the token the writer wrote (the old one stays good meanwhile).
             for proc in procs:
                 wait_for(lambda proc=proc, token=token: served(proc, token), timeout=20, what="a replica serving the new token")
-        time.sleep(0.1)
-    assert len(seen) >= 4, seen
+        time.sleep(0.05)
+    assert len(seen) >= 21 and len(set(seen)) == len(seen), seen
     rotations = [p.metrics().get("ign_server_token_rotation_total", 0) for p in procs]
     leaders = [p.metrics().get("ign_server_leader", 0) for p in procs]
     assert sum(leaders) == 1 and sum(1 for r in rotations if r) == 1, (rotations, leaders)
