@@ -241,10 +241,14 @@ def test_edge_passes_every_token_the_server_accepts(tmp_path: Path) -> None:
         "--edge-dir", str(edge_dir), "--edge-bind", f"127.0.0.1:{edge_port}"]).start()
     config = edge_dir / "haproxy.cfg"
     token_map = proc.cache_dir / "edge" / "tokens.map"
-    wait_for(lambda: config.exists() and issuer in config.read_text(), what="the edge config with the cluster's issuer")
-    wait_for(lambda: token_map.exists() and b"clusters/workers" in token_map.read_bytes(), what="the token map")
-    check = subprocess.run([haproxy_bin, "-c", "-f", str(config)], capture_output=True, text=True)
-    assert check.returncode == 0, check.stdout + check.stderr
+    try:
+        wait_for(lambda: config.exists() and issuer in config.read_text(), what="the edge config with the cluster's issuer")
+        wait_for(lambda: token_map.exists() and b"clusters/workers" in token_map.read_bytes(), what="the token map")
+        check = subprocess.run([haproxy_bin, "-c", "-f", str(config)], capture_output=True, text=True)
+        assert check.returncode == 0, check.stdout + check.stderr
+    except BaseException:
+        proc.kill()
+        raise
     haproxy = subprocess.Popen([haproxy_bin, "-db", "-f", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     context = ssl.create_default_context(cafile=str(proc.ca_file))
 
