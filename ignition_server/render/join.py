@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from .. import bounded_yaml
 from .haproxy import file_entry, fragment
 from .inputs import InvalidConfig
 
@@ -70,7 +71,7 @@ class JoinInputs:
 
 def _check_kubeconfig(data: bytes) -> None:
     try:
-        doc = yaml.safe_load(data)
+        doc = bounded_yaml.load(data)
     except yaml.YAMLError as e:
         raise InvalidConfig(f"bootstrap kubeconfig is not YAML: {e}") from None
     if not isinstance(doc, dict) or not doc.get("clusters") or not doc.get("users"):

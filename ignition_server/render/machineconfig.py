@@ -32,6 +32,7 @@ import yaml
 # libyaml's safe loader when PyYAML was built with it: the same documents, much faster.
 _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
+from .. import bounded_yaml
 from .inputs import InvalidConfig
 from .spec import SUPPORTED_VERSIONS, minimum_version, validate
 from .spec2 import is_spec2, translate
@@ -88,7 +89,7 @@ def parse_machineconfigs(yaml_text: str) -> list[dict]:
     malformed spec, or an embedded Ignition config that is not a supported 3.x version.
     """
     try:
-        documents = list(yaml.load_all(yaml_text or "", Loader=_SAFE_LOADER))
+        documents = bounded_yaml.load_all(yaml_text or "")
     except yaml.YAMLError as e:
         raise InvalidConfig(f"MachineConfig YAML does not parse: {e}") from None
     objects: list[tuple[str, Any]] = []

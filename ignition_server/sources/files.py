@@ -24,6 +24,7 @@ import yaml
 
 from payload_cache.fsio import atomic_write, fsync_dir, temp_path_for, write_exclusive
 
+from .. import bounded_yaml
 from .events import Change, ChangeHandler, Mutation
 from .manifests import LargeValue, ObjectKey, has_large_values, object_key, slim
 
@@ -37,6 +38,8 @@ _RACY_NS = 2_000_000_000
 SNAPSHOT_NAME = "source-listing"
 SNAPSHOT_VERSION = 2  # 2: values over 4 KiB as digests
 SNAPSHOT_INTERVAL = 10.0
+# A manifest larger than this is refused unread (a 300 KiB payload's token Secret is ~350 KiB).
+MAX_MANIFEST_BYTES = 32 * 1024 * 1024
 _LARGE_MARK = "$large"
 
 
@@ -252,6 +255,18 @@ class FileSource:
         return found
 
     def _reload(self, path: Path, stamp: tuple[int, int, int]) -> list[Change]:
+        if stamp[1] > MAX_MANIFEST_BYTES:
+            # Not read at all: one file must not cost the others their memory or their turn.
+            known = self._files.get(path)
+            marker = f"too large: {stamp}"
+            if known is None or known.digest != marker:
+                log.error("%s is %d bytes, over the %d-byte limit for a manifest: refused unread, "
+                          "keeping its last good objects", path, stamp[1], MAX_MANIFEST_BYTES)
+            if known is not None:
+                known.stamp, known.digest = stamp, marker
+            else:
+                self._files[path] = _FileState(stamp, marker)
+            return []
         try:
             raw = path.read_bytes()
         except FileNotFoundError:
@@ -332,7 +347,7 @@ class FileSource:
     @staticmethod
     def _parse(raw: bytes) -> list[tuple[ObjectKey, dict[str, Any]]]:
         found = []
-        for document in yaml.load_all(raw.decode(), Loader=_Loader):
+        for document in bounded_yaml.load_all(raw.decode()):
             for obj in _objects_of(document):
                 key = object_key(obj)
                 if key is not None:
@@ -436,7 +451,7 @@ class FileSource:
             raise ManifestUnreadable(f"{path} is not UTF-8 text ({exc}); left as it is") from None
         for index, doc_text in enumerate(documents):
             try:
-                document = yaml.load(doc_text, Loader=_Loader)
+                document = bounded_yaml.load(doc_text)
             except yaml.YAMLError as exc:
                 # Nothing is written to a file that no longer parses: the operator's edit
                 # stays exactly as it is, and the write is tried again once it is fixed.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import gzip
+import zlib
 import hashlib
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -194,6 +195,10 @@ def format_time(unix: float) -> str:
     return f"{stamp}.{nanos:09d}Z"
 
 
+# What a token Secret's `config` may decompress to (MachineConfig YAML; typically well under 1 MiB).
+MAX_CONFIG_BYTES = 32 * 1024 * 1024
+
+
 def decode_config(value: bytes) -> str:
     """The Secret value of `config` (base64 text of gzip bytes) to MachineConfig YAML text."""
     if not value.strip():
@@ -204,14 +209,32 @@ def decode_config(value: bytes) -> str:
             raw = base64.b64decode(b"".join(value.split()), validate=True)
         except (binascii.Error, ValueError):
             raise ManifestError("config is neither base64 of gzip data nor gzip data") from None
-    try:
-        text = gzip.decompress(raw)
-    except (OSError, EOFError) as exc:
-        raise ManifestError(f"config is not valid gzip data: {exc}") from None
+    text = _gunzip_bounded(raw, MAX_CONFIG_BYTES)
     try:
         return text.decode()
     except UnicodeDecodeError:
         raise ManifestError("config does not decode to UTF-8 YAML") from None
+
+
+def _gunzip_bounded(raw: bytes, limit: int) -> bytes:
+    """gzip data (one or more members) decompressed, stopping at `limit` bytes: a 1 MiB
+    "gzip bomb" of zeros must cost 32 MiB at most, never the 1 GiB it expands to."""
+    out = bytearray()
+    data = raw
+    try:
+        while data:
+            stream = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            out += stream.decompress(data, limit + 1 - len(out))
+            if len(out) > limit:
+                raise ManifestError(f"config decompresses to more than {limit // (1024 * 1024)} MiB: refused")
+            if not stream.eof:
+                if stream.unconsumed_tail:
+                    raise ManifestError(f"config decompresses to more than {limit // (1024 * 1024)} MiB: refused")
+                raise ManifestError("config is not valid gzip data: truncated")
+            data = stream.unused_data
+    except zlib.error as exc:
+        raise ManifestError(f"config is not valid gzip data: {exc}") from None
+    return bytes(out)
 
 
 def encode_config(yaml_text: str) -> bytes:

@@ -20,6 +20,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from .. import bounded_yaml
 from ..sources.manifests import ObjectKey, annotations
 
 log = logging.getLogger("ignition_server.watch.releases")
@@ -49,7 +50,7 @@ def parse_catalog(obj: Mapping[str, Any]) -> dict[str, Release]:
     text = (obj.get("data") or {}).get(CATALOG_KEY)
     if not text:
         raise ValueError(f"no {CATALOG_KEY} key")
-    entries = yaml.safe_load(text) or []
+    entries = bounded_yaml.load(text) or []
     if not isinstance(entries, list):
         raise ValueError(f"{CATALOG_KEY} must be a list of releases")
     releases: dict[str, Release] = {}

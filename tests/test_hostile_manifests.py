@@ -1,0 +1,93 @@
+"""Hostile manifests cost bounded memory and time, and never the other NodePools their boots."""
+
+from __future__ import annotations
+
+import base64
+import os
+import time
+import tracemalloc
+import zlib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for, write_manifests
+from ignition_server.bounded_yaml import UnsafeYAML, load_all
+from ignition_server.sources.manifests import MAX_CONFIG_BYTES, ManifestError, build_token_secret, decode_config
+
+# "Billion laughs" in a ConfigMap: nine levels of nine aliases, 9^9 nodes once expanded.
+ALIAS_BOMB = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: laughs, namespace: clusters-a}\ndata:\n" \
+    "  a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+        f"  {chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 9)}]\n" for i in range(8))
+
+
+def gzip_of_zeros(mib: int) -> bytes:
+    stream = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    chunk = bytes(1 << 20)
+    return b"".join(stream.compress(chunk) for _ in range(mib)) + stream.flush()
+
+
+def test_an_alias_bomb_is_refused_before_it_expands() -> None:
+    started = time.monotonic()
+    with pytest.raises(UnsafeYAML, match="expands to more than"):
+        load_all(ALIAS_BOMB)
+    assert time.monotonic() - started < 1.0
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[" * 1000 + "]" * 1000, "nests deeper than"),
+    ("a: &x [*x]\n", "refers to itself|recursive"),
+])
+def test_deep_or_recursive_documents_are_refused(text: str, message: str) -> None:
+    with pytest.raises(yaml.YAMLError, match=message):
+        load_all(text)
+
+
+def test_ordinary_aliases_still_load() -> None:
+    assert load_all("base: &b {x: 1}\nother: *b\n") == [{"base": {"x": 1}, "other": {"x": 1}}]
+
+
+def test_a_gzip_bomb_config_is_refused_within_bounded_memory() -> None:
+    bomb = base64.b64encode(gzip_of_zeros(256))  # 256 MiB of zeros in ~260 KiB
+    tracemalloc.start()
+    try:
+        with pytest.raises(ManifestError, match="decompresses to more than"):
+            decode_config(bomb)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 3 * MAX_CONFIG_BYTES  # never the whole 256 MiB
+
+
+def test_the_server_serves_the_good_nodepool_beside_hostile_files(tmp_path: Path) -> None:
+    source = tmp_path / "source"
+    write_manifests(source / "good.yaml", build_token_secret(
+        namespace="clusters-a", nodepool="clusters/good", token="tok-good",
+        machineconfigs_yaml=EXAMPLE_MACHINECONFIG.format(name="good"), generation_time=time.time()))
+    (source / "bomb.yaml").write_text(ALIAS_BOMB)
+    huge = source / "huge.yaml"
+    with open(huge, "wb") as sparse:  # a 1 GiB document: refused by its size, unread
+        sparse.truncate(1 << 30)
+    gzip_bomb = build_token_secret(namespace="clusters-a", nodepool="clusters/bomb", token="tok-bomb",
+                                   machineconfigs_yaml="", generation_time=time.time())
+    gzip_bomb["data"]["config"] = base64.b64encode(base64.b64encode(gzip_of_zeros(256))).decode()
+    write_manifests(source / "gzip-bomb.yaml", gzip_bomb)
+    proc = ServerProcess(source, tmp_path / "cache").start()
+    try:
+        bearer = {"Authorization": "Bearer " + base64.b64encode(b"tok-good").decode()}
+        wait_for(lambda: proc.get("/ignition", bearer)[0] == 200, timeout=60, what="the good NodePool served")
+
+        def bomb_status() -> str:
+            secret = next(d for d in yaml.safe_load_all((source / "gzip-bomb.yaml").read_text()) if d)
+            return base64.b64decode(secret["data"].get("message", "")).decode()
+
+        wait_for(lambda: "decompresses to more than" in bomb_status(), timeout=60, what="InvalidConfig on the gzip bomb")
+        logs = proc.logs()
+        assert "bomb.yaml" in logs and "expands to more than" in logs
+        assert "huge.yaml" in logs and "over the" in logs
+        status = (Path("/proc") / str(proc.proc.pid) / "status").read_text()  # type: ignore[union-attr]
+        peak_kib = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:")))
+        assert peak_kib < 400 * 1024, f"peak RSS {peak_kib // 1024} MiB"
+    finally:
+        proc.kill()
