@@ -73,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add(serve, "--render-concurrency", default="2", help="renders running at once")
     _add(serve, "--max-in-flight", default="1024", help="payload requests answered at once; more get 503 + Retry-After")
     _add(serve, "--log-format", default="auto", choices=["auto", "json", "text"], help="log format")
+    _add(serve, "--auth-failure-burst", default="30", help="failed authentications per source address before 503 + Retry-After")
+    _add(serve, "--auth-failure-window", default="10s", help="the window of --auth-failure-burst")
     _add(serve, "--kubernetes", action="store_true", help="read and write the objects in a live cluster instead of --source")
     _add(serve, "--kubeconfig", help="kubeconfig for --kubernetes (default: the in-cluster service account)")
     _add(serve, "--namespace", help="watch only these namespaces, comma-separated (default: every namespace the RBAC allows)")
@@ -138,6 +140,8 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         source_read_only=bool(args.source_read_only),
         render_concurrency=max(1, int(args.render_concurrency)),
         max_in_flight=max(1, int(args.max_in_flight)),
+        auth_failure_burst=max(1, int(args.auth_failure_burst)),
+        auth_failure_window=parse_duration(args.auth_failure_window),
         log_format=args.log_format,
     )
 

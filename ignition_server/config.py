@@ -82,6 +82,9 @@ class ServeSettings:
     render_concurrency: int = 2
     # Payload requests answered at once; more get 503 + Retry-After (memory stays bounded in a boot storm).
     max_in_flight: int = 1024
+    # Failed authentications per source address before 503 + Retry-After, and their window.
+    auth_failure_burst: int = 30
+    auth_failure_window: float = 10.0
     shutdown_timeout: float = 10.0
     log_format: str = "text"
     # Kubernetes mode: the objects live in the API server; several replicas, one writer.

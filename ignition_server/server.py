@@ -23,6 +23,7 @@ from .auth.rotation import RotationPolicy
 from .auth.jwt import ServiceAccountVerifier
 from .auth.tokens import TokenAuthenticator
 from .config import ServeSettings
+from .http.limits import FailedAuthLimiter
 from .http.app import IgnitionHandlers, ServingState, build_app, build_metrics_app
 from .http.tls import TLSFiles, ensure_self_signed, reload_on_change, server_context
 from .metrics import ServerMetrics
@@ -110,6 +111,7 @@ class IgnitionServer:
             on_served=reconciler.note_served,
             on_missing=reconciler.payload_missing,
             max_in_flight=settings.max_in_flight,
+            limiter=FailedAuthLimiter(settings.auth_failure_burst, settings.auth_failure_window),
         )
         runners = [await self._start(build_app(handlers), settings.listen, ssl_context, "serving")]
         if settings.metrics_listen is not None:

@@ -21,6 +21,7 @@ from payload_cache import PayloadCache
 from ..auth.tokens import Grant, Refusal, TokenAuthenticator, check_nodepool, credential
 from ..metrics import ServerMetrics
 from ..render.spec import UnsatisfiableVersion, negotiate, unsatisfiable_reason
+from .limits import FAILED_STATUSES, FailedAuthLimiter
 from .ready import PiecewiseBody, ReadyBodies
 
 access_log = logging.getLogger("ignition_server.access")
@@ -50,6 +51,7 @@ class IgnitionHandlers:
         on_served: Callable[[str], None] = lambda _secret: None,
         on_missing: Callable[[str], None] = lambda _secret: None,
         max_in_flight: int = 1024,
+        limiter: FailedAuthLimiter | None = None,
     ) -> None:
         self._cache = cache
         self._auth = authenticator
@@ -58,6 +60,7 @@ class IgnitionHandlers:
         self._on_served = on_served
         self._on_missing = on_missing
         self._max_in_flight = max_in_flight
+        self._limiter = limiter or FailedAuthLimiter()
         self._in_flight = 0  # payload requests being answered now (one event loop: no lock)
         self._ids = itertools.count(1)
         self._ready = ReadyBodies()
@@ -103,9 +106,17 @@ class IgnitionHandlers:
             if self._in_flight >= self._max_in_flight:
                 # Overload is "try again", never 429: the Ignition client gives up on any 4xx.
                 raise Refusal(503, "overloaded", retry_after=1)
+            wait = self._limiter.retry_after(request.remote)
+            if wait is not None:
+                raise Refusal(503, "too many failed attempts from this address", retry_after=wait)
             self._in_flight += 1
             admitted = True
-            grant = authenticate()
+            try:
+                grant = authenticate()
+            except Refusal as refusal:
+                if refusal.status in FAILED_STATUSES:
+                    self._limiter.failed(request.remote)
+                raise
             nodepool = grant.nodepool
             response = await self._payload(request, grant)
             self._metrics.get_requests.inc(grant.nodepool)
