@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from . import __version__
+from .http.tls_profiles import profile as tls_profile
 from .config import (
     DEFAULT_LISTEN,
     DEFAULT_METRICS_LISTEN,
@@ -62,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add(serve, "--metrics-listen", default=DEFAULT_METRICS_LISTEN, help="HOST:PORT for /metrics (plain HTTP); 'off' disables")
     _add(serve, "--tls-cert", help="serving certificate (PEM); without it a self-made CA signs one")
     _add(serve, "--tls-key", help="key of --tls-cert (PEM)")
+    _add(serve, "--tls-profile", default="Default", choices=["Default", "Old", "Intermediate", "Modern", "Custom"],
+         help="the cluster's TLS security profile (OpenShift's names)")
+    _add(serve, "--tls-min-version", help="with --tls-profile Custom: VersionTLS10 .. VersionTLS13")
+    _add(serve, "--tls-ciphers", help="with --tls-profile Custom: OpenSSL cipher names, colon-separated")
     _add(serve, "--token-ttl", default="11h", help="token lifetime; rotation at half of it (e.g. 6s, 11h)")
     _add(serve, "--service-account-overlap", default="1h", help="how long a replaced service-account key or token Secret stays accepted")
     _add(serve, "--edge-dir", help="write an HAProxy edge config checking service-account JWTs here")
@@ -129,7 +134,8 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         cache_dir=Path(args.cache_dir),
         listen=parse_hostport(args.listen, 9090),
         metrics_listen=metrics,
-        tls=TLSSettings(Path(args.tls_cert) if args.tls_cert else None, Path(args.tls_key) if args.tls_key else None),
+        tls=TLSSettings(Path(args.tls_cert) if args.tls_cert else None, Path(args.tls_key) if args.tls_key else None,
+                        tls_profile(args.tls_profile, min_version=args.tls_min_version, ciphers=args.tls_ciphers)),
         token_ttl=parse_duration(args.token_ttl),
         service_account_overlap=parse_duration(args.service_account_overlap),
         edge_dir=Path(args.edge_dir) if args.edge_dir else None,

@@ -6,6 +6,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from .http.tls_profiles import TLSProfile
+
 DEFAULT_LISTEN = "0.0.0.0:9090"  # HyperShift's ignition server port
 DEFAULT_METRICS_LISTEN = "0.0.0.0:8080"  # HyperShift's metrics port
 DEFAULT_TOKEN_TTL = 11 * 3600.0  # HyperShift's token TTL
@@ -59,6 +61,7 @@ def parse_hostport(text: str, default_port: int) -> tuple[str, int]:
 class TLSSettings:
     cert_file: Path | None = None
     key_file: Path | None = None
+    profile: TLSProfile = TLSProfile()
 
 
 @dataclass(frozen=True)

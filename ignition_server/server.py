@@ -168,13 +168,13 @@ class IgnitionServer:
     def _tls_context(self) -> ssl.SSLContext:
         tls = self.settings.tls
         if self.tls_files is not None:  # the replicas' shared CA (Kubernetes mode)
-            return server_context(self.tls_files)
+            return server_context(self.tls_files, tls.profile)
         if tls.cert_file is not None and tls.key_file is not None:
             self.tls_files = TLSFiles(tls.cert_file, tls.key_file, None)
         else:
             self.tls_files = ensure_self_signed(self.settings.cache_dir / "tls", self.settings.public_url)
             log.info("TLS: self-made CA at %s (put it in pointer configs' certificateAuthorities)", self.tls_files.ca)
-        return server_context(self.tls_files)
+        return server_context(self.tls_files, tls.profile)
 
     async def _start(self, app: web.Application, listen: tuple[str, int], ssl_context: ssl.SSLContext | None, name: str) -> web.AppRunner:
         runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=self.settings.shutdown_timeout)

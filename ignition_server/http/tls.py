@@ -23,13 +23,13 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from .tls_profiles import TLSProfile
+
 log = logging.getLogger("ignition_server.tls")
 
 CA_VALIDITY = dt.timedelta(days=3650)
 SERVING_VALIDITY = dt.timedelta(days=365)
 RENEW_BEFORE = dt.timedelta(days=30)
-# ECDHE with AEAD ciphers only for TLS 1.2; TLS 1.3 suites are modern by construction.
-CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
 
 
 @dataclass(frozen=True)
@@ -134,10 +134,9 @@ def _still_good(cert_path: Path, names: list[str], now: dt.datetime) -> bool:
     return cert.not_valid_after_utc - now > RENEW_BEFORE and set(names) <= have
 
 
-def server_context(files: TLSFiles) -> ssl.SSLContext:
+def server_context(files: TLSFiles, profile: TLSProfile = TLSProfile()) -> ssl.SSLContext:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.set_ciphers(CIPHERS)
+    profile.apply(context)
     context.options |= ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE
     context.load_cert_chain(files.cert, files.key)
     return context

@@ -1,0 +1,67 @@
+"""TLS security profiles (OpenShift's Old/Intermediate/Modern/Custom), checked with real handshakes."""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import ServerProcess
+
+
+def handshake(proc: ServerProcess, *, max_version: ssl.TLSVersion | None = None, ciphers: str | None = None) -> str | None:
+    """The negotiated cipher, or None when the server refused the handshake."""
+    context = ssl.create_default_context(cafile=str(proc.ca_file))
+    if max_version is not None:
+        context.maximum_version = max_version
+    if ciphers is not None:
+        context.set_ciphers(ciphers)
+    try:
+        with socket.create_connection(("127.0.0.1", proc.port), timeout=10) as raw:
+            with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+                return tls.cipher()[0]
+    except ssl.SSLError:
+        return None
+
+
+@pytest.fixture
+def serve(tmp_path: Path):
+    started: list[ServerProcess] = []
+
+    def start(*flags: str) -> ServerProcess:
+        (tmp_path / "source").mkdir(exist_ok=True)
+        proc = ServerProcess(tmp_path / "source", tmp_path / f"cache{len(started)}", extra=list(flags)).start()
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.kill()
+
+
+def test_modern_refuses_tls12_and_default_takes_it(serve) -> None:
+    modern = serve("--tls-profile", "Modern")
+    assert handshake(modern, max_version=ssl.TLSVersion.TLSv1_2) is None
+    assert handshake(modern) is not None  # TLS 1.3
+    default = serve()
+    assert handshake(default, max_version=ssl.TLSVersion.TLSv1_2) is not None
+
+
+def test_custom_takes_only_its_ciphers(serve) -> None:
+    custom = serve("--tls-profile", "Custom", "--tls-min-version", "VersionTLS12",
+                   "--tls-ciphers", "ECDHE-ECDSA-AES256-GCM-SHA384")
+    assert handshake(custom, max_version=ssl.TLSVersion.TLSv1_2, ciphers="ECDHE-ECDSA-AES256-GCM-SHA384") \
+        == "ECDHE-ECDSA-AES256-GCM-SHA384"
+    assert handshake(custom, max_version=ssl.TLSVersion.TLSv1_2, ciphers="ECDHE-ECDSA-CHACHA20-POLY1305") is None
+
+
+def test_a_custom_profile_with_an_unknown_cipher_stops_at_start_up(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "ignition_server", "serve", "--source", str(tmp_path),
+                             "--cache-dir", str(tmp_path / "cache"), "--tls-profile", "Custom",
+                             "--tls-min-version", "VersionTLS12", "--tls-ciphers", "NOT-A-CIPHER"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "cipher" in result.stderr.lower(), result.stderr
