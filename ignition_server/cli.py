@@ -86,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add(serve, "--pod-namespace", help="namespace of the Lease and the shared CA (default: this pod's namespace)")
     _add(serve, "--replica-id", help="this replica's name in the Lease (default: the host name)")
     _add(serve, "--lease-duration", default="15s", help="how long a Lease holder that stops renewing keeps it")
+    _add(serve, "--ca-lifetime", default="3650d", help="lifetime of the self-made CA (renewed at 80%% of it, overlapping one token TTL)")
+    _add(serve, "--ca-check-interval", default="60s", help="how often the CA's age is checked")
     _add(serve, "--prune-expired-after", default="60s", help="--kubernetes: delete expired token Secrets (and their user-data) this long after expiry")
 
     render = commands.add_parser("render", help="print a NodePool's payload")
@@ -131,6 +133,8 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         replica_id=args.replica_id or socket.gethostname(),
         lease_duration=parse_duration(args.lease_duration),
         prune_grace=parse_duration(args.prune_expired_after),
+        ca_lifetime=parse_duration(args.ca_lifetime),
+        ca_check_interval=parse_duration(args.ca_check_interval),
         cache_dir=Path(args.cache_dir),
         listen=parse_hostport(args.listen, 9090),
         metrics_listen=metrics,

@@ -9,13 +9,16 @@ one. Only the Lease holder writes (rotation, status, user-data).
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import logging
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from .config import ServeSettings
-from .http.tls import TLSFiles, ensure_self_signed
+from .http.ca_rotation import FILES as CA_FILES, CAState
+from .http.tls import CA_VALIDITY, TLSFiles, ensure_self_signed
+from .sources.kube.client import MERGE_PATCH
 from .metrics import ServerMetrics
 from .sources.kube import KubeClient, KubeError, KubeSource, LeaderElector
 from .sources.kube.client import collection_path, item_path
@@ -69,7 +72,8 @@ class WatchHealth:
         (self.behind.discard if up else self.behind.add)(kind)
 
 
-async def shared_tls(client: KubeClient, namespace: str, directory: Path, public_url: str | None) -> TLSFiles:
+async def shared_tls(client: KubeClient, namespace: str, directory: Path, public_url: str | None,
+                     ca_validity: dt.timedelta = CA_VALIDITY) -> TLSFiles:
     """The replicas' one CA and serving certificate, from the Secret (made here if none yet)."""
     path = item_path("Secret", namespace, TLS_SECRET)
     try:
@@ -78,7 +82,7 @@ async def shared_tls(client: KubeClient, namespace: str, directory: Path, public
         if exc.status != 404:
             raise
         with tempfile.TemporaryDirectory() as scratch:
-            made = ensure_self_signed(Path(scratch), public_url)
+            made = ensure_self_signed(Path(scratch), public_url, ca_validity)
             data = {name: base64.b64encode((made.cert.parent / name).read_bytes()).decode() for name in _TLS_FILES}
         body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "data": data,
                 "metadata": {"name": TLS_SECRET, "namespace": namespace}}
@@ -97,3 +101,32 @@ async def shared_tls(client: KubeClient, namespace: str, directory: Path, public
             target.write_bytes(content)
             target.chmod(0o600 if name.endswith(".key") else 0o644)
     return ensure_self_signed(directory, public_url)  # reads them back (and checks they belong together)
+
+
+@dataclass
+class SecretStore:
+    """The CA material in the Secret the replicas share: only the writer changes it, with its
+    resourceVersion as a precondition (two writers cannot both take a step)."""
+
+    client: KubeClient
+    namespace: str
+
+    async def load(self) -> tuple[CAState | None, str | None]:
+        secret = await self.client.request("get", "GET", item_path("Secret", self.namespace, TLS_SECRET))
+        data = secret.get("data") or {}
+        files = {name: base64.b64decode(data[name]) for name in CA_FILES if name in data}
+        state = CAState.from_files(files) if "ca.crt" in files and "ca.key" in files else None
+        return state, (secret.get("metadata") or {}).get("resourceVersion")
+
+    async def save(self, state: CAState, version: str | None) -> bool:
+        data: dict[str, str | None] = {name: base64.b64encode(content).decode() for name, content in state.files().items()}
+        data.setdefault("next-ca.key", None)  # dropped once the next CA signs
+        patch = {"metadata": {"resourceVersion": version}, "data": data}
+        try:
+            await self.client.request("patch", "PATCH", item_path("Secret", self.namespace, TLS_SECRET), body=patch,
+                                      content_type=MERGE_PATCH)
+        except KubeError as exc:
+            if exc.status == 409:
+                return False
+            raise
+        return True

@@ -98,6 +98,9 @@ class ServeSettings:
     replica_id: str = "ignition-server"
     lease_duration: float = 15.0
     prune_grace: float = 60.0
+    # The self-made CA: its lifetime (renewed at 80% of it, with an overlap of one token TTL).
+    ca_lifetime: float = 3650 * 86400.0
+    ca_check_interval: float = 60.0
     watch_timeout: float = 300.0
 
     @property

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 import ssl
 import time
@@ -25,10 +26,11 @@ from .auth.tokens import TokenAuthenticator
 from .config import ServeSettings
 from .http.limits import FailedAuthLimiter
 from .http.app import IgnitionHandlers, ServingState, build_app, build_metrics_app
-from .http.tls import TLSFiles, ensure_self_signed, reload_on_change, server_context
+from .http.ca_rotation import CARotation, DirectoryStore
+from .http.tls import TLSFiles, ensure_self_signed, make_ca, reload_on_change, server_context
 from .metrics import ServerMetrics
 from .render.payload import render_payload
-from .cluster import Cluster, WatchHealth, connect as connect_cluster, shared_tls
+from .cluster import Cluster, SecretStore, WatchHealth, connect as connect_cluster, shared_tls
 from .sources.events import Source
 from .sources.files import FileSource
 from .sources.manifests import is_token_secret
@@ -79,7 +81,7 @@ class IgnitionServer:
             source = cluster.source
             if settings.tls.cert_file is None:
                 self.tls_files = await shared_tls(cluster.client, settings.pod_namespace, settings.cache_dir / "tls",
-                                                  settings.public_url)
+                                                  settings.public_url, self._ca_validity())
         else:
             source = FileSource(
                 settings.source_dir, poll_interval=settings.poll_interval, read_only=settings.source_read_only,
@@ -134,6 +136,15 @@ class IgnitionServer:
             tasks.append(asyncio.create_task(reload_on_change(ssl_context, self.tls_files), name="tls-reload"))
         if cluster is not None:
             tasks.append(asyncio.create_task(cluster.elector.run(), name="lease"))
+        if settings.tls.cert_file is None and self.tls_files is not None:
+            rotation = CARotation(
+                store=SecretStore(cluster.client, settings.pod_namespace) if cluster is not None
+                else DirectoryStore(self.tls_files.cert.parent),
+                directory=self.tls_files.cert.parent, public_url=settings.public_url, overlap=settings.token_ttl,
+                make_ca=lambda: make_ca(self._ca_validity()), is_writer=reconciler.writer,
+                on_bundle=outputs.trust_changed, interval=settings.ca_check_interval,
+            )
+            tasks.append(asyncio.create_task(rotation.run(), name="ca-rotation"))
         try:
             await stop.wait()
         finally:
@@ -165,6 +176,9 @@ class IgnitionServer:
             return None
         return PointerSettings(self.settings.public_url, ca.read_bytes())
 
+    def _ca_validity(self) -> dt.timedelta:
+        return dt.timedelta(seconds=self.settings.ca_lifetime)
+
     def _tls_context(self) -> ssl.SSLContext:
         tls = self.settings.tls
         if self.tls_files is not None:  # the replicas' shared CA (Kubernetes mode)
@@ -172,7 +186,7 @@ class IgnitionServer:
         if tls.cert_file is not None and tls.key_file is not None:
             self.tls_files = TLSFiles(tls.cert_file, tls.key_file, None)
         else:
-            self.tls_files = ensure_self_signed(self.settings.cache_dir / "tls", self.settings.public_url)
+            self.tls_files = ensure_self_signed(self.settings.cache_dir / "tls", self.settings.public_url, self._ca_validity())
             log.info("TLS: self-made CA at %s (put it in pointer configs' certificateAuthorities)", self.tls_files.ca)
         return server_context(self.tls_files, tls.profile)
 

@@ -140,8 +140,9 @@ def test_the_api_server_down_for_a_while(api: KubeAPI, replicas) -> None:
     api.create(token_secret("later", "tok-later"))
     wait_for(lambda: served(proc, "tok-later"), timeout=60, what="a Secret made after the outage served")
     wait_for(lambda: token_of(api, name) != "tok-a", timeout=60, what="the rotation written after the outage")
-    rotated = token_of(api, name)
-    assert served(proc, rotated) and served(proc, "tok-a")
+    current = api.get("secrets", NAMESPACE, name)["data"]
+    rotated, previous = (base64.b64decode(current[k]).decode() for k in ("token", "old_token"))
+    assert served(proc, rotated) and served(proc, previous)  # the overlap (tok-a, or a later one under load)
     writes = [e for e in api.server.store.history if e.type == "MODIFIED" and e.obj["metadata"]["name"] == name
               and "old_token" in e.obj.get("data", {})]
     assert len({e.obj["data"]["token"] for e in writes}) == len(writes)  # no token written twice
@@ -236,3 +237,52 @@ def test_the_real_client_boots_from_a_replica_that_lags_a_rotation(api: KubeAPI,
     run = finish_fetch(client, output, tmp_path / "node")
     assert run.returncode == 0, output
     assert "/etc/workers.conf" in {f["path"] for f in run.config["storage"]["files"]}
+
+
+def test_the_ca_is_renewed_with_an_overlap(api: KubeAPI, replicas, tmp_path: Path) -> None:
+    """Pointer configs trust the next CA before any replica serves a certificate it signed;
+    a pointer config holding only the old CA works until then."""
+    import json
+    import socket
+    import ssl
+    from urllib.parse import unquote
+
+    from ignition_server.http.ca_rotation import split_pem
+
+    api.create(token_secret("workers", "tok-0"))
+    flags = ("--ca-lifetime", "40s", "--ca-check-interval", "0.5s")
+    procs = [replicas("r1", token_ttl="4s", extra=flags), replicas("r2", token_ttl="4s", extra=flags)]
+    first_ca = split_pem(procs[0].ca_file.read_bytes())[0]
+
+    def bundle() -> tuple[bytes, ...]:
+        return split_pem(base64.b64decode(api.get("secrets", "ignition", "ignition-server-tls")["data"]["ca.crt"]))
+
+    def pointer_cas() -> list[bytes]:
+        found = []
+        for secret in api.list("secrets", NAMESPACE):
+            if secret["metadata"]["name"].startswith("user-data-"):
+                pointer = json.loads(base64.b64decode(secret["data"]["value"]))
+                source = pointer["ignition"]["security"]["tls"]["certificateAuthorities"][0]["source"]
+                header, _, data = source.partition(",")
+                found.append(base64.b64decode(data) if header.endswith(";base64") else unquote(data).encode())
+        return found
+
+    def handshake(proc: ServerProcess, ca: bytes) -> bool:
+        context = ssl.create_default_context(cadata=ca.decode())
+        try:
+            with socket.create_connection(("127.0.0.1", proc.port), timeout=5) as raw:
+                with context.wrap_socket(raw, server_hostname="127.0.0.1"):
+                    return True
+        except ssl.SSLError:
+            return False
+
+    added = wait_for(lambda: len(bundle()) == 2 and bundle(), timeout=60, interval=0.2, what="the next CA added")
+    next_ca = added[1]
+    assert all(handshake(p, first_ca) and not handshake(p, next_ca) for p in procs)  # still the old CA's
+    # Every pointer config learns the next CA before any replica switches to it.
+    wait_for(lambda: pointer_cas() and all(next_ca in cas and first_ca in cas for cas in pointer_cas()), timeout=30,
+             interval=0.2, what="user-data trusting both CAs")
+    assert all(handshake(p, first_ca) for p in procs)
+    for proc in procs:
+        wait_for(lambda proc=proc: handshake(proc, next_ca), timeout=30, interval=0.2, what="a replica serving the next CA's certificate")
+    wait_for(lambda: bundle() == (next_ca,), timeout=30, interval=0.2, what="the old CA dropped after the overlap")

@@ -19,6 +19,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -68,8 +69,31 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
 
 
-def ensure_self_signed(directory: Path, public_url: str | None) -> TLSFiles:
-    """Make (or reuse) a CA and a serving certificate for `public_url` under `directory`."""
+def make_ca(validity: dt.timedelta = CA_VALIDITY) -> tuple[bytes, bytes]:
+    """A new self-signed CA: (certificate PEM, key PEM)."""
+    now = dt.datetime.now(dt.timezone.utc)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ignition-server CA")])
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - min(dt.timedelta(minutes=5), validity / 10))  # clock skew, not a share of its life
+        .not_valid_after(now + validity)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    return ca_cert.public_bytes(serialization.Encoding.PEM), _key_pem(ca_key)
+
+
+def ensure_self_signed(directory: Path, public_url: str | None, ca_validity: dt.timedelta = CA_VALIDITY) -> TLSFiles:
+    """Make (or reuse) a CA and a serving certificate for `public_url` under `directory`.
+
+    `ca.crt` may hold several CAs (a CA rotation's overlap): the first one signs."""
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     ca_cert_path, ca_key_path = directory / "ca.crt", directory / "ca.key"
     cert_path, key_path = directory / "serving.crt", directory / "serving.key"
@@ -78,28 +102,14 @@ def ensure_self_signed(directory: Path, public_url: str | None) -> TLSFiles:
         ca_cert = x509.load_pem_x509_certificate(ca_cert_path.read_bytes())
         ca_key = serialization.load_pem_private_key(ca_key_path.read_bytes(), password=None)
     else:
-        ca_key = ec.generate_private_key(ec.SECP256R1())
-        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ignition-server CA")])
-        ca_cert = (
-            x509.CertificateBuilder()
-            .subject_name(name)
-            .issuer_name(name)
-            .public_key(ca_key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + CA_VALIDITY)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(
-                x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True
-            )
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-            .sign(ca_key, hashes.SHA256())
-        )
-        _write_private(ca_key_path, _key_pem(ca_key))
-        ca_cert_path.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+        cert_pem, key_pem = make_ca(ca_validity)
+        _write_private(ca_key_path, key_pem)
+        ca_cert_path.write_bytes(cert_pem)
+        ca_cert = x509.load_pem_x509_certificate(cert_pem)
+        ca_key = serialization.load_pem_private_key(key_pem, password=None)
         log.info("made a new CA for the serving certificate: %s", ca_cert_path)
     names = subject_names(public_url)
-    if cert_path.exists() and key_path.exists() and _still_good(cert_path, names, now):
+    if cert_path.exists() and key_path.exists() and _still_good(cert_path, names, now, ca_cert):
         return TLSFiles(cert_path, key_path, ca_cert_path)
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (
@@ -123,11 +133,12 @@ def ensure_self_signed(directory: Path, public_url: str | None) -> TLSFiles:
     return TLSFiles(cert_path, key_path, ca_cert_path)
 
 
-def _still_good(cert_path: Path, names: list[str], now: dt.datetime) -> bool:
+def _still_good(cert_path: Path, names: list[str], now: dt.datetime, ca_cert: x509.Certificate) -> bool:
     try:
         cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+        cert.verify_directly_issued_by(ca_cert)  # signed by the CA that signs now (a CA rotation switched?)
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except (ValueError, x509.ExtensionNotFound):
+    except (ValueError, TypeError, x509.ExtensionNotFound, InvalidSignature):
         return False
     have = {str(v) for v in san.get_values_for_type(x509.DNSName)}
     have |= {str(v) for v in san.get_values_for_type(x509.IPAddress)}

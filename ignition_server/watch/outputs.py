@@ -12,7 +12,7 @@ import asyncio
 import hashlib
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -72,6 +72,14 @@ class TokenOutputs:
     _last_map: bytes | None = None
     faults: Faults = field(default_factory=Faults)  # the watcher's, once it owns these outputs
     writer: Callable[[], bool] = lambda: True  # the watcher's: only the writing replica puts user-data
+
+    def trust_changed(self, ca_pem: bytes) -> None:
+        """The CAs pointer configs must trust changed (a CA rotation): every user-data again."""
+        if self.pointer is None or self.pointer.ca_pem == ca_pem:
+            return
+        self.pointer = replace(self.pointer, ca_pem=ca_pem)
+        self._dirty.update(self._secrets)
+        self._kick()
 
     def tokens_changed(self, secret: TokenSecret) -> None:
         self._secrets[secret.key] = secret
