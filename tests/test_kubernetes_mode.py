@@ -286,3 +286,16 @@ def test_the_ca_is_renewed_with_an_overlap(api: KubeAPI, replicas, tmp_path: Pat
     for proc in procs:
         wait_for(lambda proc=proc: handshake(proc, next_ca), timeout=30, interval=0.2, what="a replica serving the next CA's certificate")
     wait_for(lambda: bundle() == (next_ca,), timeout=30, interval=0.2, what="the old CA dropped after the overlap")
+
+
+def test_a_deleted_token_secret_takes_its_user_data_along(api: KubeAPI, replicas) -> None:
+    name = api.create(token_secret("workers", "tok-a"))["metadata"]["name"]
+    proc = replicas("r1")
+
+    def user_data() -> list[str]:
+        return [s["metadata"]["name"] for s in api.list("secrets", NAMESPACE) if s["metadata"]["name"].startswith("user-data-")]
+
+    wait_for(lambda: user_data(), timeout=30, what="its user-data written")
+    api.delete("secrets", NAMESPACE, name)  # the NodePool is gone (HyperShift deletes its token Secret)
+    wait_for(lambda: not user_data(), timeout=30, what="the orphaned user-data deleted")
+    assert proc.get("/ignition", bearer("tok-a"))[0] == 403  # and its token opens nothing

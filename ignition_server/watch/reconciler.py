@@ -230,6 +230,8 @@ class Reconciler(WriterDuties):
         gone = self.secrets.pop(key, None)
         if gone is not None and self.outputs is not None:
             self.outputs.secret_gone(gone)
+        if gone is not None and why == "its token Secret was deleted":
+            self._orphaned_user_data(gone)
         pending = self._pending.pop(key, None)
         if pending:
             pending.task.cancel()

@@ -226,6 +226,22 @@ class WriterDuties:
 
         self.work.submit(key.ref, "write-back", lambda: self._write_back(key, mutate, "ignition-reached"))
 
+    def _orphaned_user_data(self, secret: TokenSecret) -> None:
+        """A token Secret deleted (its NodePool gone, or superseded and expired): its user-data
+        Secret points at a token that no longer opens anything, so it goes too."""
+        if not self.writer() or not isinstance(self.source, PruningSource):
+            return
+        key = self._user_data_key(secret)
+        if self.source.get(key) is None:
+            return
+        self.work.submit(key.ref, "prune", lambda: self.source.delete(key))  # type: ignore[attr-defined]
+        log.info("deleting %s: its token Secret %s is gone", key.ref, secret.ref)
+
+    @staticmethod
+    def _user_data_key(secret: TokenSecret) -> ObjectKey:
+        return ObjectKey("Secret", secret.key.namespace, user_data_secret_name(
+            nodepool_name=secret.nodepool.partition("/")[2], token_secret_name=secret.key.name, user_data=b""))
+
     async def prune_expired(self) -> int:
         """Delete token Secrets that expired (`grace` seconds ago, so every replica has
         stopped serving them) and their user-data Secrets (the reference leaked both)."""
@@ -236,9 +252,7 @@ class WriterDuties:
         for key, secret in list(self.secrets.items()):
             if secret.expiration is None or now < secret.expiration + self.prune_grace or self.faults.waiting("prune", key.ref):
                 continue
-            pool_name = secret.nodepool.partition("/")[2]
-            user_data = ObjectKey("Secret", key.namespace, user_data_secret_name(
-                nodepool_name=pool_name, token_secret_name=key.name, user_data=b""))
+            user_data = self._user_data_key(secret)
             try:
                 if self.source.get(user_data) is not None:
                     await self.source.delete(user_data)
