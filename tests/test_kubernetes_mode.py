@@ -299,3 +299,30 @@ def test_a_deleted_token_secret_takes_its_user_data_along(api: KubeAPI, replicas
     api.delete("secrets", NAMESPACE, name)  # the NodePool is gone (HyperShift deletes its token Secret)
     wait_for(lambda: not user_data(), timeout=30, what="the orphaned user-data deleted")
     assert proc.get("/ignition", bearer("tok-a"))[0] == 403  # and its token opens nothing
+
+
+def test_an_input_secret_named_by_annotation_is_fetched(api: KubeAPI, replicas) -> None:
+    from ignition_server.watch.gather import ANNOTATION_INPUT_PREFIX
+
+    auth = base64.b64encode(b"user:pa55word-marker").decode()
+    api.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "shared-pull", "namespace": "shared"},
+                "type": "kubernetes.io/dockerconfigjson",
+                "data": {".dockerconfigjson": base64.b64encode(
+                    ('{"auths":{"quay.io":{"auth":"%s"}}}' % auth).encode()).decode()}})
+    secret = token_secret("workers", "tok-a")
+    secret["metadata"]["annotations"][ANNOTATION_INPUT_PREFIX + "pull-secret"] = "shared/shared-pull"
+    api.create(secret)
+    proc = replicas("r1")
+    wait_for(lambda: served(proc, "tok-a"), timeout=30, what="the payload served")
+    import json
+    from urllib.parse import unquote
+
+    from harness import files_in
+
+    status, _, body = proc.get("/ignition", bearer("tok-a"))
+    contents = []
+    for source in files_in(json.loads(body)).values():
+        header, _, data = source.partition(",")
+        contents.append(base64.b64decode(data).decode(errors="replace") if header.endswith(";base64") else unquote(data))
+    assert status == 200 and any(auth in content for content in contents)  # the pull secret from the other namespace
+    assert ("secrets", "shared", "shared-pull") in api.server.reads  # fetched although its name is not a known input's

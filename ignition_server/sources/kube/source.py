@@ -15,6 +15,7 @@ and applies the mutation to that, so two replicas never hand out two different n
 from __future__ import annotations
 
 import asyncio
+import collections
 import copy
 import hashlib
 import json
@@ -80,7 +81,11 @@ class KubeSource:
     _fingerprints: dict[ObjectKey, str] = field(default_factory=dict)
     _versions: dict[ObjectKey, int] = field(default_factory=dict)
     _secret_meta: dict[ObjectKey, dict[str, Any]] = field(default_factory=dict)  # every Secret, metadata only
-    _referenced: set[ObjectKey] = field(default_factory=set)
+    # How many kept objects name each input Secret, and the ones named but not fetched yet:
+    # kept up to date per object, so an event costs the same with 10 or 10,000 token Secrets.
+    _referenced: collections.Counter[ObjectKey] = field(default_factory=collections.Counter)
+    _refs: dict[ObjectKey, frozenset[ObjectKey]] = field(default_factory=dict)
+    _to_fetch: set[ObjectKey] = field(default_factory=set)
     _informers: list[Informer] = field(default_factory=list)
     _first: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     _listed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -205,12 +210,23 @@ class KubeSource:
                     return None
                 raise
 
+    def _track_references(self, key: ObjectKey, obj: Mapping[str, Any] | None) -> None:
+        new = frozenset(self.references(obj)) if obj is not None else frozenset()
+        old = self._refs.pop(key, frozenset())
+        if new:
+            self._refs[key] = new
+        for gone in old - new:
+            self._referenced[gone] -= 1
+            if self._referenced[gone] <= 0:
+                del self._referenced[gone]
+        for named in new - old:
+            self._referenced[named] += 1
+            if named.kind == "Secret" and named not in self._objects:
+                self._to_fetch.add(named)
+
     async def _fetch_referenced(self) -> list[Change]:
-        wanted: set[ObjectKey] = set()
-        for obj in self._objects.values():
-            wanted.update(self.references(obj))
-        new = [k for k in wanted - self._referenced if k.kind == "Secret" and k in self._secret_meta and k not in self._objects]
-        self._referenced = wanted
+        new = [k for k in self._to_fetch if k in self._secret_meta and k not in self._objects and k in self._referenced]
+        self._to_fetch.difference_update(new)
         changes = []
         for key in new:
             full = await self._fetch(key)
@@ -222,6 +238,7 @@ class KubeSource:
 
     def _keep(self, key: ObjectKey, obj: dict[str, Any]) -> Change | None:
         self._versions[key] = _version(obj)
+        self._track_references(key, obj)
         fingerprint = _fingerprint(obj)
         previous = self._fingerprints.get(key)
         self._objects[key] = obj
@@ -231,6 +248,7 @@ class KubeSource:
         return Change("MODIFIED" if previous is not None else "ADDED", key, obj)
 
     def _forget(self, key: ObjectKey) -> Change:
+        self._track_references(key, None)
         self._fingerprints.pop(key, None)
         self._versions.pop(key, None)
         gone = self._objects.pop(key, None) or {"kind": key.kind, "metadata": {"name": key.name, "namespace": key.namespace}}
