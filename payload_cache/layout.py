@@ -83,7 +83,7 @@ class Layout:
                     f"expected a payload cache of format {FORMAT_LINE!r}. Point the cache at an empty or "
                     f"dedicated directory, or remove its contents if nothing else uses it."
                 )
-            atomic_write(self.format_file, (FORMAT_LINE + "\n").encode(), 0o644)
+            atomic_write(self.format_file, (FORMAT_LINE + "\n").encode(), 0o600)  # nothing secret, but every file of the cache is private
         elif found != FORMAT_LINE:
             raise CacheFormatError(
                 f"{self.format_file} says {found[:80]!r}, but this version of ignition-server only understands "

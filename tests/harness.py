@@ -175,6 +175,10 @@ class ServerProcess:
         except urllib.error.HTTPError as error:
             return error.code, dict(error.headers), error.read()
 
+    def get_metrics_text(self) -> bytes:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as response:
+            return response.read()
+
     def metrics(self) -> dict[str, float]:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as response:
             text = response.read().decode()
