@@ -87,6 +87,9 @@ class KubeSource:
     _refs: dict[ObjectKey, frozenset[ObjectKey]] = field(default_factory=dict)
     _to_fetch: set[ObjectKey] = field(default_factory=set)
     _informers: list[Informer] = field(default_factory=list)
+    # Our own write in flight: its watch event can overtake its response; a GET for it would
+    # only fetch what the response is about to say. Newer versions seen meanwhile, by key.
+    _writing: dict[ObjectKey, int] = field(default_factory=dict)
     _first: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     _listed: asyncio.Event = field(default_factory=asyncio.Event)
     _handler: ChangeHandler | None = None
@@ -177,6 +180,9 @@ class KubeSource:
             return
         if informer.kind == "Secret":
             self._secret_meta[key] = obj.get("metadata") or {}
+            if key in self._writing:
+                self._writing[key] = max(self._writing[key], _version(obj))
+                return
         change = await self._observe(informer.kind, obj)
         changes = [change] if change is not None else []
         changes += await self._fetch_referenced()
@@ -264,6 +270,19 @@ class KubeSource:
     async def write_back(self, key: ObjectKey, mutate: Mutation) -> dict[str, Any] | None:
         """Apply `mutate` to the object and patch what it changed, with the version it was
         made from as a precondition; on a conflict, read it again and start over."""
+        self._writing[key] = 0
+        try:
+            return await self._write_back(key, mutate)
+        finally:
+            # Someone else's write seen while ours was in flight (not our own echo): catch up.
+            seen = self._writing.pop(key, 0)
+            if seen > self._versions.get(key, 0):
+                newer = await self._fetch(key)
+                change = self._keep(key, {**newer, "kind": key.kind}) if newer is not None else None
+                if change is not None:
+                    await self._hand_over([change])
+
+    async def _write_back(self, key: ObjectKey, mutate: Mutation) -> dict[str, Any] | None:
         current = self._objects.get(key)
         for _ in range(WRITE_ATTEMPTS):
             if current is None:
