@@ -80,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add(serve, "--log-format", default="auto", choices=["auto", "json", "text"], help="log format")
     _add(serve, "--auth-failure-burst", default="30", help="failed authentications per source address before 503 + Retry-After")
     _add(serve, "--auth-failure-window", default="10s", help="the window of --auth-failure-burst")
+    _add(serve, "--header-timeout", default="10s", help="a connection whose request headers take longer is closed")
+    _add(serve, "--connections-per-source", default="256", help="open connections one address may hold")
+    _add(serve, "--connections-total", default="10000", help="open connections in all")
     _add(serve, "--kubernetes", action="store_true", help="read and write the objects in a live cluster instead of --source")
     _add(serve, "--kubeconfig", help="kubeconfig for --kubernetes (default: the in-cluster service account)")
     _add(serve, "--namespace", help="watch only these namespaces, comma-separated (default: every namespace the RBAC allows)")
@@ -152,6 +155,9 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         max_in_flight=max(1, int(args.max_in_flight)),
         auth_failure_burst=max(1, int(args.auth_failure_burst)),
         auth_failure_window=parse_duration(args.auth_failure_window),
+        header_timeout=parse_duration(args.header_timeout),
+        connections_per_source=max(1, int(args.connections_per_source)),
+        connections_total=max(1, int(args.connections_total)),
         log_format=args.log_format,
     )
 

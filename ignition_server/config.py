@@ -88,6 +88,10 @@ class ServeSettings:
     # Failed authentications per source address before 503 + Retry-After, and their window.
     auth_failure_burst: int = 30
     auth_failure_window: float = 10.0
+    # A connection's first request headers must be in within this; connections per address and in all.
+    header_timeout: float = 10.0
+    connections_per_source: int = 256
+    connections_total: int = 10_000
     shutdown_timeout: float = 10.0
     log_format: str = "text"
     # Kubernetes mode: the objects live in the API server; several replicas, one writer.

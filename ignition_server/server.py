@@ -24,6 +24,7 @@ from .auth.rotation import RotationPolicy
 from .auth.jwt import ServiceAccountVerifier
 from .auth.tokens import TokenAuthenticator
 from .config import ServeSettings
+from .http.guard import ConnectionGuard, GuardedSite
 from .http.limits import FailedAuthLimiter
 from .http.app import IgnitionHandlers, ServingState, build_app, build_metrics_app
 from .http.ca_rotation import CARotation, DirectoryStore
@@ -40,6 +41,7 @@ from .watch.outputs import PointerSettings, TokenOutputs
 from .watch.trust import TrustWatcher
 
 log = logging.getLogger("ignition_server")
+KEEPALIVE_TIMEOUT = 75.0  # an idle kept-alive connection is closed after this (aiohttp's default is an hour)
 
 
 def open_cache(settings: ServeSettings) -> PayloadCache:
@@ -115,7 +117,8 @@ class IgnitionServer:
             max_in_flight=settings.max_in_flight,
             limiter=FailedAuthLimiter(settings.auth_failure_burst, settings.auth_failure_window),
         )
-        runners = [await self._start(build_app(handlers), settings.listen, ssl_context, "serving")]
+        guard = ConnectionGuard(settings.header_timeout, settings.connections_per_source, settings.connections_total)
+        runners = [await self._start(build_app(handlers), settings.listen, ssl_context, "serving", guard)]
         if settings.metrics_listen is not None:
             runners.append(await self._start(build_metrics_app(self.metrics), settings.metrics_listen, None, "metrics"))
         self.state.ready = True
@@ -190,10 +193,13 @@ class IgnitionServer:
             log.info("TLS: self-made CA at %s (put it in pointer configs' certificateAuthorities)", self.tls_files.ca)
         return server_context(self.tls_files, tls.profile)
 
-    async def _start(self, app: web.Application, listen: tuple[str, int], ssl_context: ssl.SSLContext | None, name: str) -> web.AppRunner:
-        runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=self.settings.shutdown_timeout)
+    async def _start(self, app: web.Application, listen: tuple[str, int], ssl_context: ssl.SSLContext | None, name: str,
+                     guard: ConnectionGuard | None = None) -> web.AppRunner:
+        runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=self.settings.shutdown_timeout,
+                               keepalive_timeout=KEEPALIVE_TIMEOUT)
         await runner.setup()
-        site = web.TCPSite(runner, listen[0], listen[1], ssl_context=ssl_context, reuse_address=True)
+        site = (GuardedSite(runner, listen[0], listen[1], guard=guard, ssl_context=ssl_context, reuse_address=True)
+                if guard is not None else web.TCPSite(runner, listen[0], listen[1], ssl_context=ssl_context, reuse_address=True))
         await site.start()
         server = site._server  # aiohttp exposes the bound port only here; needed for port 0
         if server is not None and server.sockets:  # type: ignore[union-attr]

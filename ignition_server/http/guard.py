@@ -1,0 +1,118 @@
+"""Connections cost bounded resources: a slow client cannot hold one, one address cannot hold many.
+
+aiohttp bounds a request's size but not how long its headers may take: a client sending one
+byte a second ("slowloris") holds a connection, and a file descriptor, for as long as it likes.
+The guard sits between the TLS layer and aiohttp's protocol: a connection whose first request's
+headers are not complete within `header_timeout` is closed, and connections beyond
+`per_source` from one address, or `total` in all, are closed as they arrive. A node that is
+refused that way retries (the Ignition client treats a failed connection like a 5xx).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from aiohttp import web
+
+log = logging.getLogger("ignition_server.http")
+
+_HEADERS_END = b"\r\n\r\n"
+
+
+@dataclass
+class ConnectionGuard:
+    header_timeout: float = 10.0
+    per_source: int = 256
+    total: int = 10_000
+    open_by_source: collections.Counter[str] = field(default_factory=collections.Counter)
+    open_total: int = 0
+    refused: int = 0
+    timed_out: int = 0
+
+    def wrap(self, factory: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
+        return lambda: _Guarded(self, factory())
+
+
+class _Guarded(asyncio.Protocol):
+    def __init__(self, guard: ConnectionGuard, inner: asyncio.Protocol) -> None:
+        self.guard, self.inner = guard, inner
+        self.source: str | None = None
+        self.transport: asyncio.BaseTransport | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.tail = b""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        guard = self.guard
+        peer = transport.get_extra_info("peername")
+        source = str(peer[0]) if peer else ""
+        if guard.open_total >= guard.total or guard.open_by_source[source] >= guard.per_source:
+            guard.refused += 1
+            transport.abort()  # before aiohttp sees it: nothing else to clean up
+            return
+        self.source, self.transport = source, transport
+        guard.open_total += 1
+        guard.open_by_source[source] += 1
+        self.timer = asyncio.get_running_loop().call_later(guard.header_timeout, self._too_slow)
+        self.inner.connection_made(transport)
+
+    def _too_slow(self) -> None:
+        self.timer = None
+        self.guard.timed_out += 1
+        if self.transport is not None:
+            self.transport.abort()
+
+    def data_received(self, data: bytes) -> None:
+        if self.timer is not None:
+            self.tail = (self.tail + data)[-4096:]
+            if _HEADERS_END in self.tail:  # the first request's headers are in: aiohttp's timeouts from here
+                self.timer.cancel()
+                self.timer = None
+                self.tail = b""
+        self.inner.data_received(data)  # type: ignore[attr-defined]
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()  # type: ignore[attr-defined]
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.source is None:
+            return  # refused: aiohttp never saw it
+        if self.timer is not None:
+            self.timer.cancel()
+        self.guard.open_total -= 1
+        self.guard.open_by_source[self.source] -= 1
+        if self.guard.open_by_source[self.source] <= 0:
+            del self.guard.open_by_source[self.source]
+        self.inner.connection_lost(exc)
+
+    def __getattr__(self, name: str) -> Any:  # anything else aiohttp asks of its protocol
+        return getattr(self.inner, name)
+
+
+class GuardedSite(web.TCPSite):
+    """aiohttp's TCPSite with the guard between the listener and aiohttp's protocol."""
+
+    def __init__(self, runner: web.BaseRunner, host: str, port: int, *, guard: ConnectionGuard, **kwargs: Any) -> None:
+        super().__init__(runner, host, port, **kwargs)
+        self._guard = guard
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)
+        server = self._runner.server
+        assert server is not None
+        self._server = await asyncio.get_running_loop().create_server(
+            self._guard.wrap(server), self._host, self._port, ssl=self._ssl_context, backlog=self._backlog,
+            reuse_address=self._reuse_address, reuse_port=self._reuse_port,
+            # A client that never finishes its TLS handshake is bounded the same way.
+            ssl_handshake_timeout=self._guard.header_timeout if self._ssl_context is not None else None,
+        )
+        self._bound_port = self._server.sockets[0].getsockname()[1] if self._server.sockets else self._port
