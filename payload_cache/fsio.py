@@ -34,8 +34,15 @@ def write_exclusive(path: Path, data: bytes, mode: int) -> None:
             written = os.write(fd, view)
             view = view[written:]
         os.fsync(fd)
-    finally:
+    except BaseException:
+        # A disk that fills up mid-write must not keep the torn file (O_EXCL: it is ours).
         os.close(fd)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        raise
+    os.close(fd)
 
 
 def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
