@@ -67,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
          help="the cluster's TLS security profile (OpenShift's names)")
     _add(serve, "--tls-min-version", help="with --tls-profile Custom: VersionTLS10 .. VersionTLS13")
     _add(serve, "--tls-ciphers", help="with --tls-profile Custom: OpenSSL cipher names, colon-separated")
+    _add(serve, "--fips", action="store_true", help="only FIPS-approved TLS algorithms (AES-GCM, SHA-2; no ChaCha20)")
     _add(serve, "--token-ttl", default="11h", help="token lifetime; rotation at half of it (e.g. 6s, 11h)")
     _add(serve, "--service-account-overlap", default="1h", help="how long a replaced service-account key or token Secret stays accepted")
     _add(serve, "--edge-dir", help="write an HAProxy edge config checking service-account JWTs here")
@@ -142,7 +143,7 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         listen=parse_hostport(args.listen, 9090),
         metrics_listen=metrics,
         tls=TLSSettings(Path(args.tls_cert) if args.tls_cert else None, Path(args.tls_key) if args.tls_key else None,
-                        tls_profile(args.tls_profile, min_version=args.tls_min_version, ciphers=args.tls_ciphers)),
+                        _tls_profile(args)),
         token_ttl=parse_duration(args.token_ttl),
         service_account_overlap=parse_duration(args.service_account_overlap),
         edge_dir=Path(args.edge_dir) if args.edge_dir else None,
@@ -160,6 +161,13 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         connections_total=max(1, int(args.connections_total)),
         log_format=args.log_format,
     )
+
+
+def _tls_profile(args: argparse.Namespace) -> Any:
+    from .http.fips import fips_profile
+
+    chosen = tls_profile(args.tls_profile, min_version=args.tls_min_version, ciphers=args.tls_ciphers)
+    return fips_profile(chosen) if args.fips else chosen
 
 
 def _pod_namespace() -> str:
@@ -297,6 +305,10 @@ def _plain(value: Any) -> Any:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "serve" and args.fips:
+        from .http.fips import reexec_with_fips_openssl
+
+        reexec_with_fips_openssl(list(argv) if argv is not None else sys.argv[1:])
     handlers = {"serve": _serve, "render": _render, "userdata": _userdata, "cache": _cache}
     try:
         return handlers[args.command](args)

@@ -24,6 +24,7 @@ from .auth.rotation import RotationPolicy
 from .auth.jwt import ServiceAccountVerifier
 from .auth.tokens import TokenAuthenticator
 from .config import ServeSettings
+from .http.fips import describe as fips_describe
 from .http.guard import ConnectionGuard, GuardedSite
 from .http.limits import FailedAuthLimiter
 from .http.app import IgnitionHandlers, ServingState, build_app, build_metrics_app
@@ -93,6 +94,8 @@ class IgnitionServer:
             )
         verifier = ServiceAccountVerifier(clock=self.clock, overlap_seconds=settings.service_account_overlap)
         ssl_context = self._tls_context()
+        if "FIPS" in settings.tls.profile.name:
+            log.info(fips_describe())
         outputs = TokenOutputs(source, settings.edge_token_map, self._pointer_settings())
         self.reconciler = reconciler = Reconciler(
             source=source,

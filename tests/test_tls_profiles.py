@@ -65,3 +65,24 @@ def test_a_custom_profile_with_an_unknown_cipher_stops_at_start_up(tmp_path: Pat
                              "--tls-min-version", "VersionTLS12", "--tls-ciphers", "NOT-A-CIPHER"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "cipher" in result.stderr.lower(), result.stderr
+
+
+def s_client(proc: ServerProcess, *args: str) -> bool:
+    """Whether the real OpenSSL client completes a handshake with these options."""
+    from realtools import require_tool
+
+    binary = require_tool("openssl", "apt-get install openssl")
+    result = subprocess.run([binary, "s_client", "-connect", f"127.0.0.1:{proc.port}", "-CAfile", str(proc.ca_file), *args],
+                            input="", capture_output=True, text=True, timeout=30)
+    return result.returncode == 0 and "Cipher is (NONE)" not in result.stdout
+
+
+def test_fips_mode_refuses_chacha20_and_says_what_it_runs_on(serve) -> None:
+    default = serve()
+    assert s_client(default, "-tls1_3", "-ciphersuites", "TLS_CHACHA20_POLY1305_SHA256")  # the check can fail
+    fips = serve("--fips")
+    assert not s_client(fips, "-tls1_3", "-ciphersuites", "TLS_CHACHA20_POLY1305_SHA256")
+    assert not s_client(fips, "-tls1_2", "-cipher", "ECDHE-ECDSA-CHACHA20-POLY1305")
+    assert s_client(fips, "-tls1_3", "-ciphersuites", "TLS_AES_128_GCM_SHA256")
+    assert s_client(fips, "-tls1_2", "-cipher", "ECDHE-ECDSA-AES256-GCM-SHA384")
+    assert "FIPS mode: OpenSSL" in fips.logs()
