@@ -260,3 +260,32 @@ async def test_a_manifest_broken_while_down_keeps_serving_its_last_good_payload(
     # Not forgotten as "deleted while down": the token still opens its payload.
     assert TokenAuthenticator(cache2, clock).authenticate("tok-p").nodepool == "clusters/p"
     assert cache2.get_render("clusters-a/token-p-00000000") is not None
+
+
+async def test_a_config_broken_then_put_back_says_as_expected_again(world) -> None:
+    make, clock, source_dir = world
+    reconciler, source, cache = make()
+    path = write_manifests(source_dir / "p.yaml", secret("p", "tok-p"))
+    good_config = yaml.safe_load(path.read_text())["data"]["config"]
+    await settle(reconciler, source)
+    await reconciler.wait_idle()
+
+    def status() -> str | None:
+        return parse_token_secret(yaml.safe_load(path.read_text())).reason
+
+    assert status() == "AsExpected"
+    broken = yaml.safe_load(path.read_text())
+    broken["data"]["config"] = build_token_secret(namespace="x", nodepool="x/y", token="t",
+                                                  machineconfigs_yaml="kind: [broken")["data"]["config"]
+    write_manifests(path, broken)
+    await settle(reconciler, source)
+    await reconciler.wait_idle()
+    await source.poll_once()
+    assert status() == "InvalidConfig"
+    fixed = yaml.safe_load(path.read_text())  # the operator puts the old config back; the status stays as written
+    fixed["data"]["config"] = good_config
+    write_manifests(path, fixed)
+    await settle(reconciler, source)
+    await reconciler.wait_idle()
+    await source.poll_once()
+    assert status() == "AsExpected"

@@ -286,9 +286,12 @@ class Reconciler(WriterDuties):
             return
         digest = inputs.digest()
         record = self.cache.get_render(secret.ref)
-        if record is not None and record.inputs_digest == digest and self.cache.has_blob(record.blob_id):
+        if record is not None and record.inputs_digest == digest and self.cache.has_blob(record.blob_id) \
+                and secret.reason in (None, "", "AsExpected"):
             self._failures.pop(secret.key, None)
             return
+        # (A Secret that says a render failed although its payload is current, as after its
+        # config was broken and then put back, renders once more so its status says so.)
         pending = self._pending.get(secret.key)
         if pending is not None:
             if pending.digest == digest:
