@@ -4,8 +4,18 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
+
+# Whatever a library logs (aiohttp quotes a malformed request line in its errors) passes here:
+# a token in a query string or an Authorization value never reaches a log line.
+_SECRETS = re.compile(r"(?i)(token=|authorization:\s*(?:bearer\s+)?|bearer\s+)[^\s&'\"\\,)]+")
+
+
+def redact(text: str) -> str:
+    return _SECRETS.sub(lambda m: m.group(1) + "<redacted>", text)
+
 
 # Attributes every LogRecord has; anything else was passed in `extra` and is worth showing.
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
@@ -13,6 +23,9 @@ _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
+        return redact(self._format(record))
+
+    def _format(self, record: logging.LogRecord) -> str:
         entry = {
             "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
@@ -31,6 +44,7 @@ class TextFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
+        line = redact(line)
         extra = {k: v for k, v in vars(record).items() if k not in _STANDARD}
         if extra:
             line += " " + " ".join(f"{k}={v}" for k, v in extra.items())
