@@ -77,13 +77,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add(serve, "--cache-memory", default="128Mi", help="memory for payloads, in bytes (Ki/Mi/Gi suffixes)")
     _add(serve, "--source-read-only", action="store_true", help="never write back to the source")
     _add(serve, "--render-concurrency", default="2", help="renders running at once")
+    _add(serve, "--workers", default="auto",
+         help="serving processes on the one port (SO_REUSEPORT); 'auto': one per CPU this process may use; "
+              "0: serve in the owner process itself")
     _add(serve, "--max-in-flight", default="1024", help="payload requests answered at once; more get 503 + Retry-After")
     _add(serve, "--log-format", default="auto", choices=["auto", "json", "text"], help="log format")
     _add(serve, "--auth-failure-burst", default="30", help="failed authentications per source address before 503 + Retry-After")
     _add(serve, "--auth-failure-window", default="10s", help="the window of --auth-failure-burst")
     _add(serve, "--header-timeout", default="10s", help="a connection whose request headers take longer is closed")
-    _add(serve, "--connections-per-source", default="256", help="open connections one address may hold")
-    _add(serve, "--connections-total", default="10000", help="open connections in all")
+    _add(serve, "--connections-per-source", default="256", help="open connections one address may hold (per serving process)")
+    _add(serve, "--connections-total", default="10000", help="open connections in all (per serving process)")
     _add(serve, "--kubernetes", action="store_true", help="read and write the objects in a live cluster instead of --source")
     _add(serve, "--kubeconfig", help="kubeconfig for --kubernetes (default: the in-cluster service account)")
     _add(serve, "--namespace", help="watch only these namespaces, comma-separated (default: every namespace the RBAC allows)")
@@ -154,6 +157,7 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         source_read_only=bool(args.source_read_only),
         render_concurrency=max(1, int(args.render_concurrency)),
         max_in_flight=max(1, int(args.max_in_flight)),
+        workers=_workers(args.workers),
         auth_failure_burst=max(1, int(args.auth_failure_burst)),
         auth_failure_window=parse_duration(args.auth_failure_window),
         header_timeout=parse_duration(args.header_timeout),
@@ -161,6 +165,17 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         connections_total=max(1, int(args.connections_total)),
         log_format=args.log_format,
     )
+
+
+def _workers(value: str) -> int:
+    if str(value).lower() == "auto":
+        from .workers.pool import default_worker_count
+
+        return default_worker_count()
+    count = int(value)
+    if count < 0:
+        raise ValueError("--workers takes a count >= 0 or 'auto'")
+    return count
 
 
 def _tls_profile(args: argparse.Namespace) -> Any:

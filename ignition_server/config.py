@@ -85,6 +85,8 @@ class ServeSettings:
     render_concurrency: int = 2
     # Payload requests answered at once; more get 503 + Retry-After (memory stays bounded in a boot storm).
     max_in_flight: int = 1024
+    # Serving processes beside the owner (0: the owner serves itself, one process in all).
+    workers: int = 0
     # Failed authentications per source address before 503 + Retry-After, and their window.
     auth_failure_burst: int = 30
     auth_failure_window: float = 10.0

@@ -25,7 +25,8 @@ from .auth.jwt import ServiceAccountVerifier
 from .auth.tokens import TokenAuthenticator
 from .config import ServeSettings
 from .http.fips import describe as fips_describe
-from .http.guard import ConnectionGuard, GuardedSite
+from .http.guard import ConnectionGuard
+from .http.listen import reserve_port, start_site
 from .http.limits import FailedAuthLimiter
 from .http.app import IgnitionHandlers, ServingState, build_app, build_metrics_app
 from .http.ca_rotation import CARotation, DirectoryStore
@@ -40,9 +41,9 @@ from .watch.reconciler import Reconciler, Renderer
 from .watch.edge import EdgeWriter
 from .watch.outputs import PointerSettings, TokenOutputs
 from .watch.trust import TrustWatcher
+from .workers.pool import WorkerPool
 
 log = logging.getLogger("ignition_server")
-KEEPALIVE_TIMEOUT = 75.0  # an idle kept-alive connection is closed after this (aiohttp's default is an hour)
 
 
 def open_cache(settings: ServeSettings) -> PayloadCache:
@@ -50,7 +51,8 @@ def open_cache(settings: ServeSettings) -> PayloadCache:
         CacheConfig(
             cache_dir=settings.cache_dir,
             key_file=settings.cache_key_file,
-            memory_bytes=settings.cache_memory_bytes,
+            # With workers, they serve and hold the memory tier; the owner only renders.
+            memory_bytes=0 if settings.workers else settings.cache_memory_bytes,
         )
     )
 
@@ -110,9 +112,10 @@ class IgnitionServer:
             writer=cluster.is_writer if cluster is not None else (lambda: True),
             prune_grace=settings.prune_grace,
         )
+        authenticator = TokenAuthenticator(cache, self.clock, verifier=verifier, directory=reconciler)
         handlers = IgnitionHandlers(
             cache=cache,
-            authenticator=TokenAuthenticator(cache, self.clock, verifier=verifier, directory=reconciler),
+            authenticator=authenticator,
             metrics=self.metrics,
             state=self.state,
             on_served=reconciler.note_served,
@@ -120,14 +123,30 @@ class IgnitionServer:
             max_in_flight=settings.max_in_flight,
             limiter=FailedAuthLimiter(settings.auth_failure_burst, settings.auth_failure_window),
         )
-        guard = ConnectionGuard(settings.header_timeout, settings.connections_per_source, settings.connections_total)
-        runners = [await self._start(build_app(handlers), settings.listen, ssl_context, "serving", guard)]
+        runners: list[web.AppRunner] = []
+        pool: WorkerPool | None = None
+        if settings.workers:
+            assert self.tls_files is not None
+            reserved = reserve_port(settings.listen)
+            self.ports["serving"] = reserved.getsockname()[1]
+            pool = WorkerPool(settings=settings, count=settings.workers, port=self.ports["serving"],
+                              tls_files=self.tls_files, cache=cache, authenticator=authenticator, metrics=self.metrics,
+                              on_served=reconciler.note_served, on_missing=reconciler.payload_missing,
+                              behind=self.state.behind)
+        # Metrics first: once a worker answers /readyz, everything of this server answers.
         if settings.metrics_listen is not None:
-            runners.append(await self._start(build_metrics_app(self.metrics), settings.metrics_listen, None, "metrics"))
+            runners.append(await self._start(build_metrics_app(
+                self.metrics, pool.gather_reports if pool is not None else None), settings.metrics_listen, None, "metrics"))
+        if pool is not None:
+            await pool.start()
+        else:
+            guard = ConnectionGuard(settings.header_timeout, settings.connections_per_source, settings.connections_total)
+            runners.append(await self._start(build_app(handlers), settings.listen, ssl_context, "serving", guard))
         self.state.ready = True
         log.info(
-            "ready in %.3fs with %d payloads from the cache; serving on %s:%d",
+            "ready in %.3fs with %d payloads from the cache; serving on %s:%d%s",
             time.perf_counter() - started, len(cache.renders()), settings.listen[0], self.ports["serving"],
+            f" with {settings.workers} worker processes" if pool is not None else "",
         )
         if not source.writable:
             log.warning(
@@ -142,6 +161,8 @@ class IgnitionServer:
             tasks.append(asyncio.create_task(reload_on_change(ssl_context, self.tls_files), name="tls-reload"))
         if cluster is not None:
             tasks.append(asyncio.create_task(cluster.elector.run(), name="lease"))
+        if pool is not None:
+            tasks.append(asyncio.create_task(pool.run(), name="workers"))
         if settings.tls.cert_file is None and self.tls_files is not None:
             rotation = CARotation(
                 store=SecretStore(cluster.client, settings.pod_namespace) if cluster is not None
@@ -154,6 +175,11 @@ class IgnitionServer:
         try:
             await stop.wait()
         finally:
+            if pool is not None:
+                log.info("draining: the workers stop accepting and finish their in-flight responses")
+                self.state.draining = True
+                await pool.stop(settings.shutdown_timeout + 5.0)
+                reserved.close()
             await self._shutdown(runners, tasks, cache)
             if cluster is not None:
                 await cluster.close()
@@ -198,15 +224,8 @@ class IgnitionServer:
 
     async def _start(self, app: web.Application, listen: tuple[str, int], ssl_context: ssl.SSLContext | None, name: str,
                      guard: ConnectionGuard | None = None) -> web.AppRunner:
-        runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=self.settings.shutdown_timeout,
-                               keepalive_timeout=KEEPALIVE_TIMEOUT)
-        await runner.setup()
-        site = (GuardedSite(runner, listen[0], listen[1], guard=guard, ssl_context=ssl_context, reuse_address=True)
-                if guard is not None else web.TCPSite(runner, listen[0], listen[1], ssl_context=ssl_context, reuse_address=True))
-        await site.start()
-        server = site._server  # aiohttp exposes the bound port only here; needed for port 0
-        if server is not None and server.sockets:  # type: ignore[union-attr]
-            self.ports[name] = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        runner, self.ports[name] = await start_site(app, listen, ssl_context, guard=guard,
+                                                    shutdown_timeout=self.settings.shutdown_timeout)
         return runner
 
     async def _run_source(self, source: Source, reconciler: Reconciler) -> None:

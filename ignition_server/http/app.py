@@ -12,13 +12,15 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.payload import Payload
 
 from payload_cache import PayloadCache
 
-from ..auth.tokens import Grant, Refusal, TokenAuthenticator, check_nodepool, credential
+from ..auth.presented import Presented, admit
+from ..auth.tokens import Grant, Refusal, TokenAuthenticator
 from ..metrics import ServerMetrics
 from ..render.spec import UnsatisfiableVersion, negotiate, unsatisfiable_reason
 from .limits import FAILED_STATUSES, FailedAuthLimiter
@@ -52,6 +54,8 @@ class IgnitionHandlers:
         on_missing: Callable[[str], None] = lambda _secret: None,
         max_in_flight: int = 1024,
         limiter: FailedAuthLimiter | None = None,
+        second_opinion: Callable[[Presented, str | None], Awaitable[Grant]] | None = None,
+        request_id_prefix: str = "",
     ) -> None:
         self._cache = cache
         self._auth = authenticator
@@ -61,8 +65,10 @@ class IgnitionHandlers:
         self._on_missing = on_missing
         self._max_in_flight = max_in_flight
         self._limiter = limiter or FailedAuthLimiter()
+        self._second_opinion = second_opinion
         self._in_flight = 0  # payload requests being answered now (one event loop: no lock)
         self._ids = itertools.count(1)
+        self._id_prefix = request_id_prefix  # request ids stay unique across worker processes
         self._ready = ReadyBodies()
         # Payload reads get threads of their own: behind renders, listings and write-backs
         # in the shared default pool, a disk read would wait for background work.
@@ -72,32 +78,28 @@ class IgnitionHandlers:
         self._readers.shutdown(wait=False, cancel_futures=True)
 
     async def hypershift(self, request: web.Request) -> web.StreamResponse:
-        def grant() -> Grant:
-            token, is_jwt = credential(header=request.headers.get("Authorization"))
-            header = request.headers.get("NodePool")
-            if is_jwt:
-                granted = self._auth.service_account(token, header.partition("/")[2] if header else None)
-            else:
-                granted = self._auth.authenticate(token)
-            check_nodepool(granted, header=header)
-            return granted
-
-        return await self._serve(request, grant)
+        headers = request.headers
+        return await self._serve(request, Presented(authorization=headers.get("Authorization"),
+                                                   nodepool_header=headers.get("NodePool")))
 
     async def mcs(self, request: web.Request) -> web.StreamResponse:
-        def grant() -> Grant:
-            pool_name = request.match_info["nodepool"]
-            token, is_jwt = credential(query_value=request.query.get("token", ""))
-            granted = self._auth.service_account(token, pool_name) if is_jwt else self._auth.authenticate(token)
-            check_nodepool(granted, path_name=pool_name)
-            return granted
+        return await self._serve(request, Presented(path_pool=request.match_info["nodepool"],
+                                                    query_token=request.query.get("token", "")))
 
-        return await self._serve(request, grant)
+    async def _admit(self, presented: Presented, remote: str | None) -> Grant:
+        try:
+            return admit(presented, self._auth)
+        except Refusal:
+            if self._second_opinion is None:
+                raise
+        # A serving worker's view of the tokens trails the owner's by a moment: before
+        # refusing, ask the owner, so no node is turned away for a token it already accepts.
+        return await self._second_opinion(presented, remote)
 
-    async def _serve(self, request: web.Request, authenticate: Callable[[], Grant]) -> web.StreamResponse:
+    async def _serve(self, request: web.Request, presented: Presented) -> web.StreamResponse:
         started = time.perf_counter()
         supplied = request.headers.get("X-Request-Id", "")[:64]
-        request_id = supplied if supplied and supplied.isprintable() else f"{next(self._ids):x}"
+        request_id = supplied if supplied and supplied.isprintable() else f"{self._id_prefix}{next(self._ids):x}"
         nodepool = "-"
         admitted = False
         try:
@@ -112,7 +114,7 @@ class IgnitionHandlers:
             self._in_flight += 1
             admitted = True
             try:
-                grant = authenticate()
+                grant = await self._admit(presented, request.remote)
             except Refusal as refusal:
                 if refusal.status in FAILED_STATUSES:
                     self._limiter.failed(request.remote)
@@ -181,6 +183,12 @@ def _refusal_response(refusal: Refusal) -> web.Response:
     )
 
 
+def _body_size(response: web.Response) -> int:
+    # A payload body (PiecewiseBody) is only measured by aiohttp as it is sent, after this log line.
+    body = response.body
+    return (body.size or 0) if isinstance(body, Payload) else len(body or b"")
+
+
 def _log_access(request: web.Request, response: web.Response, request_id: str, nodepool: str, started: float) -> None:
     if not access_log.isEnabledFor(logging.INFO):
         return
@@ -194,7 +202,7 @@ def _log_access(request: web.Request, response: web.Response, request_id: str, n
             "request_id": request_id,
             "nodepool": nodepool,
             "status": response.status,
-            "bytes": response.content_length or 0,
+            "bytes": _body_size(response),
             "duration_ms": round((time.perf_counter() - started) * 1000, 3),
             "client": request.remote or "-",
         },
@@ -210,10 +218,13 @@ def build_app(handlers: IgnitionHandlers) -> web.Application:
     return app
 
 
-def build_metrics_app(metrics: ServerMetrics) -> web.Application:
+def build_metrics_app(metrics: ServerMetrics,
+                      before_scrape: Callable[[], Awaitable[None]] | None = None) -> web.Application:
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
     async def serve_metrics(_request: web.Request) -> web.Response:
+        if before_scrape is not None:
+            await before_scrape()
         body = await asyncio.to_thread(generate_latest, metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
