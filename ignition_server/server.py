@@ -25,6 +25,7 @@ from .auth.jwt import ServiceAccountVerifier
 from .auth.tokens import TokenAuthenticator
 from .config import ServeSettings
 from .http.fips import describe as fips_describe
+from .http.access_log import AccessLog
 from .http.guard import ConnectionGuard
 from .http.listen import reserve_port, start_site
 from .http.limits import FailedAuthLimiter
@@ -122,6 +123,7 @@ class IgnitionServer:
             on_missing=reconciler.payload_missing,
             max_in_flight=settings.max_in_flight,
             limiter=FailedAuthLimiter(settings.auth_failure_burst, settings.auth_failure_window),
+            access=AccessLog(settings.log_format),
         )
         runners: list[web.AppRunner] = []
         pool: WorkerPool | None = None

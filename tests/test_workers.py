@@ -45,10 +45,15 @@ def start(tmp_path: Path, *objects: dict, workers: int = 2, token_ttl: str = "11
     if port is not None:
         proc.port = port
     proc.start()
-    wait_for(lambda: proc.metrics().get("ign_server_payload_cache_total") == len(objects), what="payloads rendered")
-    # Secrets say AsExpected once their render is durable in the index (a SIGKILL keeps it).
-    wait_for(lambda: all(parse_token_secret(d).reason == "AsExpected" for d in manifests(proc) if d.get("kind") == "Secret"
-                         and d["metadata"]["name"].startswith("token-")), what="renders durable")
+    try:
+        wait_for(lambda: proc.metrics().get("ign_server_payload_cache_total") == len(objects), what="payloads rendered")
+        # Secrets say AsExpected once their render is durable in the index (a SIGKILL keeps it).
+        wait_for(lambda: all(parse_token_secret(d).reason == "AsExpected" for d in manifests(proc)
+                             if d.get("kind") == "Secret" and d["metadata"]["name"].startswith("token-")),
+                 what="renders durable")
+    except BaseException:
+        proc.kill()
+        raise
     return proc
 
 
@@ -133,8 +138,9 @@ def test_workers_serve_both_shapes_and_the_owner_counts_every_request(tmp_path: 
         statuses += [proc.get("/config/workers?token=tok-w")[0] for _ in range(10)]
         assert statuses == [200] * 40
         # Each urllib request is a new connection: SO_REUSEPORT spreads them over both workers.
-        ids = re.findall(r'"request_id": "(w\d)-', proc.logs())
-        assert set(ids) == {"w0", "w1"}, ids
+        # (The access log is written in batches, within a fraction of a second.)
+        wait_for(lambda: len(re.findall(r'"request_id": "(w\d)-', proc.logs())) == 40, what="40 access log lines")
+        assert set(re.findall(r'"request_id": "(w\d)-', proc.logs())) == {"w0", "w1"}
         metrics = proc.metrics()  # no wait: a scrape collects the workers' counts first
         assert metrics['ign_server_get_request{nodePool="clusters/workers"}'] == 40
         assert metrics['ign_server_responses_total{code="200"}'] == 40

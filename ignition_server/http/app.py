@@ -9,10 +9,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import itertools
-import logging
 import time
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 from aiohttp.payload import Payload
@@ -23,10 +22,10 @@ from ..auth.presented import Presented, admit
 from ..auth.tokens import Grant, Refusal, TokenAuthenticator
 from ..metrics import ServerMetrics
 from ..render.spec import UnsatisfiableVersion, negotiate, unsatisfiable_reason
+from .access_log import AccessLog
 from .limits import FAILED_STATUSES, FailedAuthLimiter
 from .ready import PiecewiseBody, ReadyBodies
 
-access_log = logging.getLogger("ignition_server.access")
 
 IGNITION_MEDIA_TYPE = "application/vnd.coreos.ignition+json"
 _REASONS = {511: "Network Authentication Required"}
@@ -56,6 +55,7 @@ class IgnitionHandlers:
         limiter: FailedAuthLimiter | None = None,
         second_opinion: Callable[[Presented, str | None], Awaitable[Grant]] | None = None,
         request_id_prefix: str = "",
+        access: AccessLog | None = None,
     ) -> None:
         self._cache = cache
         self._auth = authenticator
@@ -66,6 +66,9 @@ class IgnitionHandlers:
         self._max_in_flight = max_in_flight
         self._limiter = limiter or FailedAuthLimiter()
         self._second_opinion = second_opinion
+        self._access = access or AccessLog("auto")
+        self._versions: dict[tuple[str | None, str], str] = {}
+        self._by_status: dict[int, Any] = {}  # the responses counter's child per status
         self._in_flight = 0  # payload requests being answered now (one event loop: no lock)
         self._ids = itertools.count(1)
         self._id_prefix = request_id_prefix  # request ids stay unique across worker processes
@@ -74,7 +77,19 @@ class IgnitionHandlers:
         # in the shared default pool, a disk read would wait for background work.
         self._readers = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="payload-read")
 
+    def _negotiate(self, accept: str | None, min_version: str) -> str:
+        # A fleet sends a handful of Accept headers; parsing one costs more than the lookup.
+        key = (accept, min_version)
+        version = self._versions.get(key)
+        if version is None:
+            version = negotiate(accept, min_version)  # raises UnsatisfiableVersion: not kept
+            if len(self._versions) >= 256:
+                self._versions.clear()
+            self._versions[key] = version
+        return version
+
     def close(self) -> None:
+        self._access.flush()
         self._readers.shutdown(wait=False, cancel_futures=True)
 
     async def hypershift(self, request: web.Request) -> web.StreamResponse:
@@ -129,8 +144,16 @@ class IgnitionHandlers:
             if admitted:
                 self._in_flight -= 1
         response.headers["X-Request-Id"] = request_id
-        self._metrics.responses.labels(str(response.status)).inc()
-        _log_access(request, response, request_id, nodepool, started)
+        counter = self._by_status.get(response.status)
+        if counter is None:
+            counter = self._by_status[response.status] = self._metrics.responses.labels(str(response.status))
+        counter.inc()
+        if self._access.enabled:
+            # request.path never carries the query string, so `token=` cannot reach the log.
+            self._access.record(request.method, request.path, response.status, request_id=request_id,
+                                nodepool=nodepool, size=_body_size(response),
+                                duration_ms=round((time.perf_counter() - started) * 1000, 3),
+                                client=request.remote or "-")
         return response
 
     async def _payload(self, request: web.Request, grant: Grant) -> web.Response:
@@ -139,7 +162,7 @@ class IgnitionHandlers:
             raise Refusal(503, "payload is still rendering", retry_after=5)
         accept = request.headers.get("Accept")
         try:
-            version: str | None = negotiate(accept, record.min_version)
+            version: str | None = self._negotiate(accept, record.min_version)
         except UnsatisfiableVersion:
             version = None  # answered below, where the body says which feature needs the newer spec
         ready = self._ready.get(record.blob_id, version) if version is not None else None
@@ -187,26 +210,6 @@ def _body_size(response: web.Response) -> int:
     # A payload body (PiecewiseBody) is only measured by aiohttp as it is sent, after this log line.
     body = response.body
     return (body.size or 0) if isinstance(body, Payload) else len(body or b"")
-
-
-def _log_access(request: web.Request, response: web.Response, request_id: str, nodepool: str, started: float) -> None:
-    if not access_log.isEnabledFor(logging.INFO):
-        return
-    # request.path never carries the query string, so `token=` cannot reach the log.
-    access_log.info(
-        "%s %s %d",
-        request.method,
-        request.path,
-        response.status,
-        extra={
-            "request_id": request_id,
-            "nodepool": nodepool,
-            "status": response.status,
-            "bytes": _body_size(response),
-            "duration_ms": round((time.perf_counter() - started) * 1000, 3),
-            "client": request.remote or "-",
-        },
-    )
 
 
 def build_app(handlers: IgnitionHandlers) -> web.Application:

@@ -27,6 +27,7 @@ from ..auth.presented import Presented
 from ..auth.tokens import Grant, Refusal, TokenAuthenticator
 from ..config import ServeSettings
 from ..http.app import IgnitionHandlers, ServingState, build_app
+from ..http.access_log import AccessLog
 from ..http.guard import ConnectionGuard
 from ..http.limits import FailedAuthLimiter
 from ..http.listen import start_site
@@ -80,6 +81,7 @@ class Worker:
             limiter=self.limiter,
             second_opinion=self.ask_owner,
             request_id_prefix=f"w{spec.number}-",
+            access=AccessLog(settings.log_format),
         )
 
     async def ask_owner(self, presented: Presented, remote: str | None) -> Grant:
