@@ -1,6 +1,7 @@
 """`python -m bench <command> [flags]`: one entry point for the benchmarks.
 
   compare   this server against nginx and bare aiohttp, both modes, one run (bench/compare.py)
+  storm     boot storms with a rotation, a killed worker or owner, a failed-auth flood (bench/storm.py)
   run       restart scenarios: cold, warm, memory, crash (bench/run.py)
   fleet     generate a fleet of token Secrets (bench/fleet.py)
   rerender  serving while NodePools re-render (bench/rerender.py)
@@ -14,7 +15,8 @@ import importlib
 import signal
 import sys
 
-COMMANDS = {"compare": "bench.compare", "run": "bench.run", "fleet": "bench.fleet", "rerender": "bench.rerender", "kube": "bench.kube", "timing": "bench.timing"}
+COMMANDS = {"compare": "bench.compare", "run": "bench.run", "fleet": "bench.fleet", "rerender": "bench.rerender", "kube": "bench.kube", "timing": "bench.timing",
+            "storm": "bench.storm"}
 
 
 def main(argv: list[str]) -> int:

@@ -66,6 +66,7 @@ class Worker:
         self._asks: dict[int, asyncio.Future[tuple[Any, ...]]] = {}
         self._ids = itertools.count(1)
         self._served: set[str] = set()
+        self._owner_gone = False
         self._reported: dict[str, Counter[str]] = {"nodepools": Counter(), "codes": Counter()}
         self.limiter = FailedAuthLimiter(settings.auth_failure_burst, settings.auth_failure_window)
         self.handlers = IgnitionHandlers(
@@ -85,6 +86,8 @@ class Worker:
         )
 
     async def ask_owner(self, presented: Presented, remote: str | None) -> Grant:
+        if self._owner_gone:
+            raise Refusal(503, "the token check is unavailable for a moment", retry_after=1)
         ask_id = next(self._ids)
         answer: asyncio.Future[tuple[Any, ...]] = asyncio.get_running_loop().create_future()
         self._asks[ask_id] = answer
@@ -152,6 +155,7 @@ class Worker:
         except EOFError:
             log.warning("worker %d: the owner process is gone; draining", self.spec.number)
         finally:
+            self._owner_gone = True
             for answer in self._asks.values():
                 if not answer.done():
                     answer.set_exception(EOFError())
