@@ -24,7 +24,7 @@ from ..metrics import ServerMetrics
 from ..render.spec import UnsatisfiableVersion, negotiate, unsatisfiable_reason
 from .access_log import AccessLog
 from .limits import FAILED_STATUSES, FailedAuthLimiter
-from .ready import PiecewiseBody, ReadyBodies
+from .ready import WRITE_PIECE, PiecewiseBody, ReadyBodies
 
 
 IGNITION_MEDIA_TYPE = "application/vnd.coreos.ignition+json"
@@ -56,6 +56,7 @@ class IgnitionHandlers:
         second_opinion: Callable[[Presented, str | None], Awaitable[Grant]] | None = None,
         request_id_prefix: str = "",
         access: AccessLog | None = None,
+        write_piece: int = WRITE_PIECE,
     ) -> None:
         self._cache = cache
         self._auth = authenticator
@@ -67,6 +68,7 @@ class IgnitionHandlers:
         self._limiter = limiter or FailedAuthLimiter()
         self._second_opinion = second_opinion
         self._access = access or AccessLog("auto")
+        self._write_piece = write_piece  # below the process's mmap threshold (memory.py)
         self._versions: dict[tuple[str | None, str], str] = {}
         self._by_status: dict[int, Any] = {}  # the responses counter's child per status
         self._in_flight = 0  # payload requests being answered now (one event loop: no lock)
@@ -167,7 +169,7 @@ class IgnitionHandlers:
             version = None  # answered below, where the body says which feature needs the newer spec
         ready = self._ready.get(record.blob_id, version) if version is not None else None
         if ready is not None and version is not None:
-            return _payload_response(ready, version)
+            return _payload_response(ready, version, self._write_piece)
         body = self._cache.get_blob_from_memory(record.blob_id)
         if body is None:
             body = await asyncio.get_running_loop().run_in_executor(self._readers, self._cache.get_blob, record.blob_id)
@@ -178,7 +180,7 @@ class IgnitionHandlers:
         if version is None:
             # Rare and final for that node: worth saying which feature needs the newer spec.
             raise Refusal(406, await asyncio.to_thread(unsatisfiable_reason, accept, body)) from None
-        return _payload_response(self._ready.make(record.blob_id, version, body), version)
+        return _payload_response(self._ready.make(record.blob_id, version, body), version, self._write_piece)
 
     async def healthz(self, _request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
@@ -189,10 +191,10 @@ class IgnitionHandlers:
         return web.Response(status=503, text="not ready\n", headers={"Retry-After": "1"})
 
 
-def _payload_response(body: bytes, version: str) -> web.Response:
+def _payload_response(body: bytes, version: str, piece: int) -> web.Response:
     content_type = f"{IGNITION_MEDIA_TYPE};version={version}"
     return web.Response(
-        body=PiecewiseBody(body, content_type=content_type),
+        body=PiecewiseBody(body, piece=piece, content_type=content_type),
         headers={"Content-Type": content_type, "Cache-Control": "no-store"},
     )
 

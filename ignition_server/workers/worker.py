@@ -83,6 +83,7 @@ class Worker:
             second_opinion=self.ask_owner,
             request_id_prefix=f"w{spec.number}-",
             access=AccessLog(settings.log_format),
+            write_piece=memory.SERVING_MMAP_THRESHOLD,
         )
 
     async def ask_owner(self, presented: Presented, remote: str | None) -> Grant:
@@ -193,7 +194,7 @@ async def _main(fd: int) -> None:
     kind, spec = await channel.receive()
     assert kind == "hello"
     logs.configure(spec.settings.log_format)
-    memory.tune()
+    memory.tune(memory.SERVING_MMAP_THRESHOLD)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
