@@ -224,3 +224,17 @@ def test_the_owners_death_takes_the_workers_with_it_and_a_restart_serves_at_once
         assert status == 200 and json.loads(body)["ignition"]["version"]
     finally:
         proc.kill()
+
+
+def test_the_default_worker_count_follows_the_cpus_and_a_containers_cpu_limit(tmp_path: Path) -> None:
+    from ignition_server.workers.pool import default_worker_count
+
+    cpus = len(os.sched_getaffinity(0))
+    cpu_max = tmp_path / "cpu.max"
+    cpu_max.write_text("max 100000\n")
+    assert default_worker_count(cpu_max) == cpus
+    cpu_max.write_text("50000 100000\n")  # half a CPU: still one worker
+    assert default_worker_count(cpu_max) == 1
+    cpu_max.write_text(f"{cpus * 100000 + 1} 100000\n")  # a limit above the cpuset: the cpuset
+    assert default_worker_count(cpu_max) == cpus
+    assert default_worker_count(tmp_path / "absent") == cpus

@@ -12,11 +12,13 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import math
 import os
 import socket
 import sys
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from payload_cache import PayloadCache
@@ -251,6 +253,14 @@ class WorkerPool:
             self._on_served(secret)
 
 
-def default_worker_count() -> int:
-    """The CPUs this process may run on (a container's cpuset, not the host's count)."""
-    return len(os.sched_getaffinity(0))
+def default_worker_count(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """The CPUs this process may use: its cpuset, and no more than a container's CPU limit
+    (cgroup v2 `cpu.max`, "quota period"), rounded up."""
+    count = len(os.sched_getaffinity(0))
+    try:
+        quota, period = cpu_max.read_text().split()[:2]
+        if quota != "max":
+            count = min(count, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return count
