@@ -5,6 +5,7 @@
   run       restart scenarios: cold, warm, memory, crash (bench/run.py)
   fleet     generate a fleet of token Secrets (bench/fleet.py)
   rerender  serving while NodePools re-render (bench/rerender.py)
+  hotpath   what one request costs, step by step (bench/hotpath.py)
   timing    token checks: near miss vs far miss (bench/timing.py)
   kube      Kubernetes mode at scale: empty-disk replica, API load per boot and rotation (bench/kube.py)
 """
@@ -16,7 +17,7 @@ import signal
 import sys
 
 COMMANDS = {"compare": "bench.compare", "run": "bench.run", "fleet": "bench.fleet", "rerender": "bench.rerender", "kube": "bench.kube", "timing": "bench.timing",
-            "storm": "bench.storm"}
+            "storm": "bench.storm", "hotpath": "bench.hotpath"}
 
 
 def main(argv: list[str]) -> int:
