@@ -36,6 +36,7 @@ from ..metrics import ServerMetrics
 
 log = logging.getLogger("ignition_server.worker")
 REPORT_INTERVAL = 1.0  # served NodePools and counters go to the owner this often
+TRIM_EVERY = 10  # reports between heap trims
 
 
 @dataclass(frozen=True)
@@ -163,9 +164,15 @@ class Worker:
             stop.set()
 
     async def _report_periodically(self) -> None:
+        ticks = 0
         while True:
             await asyncio.sleep(REPORT_INTERVAL)
             self._report()
+            ticks += 1
+            if ticks % TRIM_EVERY == 0:
+                # Bodies come from the heap here (memory.SERVING_MMAP_THRESHOLD); what a storm
+                # freed between live ones goes back to the OS instead of staying in RSS.
+                await asyncio.to_thread(memory.release)
 
     def _report(self) -> None:
         """What the owner's /metrics and status writes need: deltas since the last report."""
