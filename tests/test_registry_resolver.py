@@ -101,6 +101,10 @@ async def test_wrong_password_is_a_clear_configuration_error(registry: Registry,
         assert failure is not None and failure.permanent
         assert "refused user 'puller'" in failure.message and "check the pull secret" in failure.message
         assert "wrong" not in failure.message  # never the password
+        # The same wrong secret backs off; another NodePool's good pull secret is tried at once.
+        world.resolver.request(spec, registry.pull_secret(password="wrong"))
+        assert not world.resolver.pending(spec)
+        assert await world.resolve(spec, registry.pull_secret()) is None and world.resolver.known(spec) is not None
         # No credentials for the host at all: as clear.
         other = World(registry, tmp_path)
         failure = await other.resolve(spec, registry.pull_secret(host="elsewhere.example.com"))

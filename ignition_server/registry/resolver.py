@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from .auth import AuthError, Credentials, credentials_for
-from .client import RegistryClient, RegistryError, Unreachable
+from .client import Refused, RegistryClient, RegistryError, Unreachable
 from .layers import WANTED, NotARelease, ReleaseContent, extract, layer_digests, pick_manifest, release_content
 from .mirrors import Mirrors
 from .reference import Reference, ReferenceError, parse
@@ -36,6 +36,7 @@ MAX_LAYER_BYTES = 4 << 30
 class Failure:
     permanent: bool  # a configuration problem (InvalidConfig) rather than an unreachable registry
     message: str
+    refused: bool = False  # credentials were refused: another NodePool's pull secret may do better
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,7 @@ class ReleaseResolver:
     _inflight: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     _waiting: dict[str, set[str]] = field(default_factory=dict)
     _failures: dict[str, tuple[Failure, int, float]] = field(default_factory=dict)
+    _refused: dict[str, str] = field(default_factory=dict)  # pull spec -> fingerprint of the pull secret refused
     _contexts: dict[str, ssl.SSLContext] = field(default_factory=dict)
 
     def known(self, pull_spec: str) -> ReleaseContent | None:
@@ -109,17 +111,21 @@ class ReleaseResolver:
             self._failures[pull_spec] = (Failure(True, f"release {pull_spec!r}: {exc}"), 1, float("inf"))
             return
         failed = self._failures.get(pull_spec)
+        fingerprint = hashlib.sha256((pull_secret or "").encode()).hexdigest()
         if failed is not None and failed[2] > self.clock():
-            return
+            # Backing off, unless credentials were refused and these are other credentials.
+            if not failed[0].refused or self._refused.get(pull_spec) == fingerprint:
+                return
         key = ref.digest or str(ref)
         self._waiting.setdefault(key, set()).add(pull_spec)
         if key not in self._inflight:
+            self._refused[pull_spec] = fingerprint  # kept only if this attempt is refused
             self._inflight[key] = asyncio.create_task(self._resolve(key, ref, pull_secret, ca_bundle), name=f"resolve {ref}")
 
     def due(self, pull_spec: str) -> bool:
         """Whether a failed resolution may be tried again."""
         found = self._failures.get(pull_spec)
-        return found is None or found[2] <= self.clock()
+        return found is None or found[2] <= self.clock() or found[0].refused
 
     async def _resolve(self, key: str, ref: Reference, pull_secret: str | None, ca_bundle: str | None) -> None:
         started = time.perf_counter()
@@ -136,6 +142,7 @@ class ReleaseResolver:
         for spec in self._waiting.pop(key, set()):
             if failure is None:
                 self._failures.pop(spec, None)
+                self._refused.pop(spec, None)
             else:
                 attempts = (self._failures[spec][1] + 1) if spec in self._failures else 1
                 delay = min(self.settings.retry_max, self.settings.retry_min * 2 ** (attempts - 1))
@@ -150,6 +157,7 @@ class ReleaseResolver:
             if tagged and tagged[1] > self.clock() and tagged[0] in self._by_digest:
                 return None
         errors: list[tuple[bool, str]] = []
+        refused = False
         for candidate in self.mirrors.candidates(ref):
             try:
                 creds = credentials_for(pull_secret, candidate)
@@ -158,6 +166,7 @@ class ReleaseResolver:
                 permanent = not isinstance(exc, Unreachable) and getattr(exc, "permanent", True)
                 if isinstance(exc, Unreachable):
                     self.mirrors.failed(candidate.api_host)
+                refused = refused or isinstance(exc, (Refused, AuthError))
                 errors.append((permanent, str(exc)))
                 log.warning("release %s from %s: %s", ref, candidate.host, exc)
                 continue
@@ -174,7 +183,7 @@ class ReleaseResolver:
         message = "; ".join(text for _p, text in errors) or f"no registry to read {ref} from"
         # Refused credentials or a tampered blob anywhere is a configuration problem worth
         # saying so, even if another mirror was merely unreachable.
-        return Failure(any(permanent for permanent, _t in errors), message)
+        return Failure(any(permanent for permanent, _t in errors), message, refused)
 
     def tls(self, ca_bundle: str | None) -> ssl.SSLContext:
         """The client's trust plus the cluster's additional trust bundle (user-ca-bundle), if any."""
