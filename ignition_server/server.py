@@ -115,6 +115,7 @@ class IgnitionServer:
             writer=cluster.is_writer if cluster is not None else (lambda: True),
             prune_grace=settings.prune_grace,
             releases=releases,
+            share_namespace=settings.pod_namespace if settings.kubernetes else None,
         )
         handlers = IgnitionHandlers(
             cache=cache,

@@ -37,3 +37,15 @@ def test_warm_restart_serves_every_nodepool_without_rendering(tmp_path: Path, ca
     assert summary["warm"]["corrupt"] == 0, out
     assert summary["memory"]["rss_mib"] > 0
     assert code == 0, out
+
+
+def test_releases_bench_reads_each_release_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from bench import releases
+
+    code = releases.main(["--clusters", "3", "--pools", "4", "--releases", "3", "--layer-mib", "0.5",
+                          "--work", str(tmp_path / "work")])
+    out = capsys.readouterr().out
+    summary = json.loads(out)
+    assert summary["served"] == 12 and summary["failed"] == 0, out
+    assert summary["release_fetches_metric"] == 3 and summary["release_fetches_registry_log"] == 3, out
+    assert code == 0, out

@@ -165,3 +165,32 @@ def test_restart_with_the_registry_gone_serves_every_payload_without_it(world, t
     for file in (tmp_path / "cache").rglob("*"):
         if file.is_file():
             assert b"ocp-v4.0-art-dev" not in file.read_bytes(), file
+
+
+def test_kubernetes_mode_only_the_writer_reads_the_registry(world, tmp_path: Path) -> None:
+    from kubeapi import KubeAPI
+
+    registry = world(Registry, tmp_path / "registry").start()
+    digests = registry.push_release("ocp/release", {"amd64": {"haproxy-router": HAPROXY}}, "4.17.3")
+    release = f"{registry.host}/ocp/release@{digests['index']}"
+    with KubeAPI(tmp_path / "kubeapi", bookmark_interval=0.5) as api:
+        api.namespace("ignition")
+        api.namespace("clusters-a")
+        for obj in cluster("clusters-a", registry.pull_secret(), registry.ca_file.read_text()):
+            api.create(obj)
+        api.create(pool("clusters-a", "workers", "tok-k", release))
+        (tmp_path / "empty").mkdir()
+        procs = [world(ServerProcess, tmp_path / "empty", tmp_path / name / "cache", extra=[
+            "--kubernetes", "--kubeconfig", str(api.kubeconfig), "--pod-namespace", "ignition",
+            "--replica-id", name, "--lease-duration", "3s", "--release-resolve"]).start() for name in ("r1", "r2")]
+        for proc in procs:
+            wait_for(lambda proc=proc: proc.get("/ignition", bearer("tok-k"))[0] == 200, timeout=60, what="served")
+            assert HAPROXY in payload_text(proc.get("/ignition", bearer("tok-k"))[2])
+        fetches = sorted(p.metrics().get("ign_server_release_fetches_total", 0) for p in procs)
+        requests = sorted(registry_requests(p) for p in procs)
+        assert fetches == [0, 1] and requests[0] == 0, (fetches, requests)
+        # What the writer published for the others: the release's haproxy-router image, nothing more.
+        import hashlib
+        shared = api.get("configmaps", "ignition", "ignition-server-release-" + hashlib.sha256(release.encode()).hexdigest()[:16])
+        assert shared is not None and yaml.safe_load(shared["data"]["releases.yaml"]) == [
+            {"pullSpec": release, "version": "4.17.3", "images": {"haproxy-router": HAPROXY}}]

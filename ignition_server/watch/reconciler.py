@@ -70,6 +70,7 @@ class Reconciler(WriterDuties, ReleaseWaits):
     debounce: float = 0.05  # a burst of changes to one NodePool's inputs renders once
     # The catalog, the registry resolver and mirrors (the resolver calls release_resolved).
     releases: Releases = field(default_factory=Releases)
+    share_namespace: str | None = None  # several replicas: the writer publishes resolved releases here
     # Whether this replica writes (rotation, expiry, status, user-data, ignition-reached):
     # with several replicas only the Lease holder does; every replica indexes and serves.
     writer: Callable[[], bool] = lambda: True
@@ -474,6 +475,7 @@ class Reconciler(WriterDuties, ReleaseWaits):
                 await self.rotate_due()
                 await self.prune_expired()
                 await self.retry_failed()
+                self.nudge_releases()
                 now = self.clock()
                 for secret in list(self.secrets.values()):
                     if secret.expired(now):
