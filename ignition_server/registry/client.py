@@ -84,7 +84,7 @@ class RegistryClient:
         if ref.digest and digest != ref.digest:
             raise IntegrityError(f"{ref}: the manifest's digest is {digest}, not the one asked for")
         if not media_type or media_type not in MANIFEST_TYPES:
-            media_type = str(_json(body, ref).get("mediaType", media_type))
+            media_type = str(json_object(body, ref).get("mediaType", media_type))
         return media_type, body, digest
 
     async def blob_to_file(
@@ -197,7 +197,7 @@ class RegistryClient:
             self.count(ref.host, "unreachable")
             raise Unreachable(f"the token service of {ref.host} is unreachable: {type(exc).__name__}") from None
         self.count(ref.host, "token")
-        answer = _json(body, ref)
+        answer = json_object(body, ref)
         token = answer.get("token") or answer.get("access_token")
         if not isinstance(token, str) or not token:
             raise Refused(f"the token service of {ref.host} answered without a token")
@@ -207,13 +207,14 @@ class RegistryClient:
         return authorization
 
 
-def _json(body: bytes, ref: Reference) -> dict[str, Any]:
+def json_object(body: bytes, what: object) -> dict[str, Any]:
+    """A registry's JSON answer (manifest, token), or IntegrityError naming `what`."""
     try:
         value = json.loads(body)
     except ValueError:
-        raise IntegrityError(f"{ref}: the registry's answer is not JSON") from None
+        raise IntegrityError(f"{what}: the registry's answer is not JSON") from None
     if not isinstance(value, dict):
-        raise IntegrityError(f"{ref}: the registry's answer is not a JSON object")
+        raise IntegrityError(f"{what}: the registry's answer is not a JSON object")
     return value
 
 

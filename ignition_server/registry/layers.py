@@ -11,12 +11,12 @@ import json
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping
 
 import yaml
 
 from .. import bounded_yaml
-from .client import LISTS, IntegrityError
+from .client import LISTS, IntegrityError, json_object
 
 IMAGE_REFERENCES = "release-manifests/image-references"
 RELEASE_METADATA = "release-manifests/release-metadata"
@@ -38,7 +38,7 @@ def pick_manifest(media_type: str, body: bytes, architecture: str, what: str) ->
     """For a manifest list or index, the digest of the `architecture`/linux entry; None for a single manifest."""
     if media_type not in LISTS:
         return None
-    manifests = _load(body, what).get("manifests") or []
+    manifests = json_object(body, what).get("manifests") or []
     for entry in manifests:
         platform = entry.get("platform") or {} if isinstance(entry, dict) else {}
         if platform.get("architecture") == architecture and platform.get("os", "linux") == "linux":
@@ -48,7 +48,7 @@ def pick_manifest(media_type: str, body: bytes, architecture: str, what: str) ->
 
 
 def layer_digests(body: bytes, what: str) -> list[str]:
-    layers = _load(body, what).get("layers")
+    layers = json_object(body, what).get("layers")
     if not isinstance(layers, list) or not layers:
         raise NotARelease(f"{what}: the image manifest lists no layers")
     return [str(layer.get("digest", "")) for layer in layers if isinstance(layer, dict)]
@@ -98,13 +98,3 @@ def release_content(found: Mapping[str, bytes], what: str) -> ReleaseContent:
     if not version and isinstance(stream, dict):
         version = str((stream.get("metadata") or {}).get("name", ""))
     return ReleaseContent(version, images)
-
-
-def _load(body: bytes, what: str) -> dict[str, Any]:
-    try:
-        value = json.loads(body)
-    except ValueError:
-        raise IntegrityError(f"{what}: the manifest is not JSON") from None
-    if not isinstance(value, dict):
-        raise IntegrityError(f"{what}: the manifest is not a JSON object")
-    return value
