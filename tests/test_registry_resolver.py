@@ -197,3 +197,42 @@ def test_pull_secret_matching_follows_the_container_tools() -> None:
     assert credentials_for(secret, parse("busybox")).username == "hub"
     assert credentials_for(secret, parse("elsewhere.io/a:1")) is None
     assert "pw" not in repr(credentials_for(secret, parse("quay.io/x:1")))
+
+
+def test_pull_specs_parse_as_the_container_tools_read_them() -> None:
+    from ignition_server.registry.reference import ReferenceError
+    digest = "sha256:" + "1" * 64
+    ref = parse(f"quay.io/openshift-release-dev/ocp-release@{digest}")
+    assert (ref.host, ref.repository, ref.tag, ref.digest) == ("quay.io", "openshift-release-dev/ocp-release", "", digest)
+    assert parse("localhost:5000/a/b:4.17").tag == "4.17" and parse("localhost:5000/a/b:4.17").host == "localhost:5000"
+    hub = parse("busybox")
+    assert (hub.host, hub.repository, hub.tag, hub.api_host) == ("docker.io", "library/busybox", "latest", "registry-1.docker.io")
+    for bad in ("", "quay.io/a b", "https://quay.io/x", "quay.io/x@md5:abc", "quay.io/UPPER/x"):
+        with pytest.raises(ReferenceError):
+            parse(bad)
+
+
+def test_mirror_sets_apply_by_pull_kind_and_can_forbid_the_source() -> None:
+    mirrors = Mirrors()
+    idms = {"kind": "ImageDigestMirrorSet", "spec": {"imageDigestMirrors": [
+        {"source": "quay.io/openshift-release-dev", "mirrors": ["m1.example.com/ocp", "m2.example.com/ocp"],
+         "mirrorSourcePolicy": "NeverContactSource"}]}}
+    itms = {"kind": "ImageTagMirrorSet", "spec": {"imageTagMirrors": [
+        {"source": "quay.io/openshift-release-dev/ocp-release", "mirrors": ["t.example.com/release"]}]}}
+    assert mirrors.update("idms", idms) and mirrors.update("itms", itms) and not mirrors.update("itms", itms)
+    by_digest = parse("quay.io/openshift-release-dev/ocp-release@sha256:" + "1" * 64)
+    assert [str(r) for r in mirrors.candidates(by_digest)] == [
+        "m1.example.com/ocp/ocp-release@sha256:" + "1" * 64, "m2.example.com/ocp/ocp-release@sha256:" + "1" * 64]
+    by_tag = parse("quay.io/openshift-release-dev/ocp-release:4.17.3-x86_64")
+    assert [str(r) for r in mirrors.candidates(by_tag)] == [
+        "t.example.com/release:4.17.3-x86_64", "quay.io/openshift-release-dev/ocp-release:4.17.3-x86_64"]
+    # A prefix matches at a path boundary only.
+    assert mirrors.configured(parse("quay.io/openshift-release-dev-other/x@sha256:" + "1" * 64))[0].host == "quay.io"
+    # A failed mirror goes last for a while; the configured order is what the payload names.
+    mirrors.failed("m1.example.com")
+    assert mirrors.candidates(by_digest)[0].host == "m2.example.com"
+    assert mirrors.rewrite(str(by_digest)).startswith("m1.example.com/")
+    with pytest.raises(ValueError):
+        mirrors.update("bad", {"kind": "ImageDigestMirrorSet", "spec": {"imageDigestMirrors": [{"mirrors": ["x"]}]}})
+    with pytest.raises(ValueError):
+        parse_overrides("quay.io")

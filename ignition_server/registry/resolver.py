@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from .auth import AuthError, Credentials, credentials_for
-from .client import Refused, RegistryClient, RegistryError, Unreachable
+from .client import NotFound, Refused, RegistryClient, RegistryError, Unreachable
 from .layers import WANTED, NotARelease, ReleaseContent, extract, layer_digests, pick_manifest, release_content
 from .mirrors import Mirrors
 from .reference import Reference, ReferenceError, parse
@@ -156,7 +156,7 @@ class ReleaseResolver:
             tagged = self._tags.get(str(ref))
             if tagged and tagged[1] > self.clock() and tagged[0] in self._by_digest:
                 return None
-        errors: list[tuple[bool, str]] = []
+        errors: list[tuple[bool, bool, str]] = []  # permanent, not found, message
         refused = False
         for candidate in self.mirrors.candidates(ref):
             try:
@@ -167,7 +167,7 @@ class ReleaseResolver:
                 if isinstance(exc, Unreachable):
                     self.mirrors.failed(candidate.api_host)
                 refused = refused or isinstance(exc, (Refused, AuthError))
-                errors.append((permanent, str(exc)))
+                errors.append((permanent, isinstance(exc, NotFound), str(exc)))
                 log.warning("release %s from %s: %s", ref, candidate.host, exc)
                 continue
             self.mirrors.worked(candidate.api_host)
@@ -180,10 +180,12 @@ class ReleaseResolver:
             if tag_digest and await self._load(tag_digest):
                 log.warning("registry unavailable for %s: using the digest it named last (%s)", ref, tag_digest)
                 return None
-        message = "; ".join(text for _p, text in errors) or f"no registry to read {ref} from"
+        message = "; ".join(text for _p, _nf, text in errors) or f"no registry to read {ref} from"
         # Refused credentials or a tampered blob anywhere is a configuration problem worth
-        # saying so, even if another mirror was merely unreachable.
-        return Failure(any(permanent for permanent, _t in errors), message, refused)
+        # saying so, even if another mirror was merely unreachable. "Not found" is one only
+        # where every registry said so (a mirror not synced yet, the origin down: wait).
+        permanent = any(p and not nf for p, nf, _t in errors) or bool(errors) and all(nf for _p, nf, _t in errors)
+        return Failure(permanent, message, refused)
 
     def tls(self, ca_bundle: str | None) -> ssl.SSLContext:
         """The client's trust plus the cluster's additional trust bundle (user-ca-bundle), if any."""
