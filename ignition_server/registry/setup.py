@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import ssl
 from pathlib import Path
 from typing import Callable
@@ -39,6 +40,8 @@ def open_resolver(
         count_bytes=metrics.registry_bytes.inc,
     )
     work_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for leftover in work_dir.glob("layer-*"):  # a layer download a crash interrupted
+        shutil.rmtree(leftover, ignore_errors=True)
     resolver = ReleaseResolver(
         client=client, mirrors=mirrors, store=store,
         settings=ResolverSettings(architecture=settings.architecture, tag_ttl=settings.tag_ttl),
