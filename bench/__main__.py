@@ -8,6 +8,7 @@
   hotpath   what one request costs, step by step (bench/hotpath.py)
   timing    token checks: near miss vs far miss (bench/timing.py)
   kube      Kubernetes mode at scale: empty-disk replica, API load per boot and rotation (bench/kube.py)
+  releases  5,280 NodePools over 10 releases from a real registry: each release read once (bench/releases.py)
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import importlib
 import signal
 import sys
 
-COMMANDS = {"compare": "bench.compare", "run": "bench.run", "fleet": "bench.fleet", "rerender": "bench.rerender", "kube": "bench.kube", "timing": "bench.timing",
-            "storm": "bench.storm", "hotpath": "bench.hotpath"}
+COMMANDS = {"compare": "bench.compare", "releases": "bench.releases", "run": "bench.run", "fleet": "bench.fleet",
+            "rerender": "bench.rerender", "kube": "bench.kube", "timing": "bench.timing", "storm": "bench.storm",
+            "hotpath": "bench.hotpath"}
 
 
 def main(argv: list[str]) -> int:

@@ -97,6 +97,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add(serve, "--ca-check-interval", default="60s", help="how often the CA's age is checked")
     _add(serve, "--prune-expired-after", default="60s", help="--kubernetes: delete expired token Secrets (and their user-data) this long after expiry")
 
+    _add(serve, "--release-resolve", action="store_true",
+         help="read releases missing from the catalog from their registry, with the NodePool's pull secret")
+    _add(serve, "--release-architecture", default="amd64", help="the image picked from a release's manifest list")
+    _add(serve, "--registry-overrides", default="", help="mirrors tried before the origin: SOURCE=MIRROR[,SOURCE=MIRROR...]")
+    _add(serve, "--registry-ca-file", help="CA bundle (PEM) registries are trusted with, besides the system's and the user-ca-bundle")
+    _add(serve, "--release-tag-ttl", default="5m", help="how long a release tag's digest is trusted before it is asked again")
+    _add(serve, "--registry-timeout", default="30s", help="connect and read timeout of registry requests")
+
     render = commands.add_parser("render", help="print a NodePool's payload")
     _add(render, "--source", required=True, help="directory of Kubernetes manifests")
     _add(render, "--nodepool", required=True, help="NAMESPACE/NAME of the NodePool")
@@ -164,6 +172,22 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         connections_per_source=max(1, int(args.connections_per_source)),
         connections_total=max(1, int(args.connections_total)),
         log_format=args.log_format,
+        registry=_registry_settings(args),
+    )
+
+
+def _registry_settings(args: argparse.Namespace) -> Any:
+    from .config import RegistrySettings
+    from .registry.mirrors import parse_overrides
+
+    parse_overrides(args.registry_overrides)  # a bad spelling is a usage error now, not at the first release
+    return RegistrySettings(
+        resolve=bool(args.release_resolve),
+        architecture=args.release_architecture,
+        overrides=args.registry_overrides or "",
+        ca_file=Path(args.registry_ca_file) if args.registry_ca_file else None,
+        tag_ttl=parse_duration(args.release_tag_ttl),
+        timeout=parse_duration(args.registry_timeout),
     )
 
 
@@ -251,7 +275,9 @@ def _render(args: argparse.Namespace) -> int:
 
     source, secret, catalog = _newest_secret(Path(args.source), args.nodepool)
     config = token_secret_config(source.get_full(secret.key))
-    inputs, _deps = gather(secret, secret.annotations, source.get_full, catalog, config)
+    from .watch.releases import Releases
+
+    inputs, _deps = gather(secret, secret.annotations, source.get_full, Releases(catalog), config)
     rendered = render_payload(inputs)
     body = rendered.body
     if args.spec_version:

@@ -65,6 +65,18 @@ class TLSSettings:
 
 
 @dataclass(frozen=True)
+class RegistrySettings:
+    """Reading releases from registries (off: only the catalog ConfigMaps)."""
+
+    resolve: bool = False
+    architecture: str = "amd64"
+    overrides: str = ""  # --registry-overrides src=dst,...
+    ca_file: Path | None = None  # trusted besides the system's CAs and each cluster's user-ca-bundle
+    tag_ttl: float = 300.0
+    timeout: float = 30.0
+
+
+@dataclass(frozen=True)
 class ServeSettings:
     source_dir: Path
     cache_dir: Path
@@ -108,6 +120,7 @@ class ServeSettings:
     ca_lifetime: float = 3650 * 86400.0
     ca_check_interval: float = 60.0
     watch_timeout: float = 300.0
+    registry: RegistrySettings = RegistrySettings()
 
     @property
     def rotation_interval(self) -> float:

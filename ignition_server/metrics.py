@@ -124,6 +124,21 @@ class ServerMetrics:
         self.api_requests = Counter(
             "ign_server_api_requests", "Requests to the Kubernetes API server, by verb", ["verb"], registry=self.registry,
         )
+        # Releases read from registries (registry/).
+        self.registry_requests = Counter(
+            "ign_server_registry_requests", "Requests to image registries, by registry host and result",
+            ["registry", "result"], registry=self.registry,
+        )
+        self.registry_bytes = Counter(
+            "ign_server_registry_bytes", "Bytes received from image registries (manifests and layers)", registry=self.registry,
+        )
+        self.release_fetches = Counter(
+            "ign_server_release_fetches", "Releases read from a registry (not the catalog or the cache)", registry=self.registry,
+        )
+        self.release_resolution = Histogram(
+            "ign_server_release_resolution_seconds", "Time to resolve a release (cache or registry)",
+            buckets=GENERATION_BUCKETS, registry=self.registry,
+        )
         self.leader = Gauge("ign_server_leader", "1 on the replica that holds the Lease (the writer)", registry=self.registry)
         # Worker processes (serve --workers N): their own counters arrive as reports.
         self.workers_serving = Gauge("ign_server_workers_serving", "Worker processes serving now", registry=self.registry)

@@ -14,7 +14,7 @@ import logging
 import ssl
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from aiohttp import web
 
@@ -38,7 +38,11 @@ from .cluster import Cluster, SecretStore, WatchHealth, connect as connect_clust
 from .sources.events import Source
 from .sources.files import FileSource
 from .sources.manifests import is_token_secret
+from .registry.mirrors import Mirrors, parse_overrides
+from .registry.resolver import ReleaseStore
+from .registry.setup import open_resolver
 from .watch.reconciler import Reconciler, Renderer
+from .watch.releases import Releases
 from .watch.edge import EdgeWriter
 from .watch.outputs import PointerSettings, TokenOutputs
 from .watch.trust import TrustWatcher
@@ -100,6 +104,7 @@ class IgnitionServer:
         if "FIPS" in settings.tls.profile.name:
             log.info(fips_describe())
         outputs = TokenOutputs(source, settings.edge_token_map, self._pointer_settings())
+        releases, registry_session = self._releases(cache)
         self.reconciler = reconciler = Reconciler(
             source=source,
             cache=cache,
@@ -112,6 +117,8 @@ class IgnitionServer:
             outputs=outputs,
             writer=cluster.is_writer if cluster is not None else (lambda: True),
             prune_grace=settings.prune_grace,
+            releases=releases,
+            share_namespace=settings.pod_namespace if settings.kubernetes else None,
         )
         authenticator = TokenAuthenticator(cache, self.clock, verifier=verifier, directory=reconciler)
         handlers = IgnitionHandlers(
@@ -189,6 +196,25 @@ class IgnitionServer:
             await asyncio.to_thread(cache.flush)
             await source.flush()
             handlers.close()
+            if registry_session is not None:
+                await registry_session.close()
+
+    def _releases(self, cache: PayloadCache) -> tuple[Releases, Any]:
+        """The catalog, plus the registry resolver when --release-resolve is on; mirrors either way."""
+        registry = self.settings.registry
+        mirrors = Mirrors(parse_overrides(registry.overrides))
+        if not registry.resolve:
+            return Releases(mirrors=mirrors), None
+        store = ReleaseStore(load=cache.load_state, save=cache.save_state)
+
+        def resolved(pull_spec: str) -> None:
+            if self.reconciler is not None:
+                self.reconciler.release_resolved(pull_spec)
+
+        resolver, session = open_resolver(
+            registry, mirrors, store, self.metrics, resolved, self.settings.cache_dir / "tmp-layers",
+        )
+        return Releases(resolver=resolver, mirrors=mirrors), session
 
     def _edge_writer(self, verifier: ServiceAccountVerifier) -> Callable[[], None]:
         settings = self.settings

@@ -56,3 +56,15 @@ def test_storm_scenarios_run_and_say_their_verdicts(tmp_path: Path, capsys: pyte
     assert all(o["result"]["permanent_failures"] == 0 for o in outcomes)
     assert outcomes[1]["result"]["events"], "the worker was killed in the middle"
     assert code in (0, 1)  # a 3 s storm on a busy machine may miss the recovery target; the run itself must work
+
+
+def test_releases_bench_reads_each_release_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from bench import releases
+
+    code = releases.main(["--clusters", "3", "--pools", "4", "--releases", "3", "--layer-mib", "0.5",
+                          "--work", str(tmp_path / "work")])
+    out = capsys.readouterr().out
+    summary = json.loads(out)
+    assert summary["served"] == 12 and summary["failed"] == 0, out
+    assert summary["release_fetches_metric"] == 3 and summary["release_fetches_registry_log"] == 3, out
+    assert code == 0, out

@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping
 
 from ..render.inputs import NodePoolInputs, Settings
 from ..sources.manifests import ManifestError, ObjectKey, TokenSecret, data_text
-from .releases import HAPROXY_IMAGE, ReleaseCatalog, release_key
+from .releases import HAPROXY_IMAGE, Releases, release_key
 
 ANNOTATION_INPUT_PREFIX = "ignition-server.openshift.io/input-"
 
@@ -57,7 +57,7 @@ def gather(
     secret: TokenSecret,
     notes: Mapping[str, str],
     lookup: Lookup,
-    catalog: ReleaseCatalog,
+    releases: Releases,
     machineconfigs_yaml: str = "",
 ) -> tuple[NodePoolInputs, frozenset[ObjectKey]]:
     """The NodePool's inputs and what they depend on.
@@ -86,8 +86,7 @@ def gather(
     if settings["apiserver-proxy"] is not None or settings["ibmcloud-vpc"] is not None:
         # Only a payload that runs a release component needs its release known.
         deps.add(release_key(secret.release))
-        release = catalog.get(secret.release)
-        haproxy_image = release.images.get(HAPROXY_IMAGE) if release else None
+        haproxy_image = releases.image(secret.release, HAPROXY_IMAGE)
     inputs = NodePoolInputs(
         nodepool=secret.nodepool,
         secret=secret.ref,
