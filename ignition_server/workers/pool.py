@@ -253,9 +253,12 @@ class WorkerPool:
             self._on_served(secret)
 
 
+MAX_AUTO_WORKERS = 8  # beyond this, say how many: each worker holds its own index replica and memory tier
+
+
 def default_worker_count(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
     """The CPUs this process may use: its cpuset, and no more than a container's CPU limit
-    (cgroup v2 `cpu.max`, "quota period"), rounded up."""
+    (cgroup v2 `cpu.max`, "quota period"), rounded up; at most MAX_AUTO_WORKERS."""
     count = len(os.sched_getaffinity(0))
     try:
         quota, period = cpu_max.read_text().split()[:2]
@@ -263,4 +266,4 @@ def default_worker_count(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
             count = min(count, max(1, math.ceil(int(quota) / int(period))))
     except (OSError, ValueError):
         pass
-    return count
+    return min(count, MAX_AUTO_WORKERS)
