@@ -1,0 +1,47 @@
+"""The access log writes the same JSON lines the logging formatter would, in batches, with
+client-supplied fields redacted."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+
+from ignition_server.http.access_log import FLUSH_LINES, AccessLog
+
+
+async def test_lines_are_json_with_every_field_and_arrive_within_the_flush_interval() -> None:
+    stream = io.StringIO()
+    log = AccessLog("json", stream=stream)
+    log.record("GET", "/config/workers", 200, request_id="w1-2a", nodepool="clusters/workers", size=1234,
+               duration_ms=0.5, client="127.0.0.1")
+    assert stream.getvalue() == ""  # batched
+    await asyncio.sleep(0.3)
+    entry = json.loads(stream.getvalue())
+    assert entry["msg"] == "GET /config/workers 200" and entry["logger"] == "ignition_server.access"
+    assert {k: entry[k] for k in ("request_id", "nodepool", "status", "bytes", "client")} == {
+        "request_id": "w1-2a", "nodepool": "clusters/workers", "status": 200, "bytes": 1234, "client": "127.0.0.1"}
+    assert entry["time"].endswith("Z") and "T" in entry["time"]
+
+
+async def test_a_full_batch_is_written_at_once_and_tokens_in_client_fields_are_redacted() -> None:
+    stream = io.StringIO()
+    log = AccessLog("json", stream=stream)
+    for i in range(FLUSH_LINES):
+        log.record("GET", "/x?token=secret-tok", 401, request_id=f'Bearer secret-{i} "q"', nodepool="-", size=0,
+                   duration_ms=0.1, client="::1")
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == FLUSH_LINES
+    assert "secret" not in stream.getvalue()
+    assert all(json.loads(line)["status"] == 401 for line in lines)  # quotes in a client field stay valid JSON
+    log.flush()
+
+
+async def test_text_lines_read_like_the_other_text_logs() -> None:
+    stream = io.StringIO()
+    log = AccessLog("text", stream=stream)
+    log.record("GET", "/ignition", 503, request_id="7", nodepool="-", size=12, duration_ms=0.2, client="10.0.0.9")
+    log.flush()
+    line = stream.getvalue().strip()
+    assert " INFO    ignition_server.access: GET /ignition 503 " in line, line
+    assert line.endswith("request_id=7 nodepool=- status=503 bytes=12 duration_ms=0.2 client=10.0.0.9"), line
