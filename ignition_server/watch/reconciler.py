@@ -30,6 +30,7 @@ from ..sources.manifests import (
     has_large_values,
     token_secret_config,
 )
+from .bases import BaseIndex, is_base
 from .faults import Faults, ObjectWork, backoff
 from .gather import gather
 from .outputs import TokenOutputs
@@ -67,6 +68,7 @@ class Reconciler(WriterDuties):
     outputs: TokenOutputs | None = None
     debounce: float = 0.05  # a burst of changes to one NodePool's inputs renders once
     catalog: ReleaseCatalog = field(default_factory=ReleaseCatalog)
+    bases: BaseIndex = field(default_factory=BaseIndex)
     # Whether this replica writes (rotation, expiry, status, user-data, ignition-reached):
     # with several replicas only the Lease holder does; every replica indexes and serves.
     writer: Callable[[], bool] = lambda: True
@@ -139,6 +141,9 @@ class Reconciler(WriterDuties):
         if key.kind == "ConfigMap" and (is_catalog(change.obj) or self.catalog.knows(key)):
             for pull_spec in self.catalog.update(key, None if change.type == "DELETED" else change.obj):
                 self._inputs_changed(release_key(pull_spec))
+        if key.kind == "ConfigMap" and (is_base(change.obj) or self.bases.knows(key)):
+            for dependency in self.bases.update(key, None if change.type == "DELETED" else change.obj):
+                self._inputs_changed(dependency)
         if key.kind == "Secret":
             if change.type != "DELETED" and is_token_secret(change.obj):
                 secret = await self._apply(key, change.obj)
@@ -269,7 +274,7 @@ class Reconciler(WriterDuties):
 
     def inputs_for(self, secret: TokenSecret) -> NodePoolInputs:
         try:
-            inputs, deps = gather(secret, secret.annotations, self.source.get, self.catalog)
+            inputs, deps = gather(secret, secret.annotations, self.source.get, self.catalog, bases=self.bases)
         except ManifestError as exc:
             raise InvalidConfig(str(exc)) from None
         self._track(secret.key, deps)
@@ -368,7 +373,7 @@ class Reconciler(WriterDuties):
             raise InvalidConfig(f"{secret.ref} is no longer in the source")
         try:
             inputs, _deps = gather(
-                secret, secret.annotations, self.source.get_full, self.catalog, token_secret_config(obj)
+                secret, secret.annotations, self.source.get_full, self.catalog, token_secret_config(obj), self.bases
             )
         except ManifestError as exc:
             raise InvalidConfig(str(exc)) from None
