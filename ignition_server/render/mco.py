@@ -184,6 +184,6 @@ def appender_files(rendered: dict, ignition_version: str) -> list[dict]:
     encapsulated["spec"]["config"] = {"ignition": {"version": ignition_version}}
     return [
         file_entry(NODE_ANNOTATIONS_PATH, json.dumps(annotations, sort_keys=True, separators=(",", ":")), 0o644),
-        file_entry(CONTENT_PATH, json.dumps(rendered, indent=4), 0o644),
-        file_entry(ENCAPSULATED_PATH, json.dumps(encapsulated, separators=(",", ":")), 0o644),
+        file_entry(CONTENT_PATH, json.dumps(rendered, indent=4, sort_keys=True), 0o644),
+        file_entry(ENCAPSULATED_PATH, json.dumps(encapsulated, sort_keys=True, separators=(",", ":")), 0o644),
     ]
