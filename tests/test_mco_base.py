@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 import mco_base
-from harness import ServerProcess, ignition_files_stage, wait_for, write_manifests
+from harness import EXAMPLE_MACHINECONFIG, ServerProcess, ignition_files_stage, wait_for, write_manifests
 from test_render_spec2 import _core_user
 from realtools import require_tool
 from test_watcher_inputs import KUBECONFIG, CA_PEM, T0, renders, secret_obj, settle, world  # noqa: F401 (fixture)
@@ -32,28 +32,13 @@ from ignition_server.watch.releases import ANNOTATION_RELEASE_CATALOG
 
 LAYERED = "registry.example.com/custom/rhcos-layered@sha256:" + "d" * 64
 RELEASE_2 = "quay.io/openshift-release-dev/ocp-release@sha256:" + "2" * 64
-NODEPOOL_MC = """\
-apiVersion: machineconfiguration.openshift.io/v1
-kind: MachineConfig
-metadata:
-  name: 50-{name}
-  labels:
-    machineconfiguration.openshift.io/role: worker
-spec:
+# The harness's MachineConfig, with what only the machine-config-daemon can apply.
+NODEPOOL_MC = EXAMPLE_MACHINECONFIG.replace("spec:\n", """spec:
   kernelArguments: [nosmt, "systemd.unified_cgroup_hierarchy=1"]
   extensions: [usbguard]
   fips: true
   kernelType: realtime
-  config:
-    ignition:
-      version: 3.2.0
-    storage:
-      files:
-      - path: /etc/{name}.conf
-        mode: 384
-        contents:
-          source: data:,hello%20from%20{name}%0A
-"""
+""", 1)
 LAYERED_MC = """\
 ---
 apiVersion: machineconfiguration.openshift.io/v1
@@ -141,7 +126,8 @@ def test_served_payload_with_a_base_validates_applies_and_names_one_rendered_con
     # The base, the NodePool's MachineConfig and the join files are all there.
     for path, (mode, text) in mco_base.BASE_FILES.items():
         assert files[path] == (text.encode(), mode), path
-    assert files["/etc/workers.conf"][1] == 0o600
+    assert files["/etc/workers.conf"][1] == 0o644
+    assert {u["name"] for u in config["systemd"]["units"]} >= {"workers.service", "kubelet.service"}
     assert files["/etc/kubernetes/kubeconfig"][1] == 0o600
     units = {u["name"]: u for u in config["systemd"]["units"]}
     assert units["machine-config-daemon-firstboot.service"]["enabled"] is True
