@@ -108,6 +108,8 @@ def test_served_payload_with_a_base_validates_applies_and_names_one_rendered_con
     source = tmp_path / "source"
     write_manifests(source / "releases.yaml", release_catalog((mco_base.RELEASE, mco_base.RELEASE_VERSION)))
     write_manifests(source / "c1.yaml", *join_inputs("clusters-c1"), mco_base.base_configmap("clusters-c1"),
+                    secret_obj("ConfigMap", "clusters-c1", "kubelet-ca", {"ca.crt": CA_PEM}),
+                    secret_obj("ConfigMap", "clusters-c1", "cloud-provider-ca", {"ca-bundle.pem": CA_PEM}),
                     nodepool("clusters-c1", "workers", "tok-c1"))
     server = ServerProcess(source, tmp_path / "cache").start()
     try:
@@ -129,6 +131,8 @@ def test_served_payload_with_a_base_validates_applies_and_names_one_rendered_con
     assert files["/etc/workers.conf"][1] == 0o644
     assert {u["name"] for u in config["systemd"]["units"]} >= {"workers.service", "kubelet.service"}
     assert files["/etc/kubernetes/kubeconfig"][1] == 0o600
+    assert files["/etc/kubernetes/kubelet-ca.crt"] == (CA_PEM.encode(), 0o644)  # what the kubelet config names
+    assert files["/etc/kubernetes/static-pod-resources/configmaps/cloud-config/ca-bundle.pem"] == (CA_PEM.encode(), 0o644)
     units = {u["name"]: u for u in config["systemd"]["units"]}
     assert units["machine-config-daemon-firstboot.service"]["enabled"] is True
     assert [d["name"] for d in units["kubelet.service"]["dropins"]] == ["10-mco-default-env.conf", "20-logging.conf"]

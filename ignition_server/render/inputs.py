@@ -50,6 +50,10 @@ class NodePoolInputs:
     # The release's `rhel-coreos` and `rhel-coreos-extensions` images (release catalog).
     os_image_url: str = ""
     extensions_image: str = ""
+    # The CA files the machine-config-server adds (ConfigMaps `kubelet-ca`: ca.crt and
+    # `cloud-provider-ca`: ca-bundle.pem); None: not held.
+    kubelet_ca: str | None = None
+    cloud_ca: str | None = None
     # The cluster-wide proxy (ConfigMap `cluster-proxy` data); None: no proxy.
     cluster_proxy: Settings | None = None
 

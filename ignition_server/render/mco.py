@@ -41,6 +41,10 @@ POOL = "worker"
 ENCAPSULATED_PATH = "/etc/ignition-machine-config-encapsulated.json"
 NODE_ANNOTATIONS_PATH = "/etc/machine-config-daemon/node-annotations.json"
 CONTENT_PATH = "/etc/mcs-machine-config-content.json"
+# The machine-config-server's CA files (pkg/server/cluster_server.go): the kube-apiserver's
+# serving CA the kubelet trusts for clients, and the cloud provider's CA.
+KUBELET_CA_PATH = "/etc/kubernetes/kubelet-ca.crt"
+CLOUD_CA_PATH = "/etc/kubernetes/static-pod-resources/configmaps/cloud-config/ca-bundle.pem"
 GENERATED_BY_CONTROLLER = "machineconfiguration.openshift.io/generated-by-controller-version"
 RELEASE_IMAGE_VERSION = "machineconfiguration.openshift.io/release-image-version"
 OS_IMAGE_OVERRIDDEN = "machineconfiguration.openshift.io/os-image-url-overridden"
@@ -164,6 +168,20 @@ def migrate_kernel_arguments(rendered: dict) -> dict:
     out["spec"]["kernelArguments"] = out["spec"]["kernelArguments"] + [a for a in should if a not in out["spec"]["kernelArguments"]]
     if not kargs:
         config.pop("kernelArguments", None)
+    return out
+
+
+def set_file(config: dict, path: str, data: str | bytes) -> dict:
+    """MCS `addDataAndMaybeAppendToIgnition`: the file at `path` gets these contents (mode and
+    the rest kept), or is added (0644) when the config has none."""
+    out = copy.deepcopy(config)
+    files = out.setdefault("storage", {}).setdefault("files", [])
+    entry = file_entry(path, data, 0o644)
+    for f in files:
+        if f.get("path") == path:
+            f["contents"] = entry["contents"]
+            return out
+    files.append(entry)
     return out
 
 

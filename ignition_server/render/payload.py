@@ -10,7 +10,11 @@ from .ibmcloud import api_server_access, render_ibmcloud_fragment
 from .inputs import InvalidConfig, NodePoolInputs, RenderedPayload
 from .join import JoinInputs, render_join_fragment
 from .machineconfig import merge_machineconfigs, parse_machineconfigs
-from .mco import ReleaseImages, appender_files, check_spec, migrate_kernel_arguments, rendered_machineconfig
+from .join import merge_ca_bundles
+from .mco import (
+    CLOUD_CA_PATH, KUBELET_CA_PATH, ReleaseImages, appender_files, check_spec, migrate_kernel_arguments,
+    rendered_machineconfig, set_file,
+)
 from .proxy import render_proxy_fragment, proxy_settings
 from .settings import HAPROXY_TEMPLATE_KEY, apiserver_access, ibmcloud_settings
 from .spec import encode, minimum_version_reason, validate
@@ -89,6 +93,9 @@ def _with_mcs_appenders(config: dict, machineconfigs: list[dict], inputs: NodePo
         )
     served = migrate_kernel_arguments(rendered)
     config = served["spec"]["config"]
+    for path, pem, what in ((KUBELET_CA_PATH, inputs.kubelet_ca, "kubelet-ca"), (CLOUD_CA_PATH, inputs.cloud_ca, "cloud-provider-ca")):
+        if pem:
+            config = set_file(config, path, merge_ca_bundles((pem.encode(),), what))
     version, _ = minimum_version_reason(config)
     config["ignition"]["version"] = version
     files = appender_files(served, version)

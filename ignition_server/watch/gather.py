@@ -43,6 +43,13 @@ SETTINGS_INPUTS = (
     InputObject("ConfigMap", "cluster-proxy", None),
 )
 
+# Only a payload with an MCO base reads these (the machine-config-server's CA files); absent
+# is normal, so they are not named as missing.
+MCS_INPUTS = (
+    InputObject("ConfigMap", "kubelet-ca", "ca.crt"),
+    InputObject("ConfigMap", "cloud-provider-ca", "ca-bundle.pem"),
+)
+
 Lookup = Callable[[ObjectKey], Mapping[str, Any] | None]
 
 
@@ -96,6 +103,11 @@ def gather(
             base_yaml = data_text(obj).get(BASE_KEY) if obj is not None else None
             if not base_yaml:
                 raise ManifestError(f"MCO base {base.namespace}/{base.name} has no {BASE_KEY}")
+    for wanted in MCS_INPUTS if base_yaml is not None else ():
+        key = input_key(secret, wanted, notes)
+        deps.add(key)
+        obj = lookup(key)
+        values[wanted.name] = (data_text(obj).get(wanted.key or "") or None) if obj is not None else None
     haproxy_image = None
     images: dict[str, str] = {}
     if base_yaml is not None or settings["apiserver-proxy"] is not None or settings["ibmcloud-vpc"] is not None:
@@ -122,5 +134,7 @@ def gather(
         os_image_url=images.get(RHCOS_IMAGE, "") if base_yaml is not None else "",
         extensions_image=images.get(RHCOS_EXTENSIONS_IMAGE, "") if base_yaml is not None else "",
         cluster_proxy=settings["cluster-proxy"],
+        kubelet_ca=values.get("kubelet-ca"),
+        cloud_ca=values.get("cloud-provider-ca"),
     )
     return inputs, frozenset(deps)
