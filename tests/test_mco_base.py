@@ -416,3 +416,68 @@ def test_base_import_from_an_mcs_answer_keeps_the_base_and_drops_what_mcs_append
 
     bad = _import("--from", str(tmp_path / "worker.ign"), "--namespace", "clusters-a")
     assert bad.returncode != 0 and "--release" in bad.stderr
+
+
+def _routable_address() -> str:
+    """An address of this host that is not loopback: Go's proxy rules (and so Ignition's) never
+    send loopback traffic through a proxy."""
+    import socket
+
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect(("192.0.2.254", 9))  # no packet is sent: this only picks the route
+        address = probe.getsockname()[0]
+    except OSError:
+        pytest.skip("no non-loopback IPv4 address")
+    finally:
+        probe.close()
+    if address.startswith("127."):
+        pytest.skip("no non-loopback IPv4 address")
+    return address
+
+
+def test_the_real_client_fetches_the_payload_through_the_pointer_configs_proxy(tmp_path: Path) -> None:
+    """A real forward proxy (tinyproxy) between the real Ignition client and the server: the
+    pointer's ignition.proxy is what makes the client go through it."""
+    from harness import free_port, ignition_fetch, require_ignition, wait_for_port
+    from ignition_server.render.userdata import pointer_config
+
+    require_ignition()
+    tinyproxy = require_tool("tinyproxy", "apt-get install tinyproxy")
+    address = _routable_address()
+    source = tmp_path / "source"
+    write_manifests(source / "releases.yaml", release_catalog((mco_base.RELEASE, mco_base.RELEASE_VERSION)))
+    write_manifests(source / "c1.yaml", *join_inputs("clusters-c1"), mco_base.base_configmap("clusters-c1"),
+                    nodepool("clusters-c1", "workers", "tok-c1"))
+    port = free_port()
+    server = ServerProcess(source, tmp_path / "cache", port=port,
+                           extra=["--listen", f"0.0.0.0:{port}", "--public-url", f"https://{address}:{port}"]).start()
+    proxy_port = free_port()
+    log = tmp_path / "tinyproxy.log"
+    (tmp_path / "tinyproxy.conf").write_text(
+        f'Port {proxy_port}\nListen 127.0.0.1\nTimeout 60\nLogFile "{log}"\nLogLevel Connect\nMaxClients 20\nAllow 127.0.0.1\n')
+    proxy = subprocess.Popen([tinyproxy, "-d", "-c", str(tmp_path / "tinyproxy.conf")],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        wait_for_port(proxy_port)
+        wait_for(lambda: server.get("/ignition", {"Authorization": "Bearer " + base64.b64encode(b"tok-c1").decode()})[0] == 200,
+                 what="payload rendered")
+        pointer = pointer_config(source_url=f"https://{address}:{port}", token="tok-c1",
+                                 ca_pem=server.ca_file.read_bytes(), nodepool="clusters/workers",
+                                 proxy={"httpsProxy": f"http://127.0.0.1:{proxy_port}"})
+        run = ignition_fetch(pointer, tmp_path / "node")
+        assert run.returncode == 0, run.output[-4000:]
+        assert run.config is not None and "/etc/ignition-machine-config-encapsulated.json" in {
+            f["path"] for f in run.config["storage"]["files"]}
+        tunnel = f"CONNECT {address}:{port} "
+        seen = log.read_text().count(tunnel)
+        assert seen >= 1
+        # Without the proxy in the pointer, the proxy sees nothing new.
+        del pointer["ignition"]["proxy"]
+        run = ignition_fetch(pointer, tmp_path / "node-direct")
+        assert run.returncode == 0, run.output[-4000:]
+        assert log.read_text().count(tunnel) == seen
+    finally:
+        proxy.kill()
+        proxy.wait(10)
+        server.stop()
