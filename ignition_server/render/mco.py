@@ -61,6 +61,19 @@ _SALT = bytes((
 ))
 
 
+class _GoYAMLDumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # type: ignore[misc]
+    """As close to go-yaml v2 (MCO's ghodss/yaml) as PyYAML gets: go-yaml is a port of libyaml's
+    emitter (so libyaml's when PyYAML has it) and writes a string holding a newline as a
+    literal block."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
+
+
+_GoYAMLDumper.add_representer(str, _represent_str)
+
+
 @dataclass(frozen=True)
 class ReleaseImages:
     """What the release gives every node unless a MachineConfig overrides it."""
@@ -132,7 +145,7 @@ def _go_spec(spec: dict) -> dict:
 def rendered_name(spec: dict, pool: str = POOL) -> str:
     """`rendered-<pool>-<hex md5(salt + yaml(spec))>`, as MCO names a rendered config."""
     document = json.loads(json.dumps(_go_spec(spec)))  # JSON first, as ghodss/yaml does
-    text = yaml.safe_dump(document, sort_keys=True, default_flow_style=False, allow_unicode=True, width=80)
+    text = yaml.dump(document, Dumper=_GoYAMLDumper, sort_keys=True, default_flow_style=False, allow_unicode=True, width=80)
     digest = hashlib.md5(_SALT + text.encode(), usedforsecurity=False).hexdigest()
     return f"rendered-{pool}-{digest}"
 
