@@ -119,6 +119,13 @@ def test_served_payload_with_a_base_validates_applies_and_names_one_rendered_con
             return body if status == 200 else None
 
         body = wait_for(served, what="payload served")
+
+        def written_status() -> str | None:
+            secret = parse_token_secret(next(d for d in yaml.safe_load_all((source / "c1.yaml").read_text())
+                                             if d and d["metadata"]["name"].startswith("token-")))
+            return secret.message if secret.reason == "AsExpected" else None
+
+        status_message = wait_for(written_status, what="status written back")
     finally:
         server.stop()
     config = json.loads(body)
@@ -151,6 +158,7 @@ def test_served_payload_with_a_base_validates_applies_and_names_one_rendered_con
     assert annotations["machineconfiguration.openshift.io/desiredImage"] == mco_base.RHCOS
     assert content["metadata"]["name"] == name
     assert name == rendered_name(content["spec"])  # the name is the spec's
+    assert f"MCO base merged: {name}" in status_message
     spec = encapsulated["spec"]
     # Emptied: the lowest version that expresses the payload (the body is rendered once and
     # served at any version from there; the daemon reads every 3.x).

@@ -78,9 +78,10 @@ def _machineconfigs(inputs: NodePoolInputs) -> list[dict]:
     return machineconfigs
 
 
-def _with_mcs_appenders(config: dict, machineconfigs: list[dict], inputs: NodePoolInputs) -> dict:
-    """The merged config as the machine-config-server serves it: the rendered MachineConfig's
-    kernel arguments carried by it, and the files the first boot reads appended."""
+def _with_mcs_appenders(config: dict, machineconfigs: list[dict], inputs: NodePoolInputs) -> tuple[dict, str]:
+    """The merged config as the machine-config-server serves it (the rendered MachineConfig's
+    kernel arguments carried by it, and the files the first boot reads appended), and the
+    rendered config's name."""
     release = ReleaseImages(inputs.os_image_url, inputs.extensions_image, inputs.release_version)
     rendered = rendered_machineconfig(config, machineconfigs, release)
     problem = check_spec(rendered["spec"])
@@ -99,10 +100,11 @@ def _with_mcs_appenders(config: dict, machineconfigs: list[dict], inputs: NodePo
     version, _ = minimum_version_reason(config)
     config["ignition"]["version"] = version
     files = appender_files(served, version)
-    return merge_machineconfigs([
+    merged = merge_machineconfigs([
         {"metadata": {"name": "0"}, "spec": {"config": config}},
         {"metadata": {"name": "1"}, "spec": {"config": {"storage": {"files": files}}}},
     ], carried=True).config
+    return merged, served["metadata"]["name"]
 
 
 def render_payload(inputs: NodePoolInputs) -> RenderedPayload:
@@ -115,7 +117,8 @@ def render_payload(inputs: NodePoolInputs) -> RenderedPayload:
     with_base = inputs.mco_base_yaml is not None
     config, merge_notes = merge_machineconfigs(machineconfigs, carried=with_base)
     if with_base:
-        config = _with_mcs_appenders(config, machineconfigs, inputs)
+        config, name = _with_mcs_appenders(config, machineconfigs, inputs)
+        merge_notes = (f"MCO base merged: {name}",) + merge_notes
     version, reason = minimum_version_reason(config)
     config["ignition"]["version"] = version
     validate(config, version)
