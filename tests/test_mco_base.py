@@ -489,3 +489,28 @@ def test_the_real_client_fetches_the_payload_through_the_pointer_configs_proxy(t
         proxy.kill()
         proxy.wait(10)
         server.stop()
+
+
+def test_base_index_names_the_releases_a_change_touches_and_picks_one_base_per_release() -> None:
+    from ignition_server.sources.manifests import ObjectKey
+    from ignition_server.watch.bases import BaseIndex, base_key
+
+    index = BaseIndex()
+    first = ObjectKey("ConfigMap", "clusters-a", "base-b")
+    second = ObjectKey("ConfigMap", "clusters-a", "base-a")
+    r1 = {base_key("clusters-a", "spec:" + mco_base.RELEASE), base_key("clusters-a", "version:4.17.3")}
+    assert index.update(first, mco_base.base_configmap("clusters-a", name="base-b")) == r1
+    assert index.find("clusters-a", mco_base.RELEASE, "4.17.3") == first
+    assert index.find("clusters-b", mco_base.RELEASE, "4.17.3") is None  # another cluster's base is not this one's
+    index.update(second, mco_base.base_configmap("clusters-a", name="base-a"))
+    assert index.find("clusters-a", mco_base.RELEASE, "4.17.3") == second  # the name that sorts first
+    # Moving a base to another release touches both releases; deleting it, its last one.
+    moved = index.update(second, mco_base.base_configmap("clusters-a", name="base-a", release=RELEASE_2, version="4.18.0"))
+    assert moved == r1 | {base_key("clusters-a", "spec:" + RELEASE_2), base_key("clusters-a", "version:4.18.0")}
+    assert index.find("clusters-a", mco_base.RELEASE, "4.17.3") == first
+    assert index.find("clusters-a", "quay.io/other@sha256:" + "9" * 64, "4.18.0") == second  # by version
+    assert index.update(second, None) == {base_key("clusters-a", "spec:" + RELEASE_2), base_key("clusters-a", "version:4.18.0")}
+    assert index.find("clusters-a", RELEASE_2, "4.18.0") is None and not index.knows(second)
+    # No release named: not used.
+    unnamed = mco_base.base_configmap("clusters-a", release="", version="")
+    assert index.update(ObjectKey("ConfigMap", "clusters-a", "x"), unnamed) == set()
