@@ -1,11 +1,14 @@
 """`python -m bench <command> [flags]`: one entry point for the benchmarks.
 
   compare   this server against nginx and bare aiohttp, both modes, one run (bench/compare.py)
+  storm     boot storms with a rotation, a killed worker or owner, a failed-auth flood (bench/storm.py)
   run       restart scenarios: cold, warm, memory, crash (bench/run.py)
   fleet     generate a fleet of token Secrets (bench/fleet.py)
   rerender  serving while NodePools re-render (bench/rerender.py)
+  hotpath   what one request costs, step by step (bench/hotpath.py)
   timing    token checks: near miss vs far miss (bench/timing.py)
   kube      Kubernetes mode at scale: empty-disk replica, API load per boot and rotation (bench/kube.py)
+  releases  5,280 NodePools over 10 releases from a real registry: each release read once (bench/releases.py)
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ import importlib
 import signal
 import sys
 
-COMMANDS = {"compare": "bench.compare", "run": "bench.run", "fleet": "bench.fleet", "rerender": "bench.rerender", "kube": "bench.kube", "timing": "bench.timing"}
+COMMANDS = {"compare": "bench.compare", "releases": "bench.releases", "run": "bench.run", "fleet": "bench.fleet",
+            "rerender": "bench.rerender", "kube": "bench.kube", "timing": "bench.timing", "storm": "bench.storm",
+            "hotpath": "bench.hotpath"}
 
 
 def main(argv: list[str]) -> int:

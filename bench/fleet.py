@@ -175,7 +175,7 @@ def machineconfigs_for(seed: str, cluster: int, pool: int, payload_kib: int, var
 
 
 def token_secret(seed: str, cluster: int, pool: int, payload_kib: int, *, variant: int = 0,
-                 generation_time: float | None = None) -> dict[str, Any]:
+                 generation_time: float | None = None, release: str | None = None) -> dict[str, Any]:
     # generation_time = now: the server rotates a Secret without one at once (HyperShift's policy).
     return build_token_secret(
         namespace=namespace_of(cluster),
@@ -184,6 +184,7 @@ def token_secret(seed: str, cluster: int, pool: int, payload_kib: int, *, varian
         machineconfigs_yaml=machineconfigs_for(seed, cluster, pool, payload_kib, variant),
         generation_time=time.time() if generation_time is None else generation_time,
         suffix=hashlib.sha256(f"{seed}/{cluster}/{pool}".encode()).hexdigest()[:8],
+        **({"release": release} if release else {}),
     )
 
 

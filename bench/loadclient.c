@@ -6,7 +6,12 @@
  * is a full handshake. Blocking sockets, one thread per connection in flight: the handshake
  * and AES-GCM dominate the client's CPU, not the I/O loop.
  *
- * usage: loadclient HOST PORT CAFILE|- SECONDS CONNECTIONS MODE(close|keepalive) PATH [HEADER ...]
+ * usage: loadclient HOST PORT CAFILE|- SECONDS CONNECTIONS MODE(close|keepalive|boot) PATH [HEADER ...]
+ * boot: each request is a node booting: a new connection per attempt, a 5xx or a failed
+ * connection retried on the real client's schedule (0.2 s doubling to 5 s), a 4xx final; the
+ * latency is the boot's (first attempt to payload), and retries and permanent failures are
+ * counted. Environment: LOADCLIENT_RATE caps requests (boots) per second in all, for a load
+ * below capacity; LOADCLIENT_SOURCE binds the client's address (e.g. 127.0.0.2).
  * prints one JSON object: requests, errors, statuses, latency percentiles, a per-second
  * timeline and the client's own CPU seconds (getrusage), so a caller can tell whether the
  * client was the bottleneck.
@@ -19,6 +24,7 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +41,10 @@ static const char *host;
 static int port;
 static double duration;
 static int keepalive;
+static int boot_mode;
+static double pace; /* seconds between one thread's requests (0: as fast as answered) */
+static const char *source_ip;
+static long retries, permanent_failures, unfinished;
 static SSL_CTX *ctx;
 static char request[8192];
 static size_t request_len;
@@ -83,6 +93,14 @@ static int tcp_connect(void) {
     if (fd < 0) return -1;
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    if (source_ip) {
+        struct sockaddr_in local = {.sin_family = AF_INET, .sin_port = 0};
+        inet_pton(AF_INET, source_ip, &local.sin_addr);
+        if (bind(fd, (struct sockaddr *)&local, sizeof local) < 0) {
+            close(fd);
+            return -1;
+        }
+    }
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons(port)};
     inet_pton(AF_INET, host, &addr.sin_addr);
     if (connect(fd, (struct sockaddr *)&addr, sizeof addr) < 0) {
@@ -154,8 +172,57 @@ static void tls_close(SSL *ssl, int fd) {
     close(fd);
 }
 
+/* One attempt on a fresh connection: the HTTP status, or -1 when no response came. */
+static int attempt(long *body_out) {
+    int fd;
+    SSL *ssl = tls_open(&fd);
+    if (!ssl) return -1;
+    int status = -1, closes = 0;
+    long body = -1;
+    if (SSL_write(ssl, request, (int)request_len) == (int)request_len) body = read_response(ssl, &status, &closes);
+    tls_close(ssl, fd);
+    *body_out = body;
+    return body >= 0 ? status : -1;
+}
+
+static void *boot_worker(void *arg) {
+    (void)arg;
+    double next = now();
+    while (now() - t_start < duration) {
+        if (pace > 0) {
+            double wait = next - now();
+            if (wait > 0) usleep((useconds_t)(wait * 1e6));
+            next += pace;
+        }
+        double started = now(), delay = 0.2;
+        for (;;) {
+            long body = -1;
+            int status = attempt(&body);
+            if (status > 0) __sync_fetch_and_add(status == 200 ? &status_200 : &status_other, 1);
+            if (status == 200) {
+                record(started, 1, body);
+                break;
+            }
+            if (status >= 400 && status < 500) { /* the real client gives up on any 4xx */
+                __sync_fetch_and_add(&permanent_failures, 1);
+                record(started, 0, 0);
+                break;
+            }
+            if (now() - t_start > duration + 60) { /* still retrying a minute after the end */
+                __sync_fetch_and_add(&unfinished, 1);
+                break;
+            }
+            __sync_fetch_and_add(&retries, 1);
+            usleep((useconds_t)(delay * 1e6));
+            delay = delay * 2 > 5 ? 5 : delay * 2;
+        }
+    }
+    return NULL;
+}
+
 static void *worker(void *arg) {
     (void)arg;
+    if (boot_mode) return boot_worker(arg);
     SSL *ssl = NULL;
     int fd = -1;
     while (now() - t_start < duration) {
@@ -168,6 +235,7 @@ static void *worker(void *arg) {
                 continue;
             }
         }
+        if (pace > 0) usleep((useconds_t)(pace * 1e6));
         int status = 0, closes = 0;
         long body = -1;
         if (SSL_write(ssl, request, (int)request_len) == (int)request_len) body = read_response(ssl, &status, &closes);
@@ -197,15 +265,20 @@ static double pct(float *v, long n, double q) {
 
 int main(int argc, char **argv) {
     if (argc < 8) {
-        fprintf(stderr, "usage: %s HOST PORT CAFILE SECONDS CONNECTIONS close|keepalive PATH [HEADER ...]\n", argv[0]);
+        fprintf(stderr, "usage: %s HOST PORT CAFILE SECONDS CONNECTIONS close|keepalive|boot PATH [HEADER ...]\n", argv[0]);
         return 2;
     }
+    signal(SIGPIPE, SIG_IGN); /* a server killed mid-response is a failed attempt, not the client's end */
     host = argv[1];
     port = atoi(argv[2]);
     const char *cafile = argv[3];
     duration = atof(argv[4]);
     int connections = atoi(argv[5]);
     keepalive = strcmp(argv[6], "keepalive") == 0;
+    boot_mode = strcmp(argv[6], "boot") == 0;
+    source_ip = getenv("LOADCLIENT_SOURCE");
+    const char *rate = getenv("LOADCLIENT_RATE");
+    if (rate && atof(rate) > 0) pace = connections / atof(rate);
     int off = snprintf(request, sizeof request, "GET %s HTTP/1.1\r\nHost: %s:%d\r\n%s", argv[7], host, port,
                        keepalive ? "" : "Connection: close\r\n");
     for (int i = 8; i < argc; i++) off += snprintf(request + off, sizeof request - off, "%s\r\n", argv[i]);
@@ -245,9 +318,11 @@ int main(int argc, char **argv) {
     qsort(latencies, n_lat, sizeof(float), cmp_float);
     printf("{\"elapsed_s\": %.3f, \"requests\": %ld, \"errors\": %ld, \"status_200\": %ld, \"status_other\": %ld, "
            "\"resumed_sessions\": %ld, \"bytes\": %ld, \"rps\": %.1f, \"p50_ms\": %.2f, \"p99_ms\": %.2f, "
-           "\"client_cpu_s\": %.3f, \"client_cpu_share\": %.3f, \"timeline\": [",
+           "\"client_cpu_s\": %.3f, \"client_cpu_share\": %.3f, \"retries\": %ld, \"permanent_failures\": %ld, "
+           "\"unfinished\": %ld, \"timeline\": [",
            elapsed, ok_count, err_count, status_200, status_other, resumed, bytes_total, ok_count / elapsed,
-           pct(latencies, n_lat, 0.5), pct(latencies, n_lat, 0.99), cpu, cpu / elapsed);
+           pct(latencies, n_lat, 0.5), pct(latencies, n_lat, 0.99), cpu, cpu / elapsed, retries, permanent_failures,
+           unfinished);
     int last = (int)elapsed;
     if (last >= MAX_SECONDS) last = MAX_SECONDS - 1;
     for (int s = 0; s <= last; s++) {

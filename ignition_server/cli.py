@@ -95,13 +95,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add(serve, "--cache-memory", default="128Mi", help="memory for payloads, in bytes (Ki/Mi/Gi suffixes)")
     _add(serve, "--source-read-only", action="store_true", help="never write back to the source")
     _add(serve, "--render-concurrency", default="2", help="renders running at once")
+    _add(serve, "--workers", default="auto",
+         help="serving processes on the one port (SO_REUSEPORT); 'auto': one per CPU this process may use; "
+              "0: serve in the owner process itself")
     _add(serve, "--max-in-flight", default="1024", help="payload requests answered at once; more get 503 + Retry-After")
     _add(serve, "--log-format", default="auto", choices=["auto", "json", "text"], help="log format")
     _add(serve, "--auth-failure-burst", default="30", help="failed authentications per source address before 503 + Retry-After")
     _add(serve, "--auth-failure-window", default="10s", help="the window of --auth-failure-burst")
     _add(serve, "--header-timeout", default="10s", help="a connection whose request headers take longer is closed")
-    _add(serve, "--connections-per-source", default="256", help="open connections one address may hold")
-    _add(serve, "--connections-total", default="10000", help="open connections in all")
+    _add(serve, "--connections-per-source", default="256", help="open connections one address may hold (per serving process)")
+    _add(serve, "--connections-total", default="10000", help="open connections in all (per serving process)")
     _add(serve, "--kubernetes", action="store_true", help="read and write the objects in a live cluster instead of --source")
     _add(serve, "--kubeconfig", help="kubeconfig for --kubernetes (default: the in-cluster service account)")
     _add(serve, "--namespace", help="watch only these namespaces, comma-separated (default: every namespace the RBAC allows)")
@@ -111,6 +114,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add(serve, "--ca-lifetime", default="3650d", help="lifetime of the self-made CA (renewed at 80%% of it, overlapping one token TTL)")
     _add(serve, "--ca-check-interval", default="60s", help="how often the CA's age is checked")
     _add(serve, "--prune-expired-after", default="60s", help="--kubernetes: delete expired token Secrets (and their user-data) this long after expiry")
+
+    _add(serve, "--release-resolve", action="store_true",
+         help="read releases missing from the catalog from their registry, with the NodePool's pull secret")
+    _add(serve, "--release-architecture", default="amd64", help="the image picked from a release's manifest list")
+    _add(serve, "--registry-overrides", default="", help="mirrors tried before the origin: SOURCE=MIRROR[,SOURCE=MIRROR...]")
+    _add(serve, "--registry-ca-file", help="CA bundle (PEM) registries are trusted with, besides the system's and the user-ca-bundle")
+    _add(serve, "--release-tag-ttl", default="5m", help="how long a release tag's digest is trusted before it is asked again")
+    _add(serve, "--registry-timeout", default="30s", help="connect and read timeout of registry requests")
 
     render = commands.add_parser("render", help="print a NodePool's payload")
     _add(render, "--source", required=True, help="directory of Kubernetes manifests")
@@ -187,13 +198,41 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         source_read_only=bool(args.source_read_only),
         render_concurrency=max(1, int(args.render_concurrency)),
         max_in_flight=max(1, int(args.max_in_flight)),
+        workers=_workers(args.workers),
         auth_failure_burst=max(1, int(args.auth_failure_burst)),
         auth_failure_window=parse_duration(args.auth_failure_window),
         header_timeout=parse_duration(args.header_timeout),
         connections_per_source=max(1, int(args.connections_per_source)),
         connections_total=max(1, int(args.connections_total)),
         log_format=args.log_format,
+        registry=_registry_settings(args),
     )
+
+
+def _registry_settings(args: argparse.Namespace) -> Any:
+    from .config import RegistrySettings
+    from .registry.mirrors import parse_overrides
+
+    parse_overrides(args.registry_overrides)  # a bad spelling is a usage error now, not at the first release
+    return RegistrySettings(
+        resolve=bool(args.release_resolve),
+        architecture=args.release_architecture,
+        overrides=args.registry_overrides or "",
+        ca_file=Path(args.registry_ca_file) if args.registry_ca_file else None,
+        tag_ttl=parse_duration(args.release_tag_ttl),
+        timeout=parse_duration(args.registry_timeout),
+    )
+
+
+def _workers(value: str) -> int:
+    if str(value).lower() == "auto":
+        from .workers.pool import default_worker_count
+
+        return default_worker_count()
+    count = int(value)
+    if count < 0:
+        raise ValueError("--workers takes a count >= 0 or 'auto'")
+    return count
 
 
 def _tls_profile(args: argparse.Namespace) -> Any:
@@ -273,7 +312,9 @@ def _render(args: argparse.Namespace) -> int:
 
     source, secret, catalog, bases = _newest_secret(Path(args.source), args.nodepool)
     config = token_secret_config(source.get_full(secret.key))
-    inputs, _deps = gather(secret, secret.annotations, source.get_full, catalog, config, bases)
+    from .watch.releases import Releases
+
+    inputs, _deps = gather(secret, secret.annotations, source.get_full, Releases(catalog), config, bases)
     rendered = render_payload(inputs)
     body = rendered.body
     if args.spec_version:

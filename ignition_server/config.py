@@ -65,6 +65,18 @@ class TLSSettings:
 
 
 @dataclass(frozen=True)
+class RegistrySettings:
+    """Reading releases from registries (off: only the catalog ConfigMaps)."""
+
+    resolve: bool = False
+    architecture: str = "amd64"
+    overrides: str = ""  # --registry-overrides src=dst,...
+    ca_file: Path | None = None  # trusted besides the system's CAs and each cluster's user-ca-bundle
+    tag_ttl: float = 300.0
+    timeout: float = 30.0
+
+
+@dataclass(frozen=True)
 class ServeSettings:
     source_dir: Path
     cache_dir: Path
@@ -90,6 +102,8 @@ class ServeSettings:
     render_concurrency: int = 2
     # Payload requests answered at once; more get 503 + Retry-After (memory stays bounded in a boot storm).
     max_in_flight: int = 1024
+    # Serving processes beside the owner (0: the owner serves itself, one process in all).
+    workers: int = 0
     # Failed authentications per source address before 503 + Retry-After, and their window.
     auth_failure_burst: int = 30
     auth_failure_window: float = 10.0
@@ -111,6 +125,7 @@ class ServeSettings:
     ca_lifetime: float = 3650 * 86400.0
     ca_check_interval: float = 60.0
     watch_timeout: float = 300.0
+    registry: RegistrySettings = RegistrySettings()
 
     @property
     def rotation_interval(self) -> float:

@@ -51,10 +51,16 @@ class TextFormatter(logging.Formatter):
         return line
 
 
+def resolve_format(log_format: str) -> str:
+    """`auto`: text on a terminal, JSON otherwise."""
+    if log_format == "auto":
+        return "text" if sys.stderr.isatty() else "json"
+    return log_format
+
+
 def configure(log_format: str, level: int = logging.INFO) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    if log_format == "auto":
-        log_format = "text" if sys.stderr.isatty() else "json"
+    log_format = resolve_format(log_format)
     handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]

@@ -27,9 +27,13 @@ class _GetRequests(Collector):
         self._counts: Tally[str] = Tally()
         self._lock = threading.Lock()
 
-    def inc(self, nodepool: str) -> None:
+    def inc(self, nodepool: str, count: int = 1) -> None:
         with self._lock:
-            self._counts[nodepool] += 1
+            self._counts[nodepool] += count
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
 
     def collect(self) -> Iterable[Metric]:
         metric = Metric("ign_server_get_request", "Payload requests served, by authenticated NodePool", "counter")
@@ -40,24 +44,28 @@ class _GetRequests(Collector):
 
 
 class _CacheCollector(Collector):
-    def __init__(self, stats: Callable[[], CacheStats]) -> None:
+    def __init__(self, stats: Callable[[], CacheStats], elsewhere: Tally[str]) -> None:
         self._stats = stats
+        self._elsewhere = elsewhere  # hits and misses reported by serving workers
 
     def collect(self) -> Iterable[Metric]:
         stats = self._stats()
+        elsewhere = self._elsewhere
         hits = Metric("ign_server_cache_hits", "Payload cache hits by tier", "counter")
         for tier in ("memory", "disk"):
-            hits.add_sample("ign_server_cache_hits_total", {"tier": tier}, float(getattr(stats, f"{tier}_hits", 0)))
+            count = getattr(stats, f"{tier}_hits", 0) + elsewhere[f"{tier}_hits"]
+            hits.add_sample("ign_server_cache_hits_total", {"tier": tier}, float(count))
         yield hits
         misses = Metric("ign_server_cache_misses", "Payload cache misses (no blob on disk)", "counter")
-        misses.add_sample("ign_server_cache_misses_total", {}, float(getattr(stats, "misses", 0)))
+        misses.add_sample("ign_server_cache_misses_total", {}, float(getattr(stats, "misses", 0) + elsewhere["misses"]))
         yield misses
         size = GaugeMetricFamily("ign_server_cache_bytes", "Payload bytes held, by tier", labels=["tier"])
         size.add_metric(["memory"], float(getattr(stats, "memory_bytes", 0)))
         size.add_metric(["disk"], float(getattr(stats, "disk_bytes", 0)))
         yield size
         quarantined = Metric("ign_server_cache_quarantined_blobs", "Blobs that failed their integrity check", "counter")
-        quarantined.add_sample("ign_server_cache_quarantined_blobs_total", {}, float(getattr(stats, "quarantined", 0)))
+        quarantined.add_sample("ign_server_cache_quarantined_blobs_total", {},
+                               float(getattr(stats, "quarantined", 0) + elsewhere["quarantined"]))
         yield quarantined
         gc_runs = Metric("ign_server_cache_gc_runs", "Garbage collections of unreferenced blobs", "counter")
         gc_runs.add_sample("ign_server_cache_gc_runs_total", {}, float(getattr(stats, "gc_runs", 0)))
@@ -116,7 +124,28 @@ class ServerMetrics:
         self.api_requests = Counter(
             "ign_server_api_requests", "Requests to the Kubernetes API server, by verb", ["verb"], registry=self.registry,
         )
+        # Releases read from registries (registry/).
+        self.registry_requests = Counter(
+            "ign_server_registry_requests", "Requests to image registries, by registry host and result",
+            ["registry", "result"], registry=self.registry,
+        )
+        self.registry_bytes = Counter(
+            "ign_server_registry_bytes", "Bytes received from image registries (manifests and layers)", registry=self.registry,
+        )
+        self.release_fetches = Counter(
+            "ign_server_release_fetches", "Releases read from a registry (not the catalog or the cache)", registry=self.registry,
+        )
+        self.release_resolution = Histogram(
+            "ign_server_release_resolution_seconds", "Time to resolve a release (cache or registry)",
+            buckets=GENERATION_BUCKETS, registry=self.registry,
+        )
         self.leader = Gauge("ign_server_leader", "1 on the replica that holds the Lease (the writer)", registry=self.registry)
+        # Worker processes (serve --workers N): their own counters arrive as reports.
+        self.workers_serving = Gauge("ign_server_workers_serving", "Worker processes serving now", registry=self.registry)
+        self.worker_restarts = Counter(
+            "ign_server_worker_restarts", "Worker processes started again after they exited", registry=self.registry,
+        )
+        self.worker_cache: Tally[str] = Tally()
 
     def watch_cache(self, stats: Callable[[], CacheStats]) -> None:
-        self.registry.register(_CacheCollector(stats))
+        self.registry.register(_CacheCollector(stats, self.worker_cache))

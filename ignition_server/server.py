@@ -14,7 +14,7 @@ import logging
 import ssl
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from aiohttp import web
 
@@ -25,7 +25,9 @@ from .auth.jwt import ServiceAccountVerifier
 from .auth.tokens import TokenAuthenticator
 from .config import ServeSettings
 from .http.fips import describe as fips_describe
-from .http.guard import ConnectionGuard, GuardedSite
+from .http.access_log import AccessLog
+from .http.guard import ConnectionGuard
+from .http.listen import reserve_port, start_site
 from .http.limits import FailedAuthLimiter
 from .http.app import IgnitionHandlers, ServingState, build_app, build_metrics_app
 from .http.ca_rotation import CARotation, DirectoryStore
@@ -36,13 +38,17 @@ from .cluster import Cluster, SecretStore, WatchHealth, connect as connect_clust
 from .sources.events import Source
 from .sources.files import FileSource
 from .sources.manifests import is_token_secret
+from .registry.mirrors import Mirrors, parse_overrides
+from .registry.resolver import ReleaseStore
+from .registry.setup import open_resolver
 from .watch.reconciler import Reconciler, Renderer
+from .watch.releases import Releases
 from .watch.edge import EdgeWriter
 from .watch.outputs import PointerSettings, TokenOutputs
 from .watch.trust import TrustWatcher
+from .workers.pool import WorkerPool
 
 log = logging.getLogger("ignition_server")
-KEEPALIVE_TIMEOUT = 75.0  # an idle kept-alive connection is closed after this (aiohttp's default is an hour)
 
 
 def open_cache(settings: ServeSettings) -> PayloadCache:
@@ -50,7 +56,8 @@ def open_cache(settings: ServeSettings) -> PayloadCache:
         CacheConfig(
             cache_dir=settings.cache_dir,
             key_file=settings.cache_key_file,
-            memory_bytes=settings.cache_memory_bytes,
+            # With workers, they serve and hold the memory tier; the owner only renders.
+            memory_bytes=0 if settings.workers else settings.cache_memory_bytes,
         )
     )
 
@@ -97,6 +104,7 @@ class IgnitionServer:
         if "FIPS" in settings.tls.profile.name:
             log.info(fips_describe())
         outputs = TokenOutputs(source, settings.edge_token_map, self._pointer_settings())
+        releases, registry_session = self._releases(cache)
         self.reconciler = reconciler = Reconciler(
             source=source,
             cache=cache,
@@ -109,25 +117,45 @@ class IgnitionServer:
             outputs=outputs,
             writer=cluster.is_writer if cluster is not None else (lambda: True),
             prune_grace=settings.prune_grace,
+            releases=releases,
+            share_namespace=settings.pod_namespace if settings.kubernetes else None,
         )
+        authenticator = TokenAuthenticator(cache, self.clock, verifier=verifier, directory=reconciler)
         handlers = IgnitionHandlers(
             cache=cache,
-            authenticator=TokenAuthenticator(cache, self.clock, verifier=verifier, directory=reconciler),
+            authenticator=authenticator,
             metrics=self.metrics,
             state=self.state,
             on_served=reconciler.note_served,
             on_missing=reconciler.payload_missing,
             max_in_flight=settings.max_in_flight,
             limiter=FailedAuthLimiter(settings.auth_failure_burst, settings.auth_failure_window),
+            access=AccessLog(settings.log_format),
         )
-        guard = ConnectionGuard(settings.header_timeout, settings.connections_per_source, settings.connections_total)
-        runners = [await self._start(build_app(handlers), settings.listen, ssl_context, "serving", guard)]
+        runners: list[web.AppRunner] = []
+        pool: WorkerPool | None = None
+        if settings.workers:
+            assert self.tls_files is not None
+            reserved = reserve_port(settings.listen)
+            self.ports["serving"] = reserved.getsockname()[1]
+            pool = WorkerPool(settings=settings, count=settings.workers, port=self.ports["serving"],
+                              tls_files=self.tls_files, cache=cache, authenticator=authenticator, metrics=self.metrics,
+                              on_served=reconciler.note_served, on_missing=reconciler.payload_missing,
+                              behind=self.state.behind)
+        # Metrics first: once a worker answers /readyz, everything of this server answers.
         if settings.metrics_listen is not None:
-            runners.append(await self._start(build_metrics_app(self.metrics), settings.metrics_listen, None, "metrics"))
+            runners.append(await self._start(build_metrics_app(
+                self.metrics, pool.gather_reports if pool is not None else None), settings.metrics_listen, None, "metrics"))
+        if pool is not None:
+            await pool.start()
+        else:
+            guard = ConnectionGuard(settings.header_timeout, settings.connections_per_source, settings.connections_total)
+            runners.append(await self._start(build_app(handlers), settings.listen, ssl_context, "serving", guard))
         self.state.ready = True
         log.info(
-            "ready in %.3fs with %d payloads from the cache; serving on %s:%d",
+            "ready in %.3fs with %d payloads from the cache; serving on %s:%d%s",
             time.perf_counter() - started, len(cache.renders()), settings.listen[0], self.ports["serving"],
+            f" with {settings.workers} worker processes" if pool is not None else "",
         )
         if not source.writable:
             log.warning(
@@ -142,6 +170,8 @@ class IgnitionServer:
             tasks.append(asyncio.create_task(reload_on_change(ssl_context, self.tls_files), name="tls-reload"))
         if cluster is not None:
             tasks.append(asyncio.create_task(cluster.elector.run(), name="lease"))
+        if pool is not None:
+            tasks.append(asyncio.create_task(pool.run(), name="workers"))
         if settings.tls.cert_file is None and self.tls_files is not None:
             rotation = CARotation(
                 store=SecretStore(cluster.client, settings.pod_namespace) if cluster is not None
@@ -154,6 +184,11 @@ class IgnitionServer:
         try:
             await stop.wait()
         finally:
+            if pool is not None:
+                log.info("draining: the workers stop accepting and finish their in-flight responses")
+                self.state.draining = True
+                await pool.stop(settings.shutdown_timeout + 5.0)
+                reserved.close()
             await self._shutdown(runners, tasks, cache)
             if cluster is not None:
                 await cluster.close()
@@ -161,6 +196,25 @@ class IgnitionServer:
             await asyncio.to_thread(cache.flush)
             await source.flush()
             handlers.close()
+            if registry_session is not None:
+                await registry_session.close()
+
+    def _releases(self, cache: PayloadCache) -> tuple[Releases, Any]:
+        """The catalog, plus the registry resolver when --release-resolve is on; mirrors either way."""
+        registry = self.settings.registry
+        mirrors = Mirrors(parse_overrides(registry.overrides))
+        if not registry.resolve:
+            return Releases(mirrors=mirrors), None
+        store = ReleaseStore(load=cache.load_state, save=cache.save_state)
+
+        def resolved(pull_spec: str) -> None:
+            if self.reconciler is not None:
+                self.reconciler.release_resolved(pull_spec)
+
+        resolver, session = open_resolver(
+            registry, mirrors, store, self.metrics, resolved, self.settings.cache_dir / "tmp-layers",
+        )
+        return Releases(resolver=resolver, mirrors=mirrors), session
 
     def _edge_writer(self, verifier: ServiceAccountVerifier) -> Callable[[], None]:
         settings = self.settings
@@ -201,15 +255,8 @@ class IgnitionServer:
 
     async def _start(self, app: web.Application, listen: tuple[str, int], ssl_context: ssl.SSLContext | None, name: str,
                      guard: ConnectionGuard | None = None) -> web.AppRunner:
-        runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=self.settings.shutdown_timeout,
-                               keepalive_timeout=KEEPALIVE_TIMEOUT)
-        await runner.setup()
-        site = (GuardedSite(runner, listen[0], listen[1], guard=guard, ssl_context=ssl_context, reuse_address=True)
-                if guard is not None else web.TCPSite(runner, listen[0], listen[1], ssl_context=ssl_context, reuse_address=True))
-        await site.start()
-        server = site._server  # aiohttp exposes the bound port only here; needed for port 0
-        if server is not None and server.sockets:  # type: ignore[union-attr]
-            self.ports[name] = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        runner, self.ports[name] = await start_site(app, listen, ssl_context, guard=guard,
+                                                    shutdown_timeout=self.settings.shutdown_timeout)
         return runner
 
     async def _run_source(self, source: Source, reconciler: Reconciler) -> None:

@@ -15,7 +15,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import TracebackType
 
@@ -26,7 +26,7 @@ from .config import CacheConfig
 from .envelope import INDEX_CONTEXT, EnvelopeError, envelope_key_id, seal
 from .errors import CacheKeyError
 from .fsio import atomic_write, make_dir
-from .index import IndexDecodeError, TokenIndex
+from .index import Change, IndexDecodeError, TokenIndex
 from .keys import KeySource, create_key_file, load_key_file
 from .layout import FORMAT_LINE, Layout
 from .records import RenderRecord, TokenRecord
@@ -87,6 +87,29 @@ class PayloadCache:
         counters.disk_bytes = sum(counters.on_disk.values())
         index = _load_index(layout, keys, counters)
         return cls(config, layout, keys, index, counters)
+
+    @classmethod
+    def replica(cls, config: CacheConfig, tokens: list[list], renders: list[list]) -> PayloadCache:
+        """A serving process's view of a cache another process owns: the same key file and
+        blobs, and an index that starts from the owner's rows and follows its changes
+        (`apply`). It never writes the index; it only reads blobs."""
+        key_path = config.resolved_key_file
+        keys = KeySource(key_path, load_key_file(key_path))
+        return cls(config, Layout(config.cache_dir), keys, TokenIndex.from_rows(tokens, renders), Counters())
+
+    def follow(self, listener: Callable[[int, Change], None]) -> tuple[int, list[list], list[list]]:
+        """Tell `listener` of every token and render change from now on; returns the rows
+        (and generation) those changes start from."""
+        self._index.listener = listener
+        return self._index.rows()
+
+    def index_rows(self) -> tuple[int, list[list], list[list]]:
+        """A consistent snapshot of tokens and renders, with its generation."""
+        return self._index.rows()
+
+    def apply(self, changes: Iterable[Change]) -> None:
+        for change in changes:
+            self._index.apply(change)
 
     @property
     def key_file(self) -> Path:

@@ -18,7 +18,7 @@ import base64
 import json
 import sys
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from .errors import CacheFormatError
 from .records import RenderRecord, TokenRecord, TokenState
@@ -27,6 +27,10 @@ INDEX_FORMAT = "ignition-server-cache-index"
 INDEX_VERSION = 1
 
 _STATES = {state.value: state for state in TokenState}
+
+
+# ("token", key, TokenRecord) | ("untoken", key) | ("render", RenderRecord) | ("unrender", secret)
+Change = tuple
 
 
 class IndexDecodeError(Exception):
@@ -46,6 +50,13 @@ class TokenIndex:
         self._lock = threading.Lock()
         # Bumped on every real change; flush compares it to what it last wrote.
         self.generation = 0
+        # Told of every token and render change, under the lock, with the generation it made
+        # (so a snapshot from `rows` and the changes after it never overlap or leave a gap).
+        self.listener: Callable[[int, Change], None] | None = None
+
+    def _tell(self, change: Change) -> None:
+        if self.listener is not None:
+            self.listener(self.generation, change)
 
     # -- tokens -----------------------------------------------------------
     def lookup(self, key: bytes) -> TokenRecord | None:
@@ -63,6 +74,7 @@ class TokenIndex:
             self._tokens[key] = record
             self._by_secret.setdefault(record.secret, set()).add(key)
             self.generation += 1
+            self._tell(("token", key, record))
 
     def drop_token(self, key: bytes) -> None:
         with self._lock:
@@ -71,6 +83,7 @@ class TokenIndex:
                 return
             self._unlink_secret(old.secret, key)
             self.generation += 1
+            self._tell(("untoken", key))
 
     def _unlink_secret(self, secret: str, key: bytes) -> None:
         keys = self._by_secret.get(secret)
@@ -93,6 +106,8 @@ class TokenIndex:
                 self._unlink_secret(self._tokens.pop(key).secret, key)
             if expired:
                 self.generation += 1
+                for key in expired:
+                    self._tell(("untoken", key))
             return len(expired)
 
     # -- renders ----------------------------------------------------------
@@ -105,11 +120,13 @@ class TokenIndex:
                 return
             self._renders[record.secret] = record
             self.generation += 1
+            self._tell(("render", record))
 
     def drop_render(self, secret: str) -> None:
         with self._lock:
             if self._renders.pop(secret, None) is not None:
                 self.generation += 1
+                self._tell(("unrender", secret))
 
     def renders(self) -> list[RenderRecord]:
         with self._lock:
@@ -145,15 +162,47 @@ class TokenIndex:
         with self._lock:
             return sorted(self._sealed)
 
+    # -- replicas of the index (serving processes) -------------------------
+    def rows(self) -> tuple[int, list[list], list[list]]:
+        """Tokens and renders as snapshot rows, with the generation they reflect."""
+        with self._lock:
+            return self.generation, self._token_rows(), self._render_rows()
+
+    @classmethod
+    def from_rows(cls, tokens: Iterable[list], renders: Iterable[list]) -> TokenIndex:
+        index = cls()
+        index._load_rows(tokens, renders, {})
+        return index
+
+    def apply(self, change: Change) -> None:
+        """Replay a change another index told its listener."""
+        kind = change[0]
+        if kind == "token":
+            self.put_token(change[1], change[2])  # type: ignore[misc]
+        elif kind == "untoken":
+            self.drop_token(change[1])  # type: ignore[arg-type]
+        elif kind == "render":
+            self.put_render(change[1])  # type: ignore[arg-type]
+        elif kind == "unrender":
+            self.drop_render(change[1])  # type: ignore[arg-type]
+        else:
+            raise ValueError(f"unknown index change {kind!r}")
+
+    def _token_rows(self) -> list[list]:
+        return [[k.hex(), r.nodepool, r.secret, r.state.value, r.expires_at] for k, r in self._tokens.items()]
+
+    def _render_rows(self) -> list[list]:
+        return [
+            [r.secret, r.nodepool, r.inputs_digest, r.blob_id, r.min_version, r.rendered_at]
+            for r in self._renders.values()
+        ]
+
     # -- persistence ------------------------------------------------------
     def encode(self) -> tuple[bytes, int]:
         """Serialize a consistent snapshot; returns it with the generation it reflects."""
         with self._lock:
-            tokens = [[k.hex(), r.nodepool, r.secret, r.state.value, r.expires_at] for k, r in self._tokens.items()]
-            renders = [
-                [r.secret, r.nodepool, r.inputs_digest, r.blob_id, r.min_version, r.rendered_at]
-                for r in self._renders.values()
-            ]
+            tokens = self._token_rows()
+            renders = self._render_rows()
             sealed = {name: base64.b64encode(data).decode("ascii") for name, data in self._sealed.items()}
             generation = self.generation
         doc = {"format": INDEX_FORMAT, "version": INDEX_VERSION, "tokens": tokens, "renders": renders, "sealed": sealed}

@@ -92,6 +92,9 @@ def write_manifests(path: Path, *objects: dict[str, Any]) -> Path:
     return path
 
 
+STARTED: list["ServerProcess"] = []  # what conftest kills after each test, whatever the test did
+
+
 @dataclass
 class ServerProcess:
     source: Path
@@ -113,6 +116,7 @@ class ServerProcess:
         return self.ca or self.cache_dir / "tls" / "ca.crt"
 
     def start(self, wait: bool = True) -> "ServerProcess":
+        STARTED.append(self)
         self.log_path = self.cache_dir.parent / f"server-{self.port}.log"
         self.cache_dir.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")

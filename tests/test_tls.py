@@ -40,8 +40,30 @@ def test_given_certificate_is_reloaded_when_it_changes(tmp_path: Path) -> None:
             tmp = target.with_suffix(".new")
             shutil.copy(source, tmp)
             os.replace(tmp, target)
-        wait_for(lambda: handshake_ok(proc.port, second.ca), what="the new certificate served")
-        assert not handshake_ok(proc.port, first.ca)
+        # Every serving process reloads on its own: once eight new connections in a row get the
+        # new certificate (spread over the workers), none gets the old one.
+        wait_for(lambda: all(handshake_ok(proc.port, second.ca) for _ in range(8)), what="the new certificate served")
+        assert not any(handshake_ok(proc.port, first.ca) for _ in range(8))
         assert "reloaded the serving certificate" in proc.logs()
+    finally:
+        proc.kill()
+
+
+def test_no_session_tickets_are_issued(tmp_path: Path) -> None:
+    """A booting node never resumes a session: a ticket would be work for nothing per handshake."""
+    import socket
+    import ssl
+
+    write_manifests(tmp_path / "source" / "p.yaml", build_token_secret(namespace="ns", nodepool="ns/p", token="t"))
+    proc = ServerProcess(tmp_path / "source", tmp_path / "cache").start()
+    try:
+        for version in (ssl.TLSVersion.TLSv1_2, ssl.TLSVersion.TLSv1_3):
+            context = ssl.create_default_context(cafile=str(proc.ca_file))
+            context.minimum_version = context.maximum_version = version
+            with socket.create_connection(("127.0.0.1", proc.port), timeout=5) as raw:
+                with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+                    tls.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                    assert tls.recv(100).startswith(b"HTTP/1.1 200")  # TLS 1.3 tickets arrive after the handshake
+                    assert tls.session is not None and not tls.session.has_ticket, version
     finally:
         proc.kill()

@@ -9,22 +9,23 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import itertools
-import logging
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.payload import Payload
 
 from payload_cache import PayloadCache
 
-from ..auth.tokens import Grant, Refusal, TokenAuthenticator, check_nodepool, credential
+from ..auth.presented import Presented, admit
+from ..auth.tokens import Grant, Refusal, TokenAuthenticator
 from ..metrics import ServerMetrics
 from ..render.spec import UnsatisfiableVersion, negotiate, unsatisfiable_reason
+from .access_log import AccessLog
 from .limits import FAILED_STATUSES, FailedAuthLimiter
-from .ready import PiecewiseBody, ReadyBodies
+from .ready import WRITE_PIECE, PiecewiseBody, ReadyBodies
 
-access_log = logging.getLogger("ignition_server.access")
 
 IGNITION_MEDIA_TYPE = "application/vnd.coreos.ignition+json"
 _REASONS = {511: "Network Authentication Required"}
@@ -52,6 +53,10 @@ class IgnitionHandlers:
         on_missing: Callable[[str], None] = lambda _secret: None,
         max_in_flight: int = 1024,
         limiter: FailedAuthLimiter | None = None,
+        second_opinion: Callable[[Presented, str | None], Awaitable[Grant]] | None = None,
+        request_id_prefix: str = "",
+        access: AccessLog | None = None,
+        write_piece: int = WRITE_PIECE,
     ) -> None:
         self._cache = cache
         self._auth = authenticator
@@ -61,43 +66,57 @@ class IgnitionHandlers:
         self._on_missing = on_missing
         self._max_in_flight = max_in_flight
         self._limiter = limiter or FailedAuthLimiter()
+        self._second_opinion = second_opinion
+        self._access = access or AccessLog("auto")
+        self._write_piece = write_piece  # below the process's mmap threshold (memory.py)
+        self._versions: dict[tuple[str | None, str], str] = {}
+        self._by_status: dict[int, Any] = {}  # the responses counter's child per status
         self._in_flight = 0  # payload requests being answered now (one event loop: no lock)
         self._ids = itertools.count(1)
+        self._id_prefix = request_id_prefix  # request ids stay unique across worker processes
         self._ready = ReadyBodies()
         # Payload reads get threads of their own: behind renders, listings and write-backs
         # in the shared default pool, a disk read would wait for background work.
         self._readers = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="payload-read")
 
+    def _negotiate(self, accept: str | None, min_version: str) -> str:
+        # A fleet sends a handful of Accept headers; parsing one costs more than the lookup.
+        key = (accept, min_version)
+        version = self._versions.get(key)
+        if version is None:
+            version = negotiate(accept, min_version)  # raises UnsatisfiableVersion: not kept
+            if len(self._versions) >= 256:
+                self._versions.clear()
+            self._versions[key] = version
+        return version
+
     def close(self) -> None:
+        self._access.flush()
         self._readers.shutdown(wait=False, cancel_futures=True)
 
     async def hypershift(self, request: web.Request) -> web.StreamResponse:
-        def grant() -> Grant:
-            token, is_jwt = credential(header=request.headers.get("Authorization"))
-            header = request.headers.get("NodePool")
-            if is_jwt:
-                granted = self._auth.service_account(token, header.partition("/")[2] if header else None)
-            else:
-                granted = self._auth.authenticate(token)
-            check_nodepool(granted, header=header)
-            return granted
-
-        return await self._serve(request, grant)
+        headers = request.headers
+        return await self._serve(request, Presented(authorization=headers.get("Authorization"),
+                                                   nodepool_header=headers.get("NodePool")))
 
     async def mcs(self, request: web.Request) -> web.StreamResponse:
-        def grant() -> Grant:
-            pool_name = request.match_info["nodepool"]
-            token, is_jwt = credential(query_value=request.query.get("token", ""))
-            granted = self._auth.service_account(token, pool_name) if is_jwt else self._auth.authenticate(token)
-            check_nodepool(granted, path_name=pool_name)
-            return granted
+        return await self._serve(request, Presented(path_pool=request.match_info["nodepool"],
+                                                    query_token=request.query.get("token", "")))
 
-        return await self._serve(request, grant)
+    async def _admit(self, presented: Presented, remote: str | None) -> Grant:
+        try:
+            return admit(presented, self._auth)
+        except Refusal:
+            if self._second_opinion is None:
+                raise
+        # A serving worker's view of the tokens trails the owner's by a moment: before
+        # refusing, ask the owner, so no node is turned away for a token it already accepts.
+        return await self._second_opinion(presented, remote)
 
-    async def _serve(self, request: web.Request, authenticate: Callable[[], Grant]) -> web.StreamResponse:
+    async def _serve(self, request: web.Request, presented: Presented) -> web.StreamResponse:
         started = time.perf_counter()
         supplied = request.headers.get("X-Request-Id", "")[:64]
-        request_id = supplied if supplied and supplied.isprintable() else f"{next(self._ids):x}"
+        request_id = supplied if supplied and supplied.isprintable() else f"{self._id_prefix}{next(self._ids):x}"
         nodepool = "-"
         admitted = False
         try:
@@ -112,7 +131,7 @@ class IgnitionHandlers:
             self._in_flight += 1
             admitted = True
             try:
-                grant = authenticate()
+                grant = await self._admit(presented, request.remote)
             except Refusal as refusal:
                 if refusal.status in FAILED_STATUSES:
                     self._limiter.failed(request.remote)
@@ -127,8 +146,16 @@ class IgnitionHandlers:
             if admitted:
                 self._in_flight -= 1
         response.headers["X-Request-Id"] = request_id
-        self._metrics.responses.labels(str(response.status)).inc()
-        _log_access(request, response, request_id, nodepool, started)
+        counter = self._by_status.get(response.status)
+        if counter is None:
+            counter = self._by_status[response.status] = self._metrics.responses.labels(str(response.status))
+        counter.inc()
+        if self._access.enabled:
+            # request.path never carries the query string, so `token=` cannot reach the log.
+            self._access.record(request.method, request.path, response.status, request_id=request_id,
+                                nodepool=nodepool, size=_body_size(response),
+                                duration_ms=round((time.perf_counter() - started) * 1000, 3),
+                                client=request.remote or "-")
         return response
 
     async def _payload(self, request: web.Request, grant: Grant) -> web.Response:
@@ -137,12 +164,12 @@ class IgnitionHandlers:
             raise Refusal(503, "payload is still rendering", retry_after=5)
         accept = request.headers.get("Accept")
         try:
-            version: str | None = negotiate(accept, record.min_version)
+            version: str | None = self._negotiate(accept, record.min_version)
         except UnsatisfiableVersion:
             version = None  # answered below, where the body says which feature needs the newer spec
         ready = self._ready.get(record.blob_id, version) if version is not None else None
         if ready is not None and version is not None:
-            return _payload_response(ready, version)
+            return _payload_response(ready, version, self._write_piece)
         body = self._cache.get_blob_from_memory(record.blob_id)
         if body is None:
             body = await asyncio.get_running_loop().run_in_executor(self._readers, self._cache.get_blob, record.blob_id)
@@ -153,7 +180,7 @@ class IgnitionHandlers:
         if version is None:
             # Rare and final for that node: worth saying which feature needs the newer spec.
             raise Refusal(406, await asyncio.to_thread(unsatisfiable_reason, accept, body)) from None
-        return _payload_response(self._ready.make(record.blob_id, version, body), version)
+        return _payload_response(self._ready.make(record.blob_id, version, body), version, self._write_piece)
 
     async def healthz(self, _request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
@@ -164,10 +191,10 @@ class IgnitionHandlers:
         return web.Response(status=503, text="not ready\n", headers={"Retry-After": "1"})
 
 
-def _payload_response(body: bytes, version: str) -> web.Response:
+def _payload_response(body: bytes, version: str, piece: int) -> web.Response:
     content_type = f"{IGNITION_MEDIA_TYPE};version={version}"
     return web.Response(
-        body=PiecewiseBody(body, content_type=content_type),
+        body=PiecewiseBody(body, piece=piece, content_type=content_type),
         headers={"Content-Type": content_type, "Cache-Control": "no-store"},
     )
 
@@ -181,24 +208,10 @@ def _refusal_response(refusal: Refusal) -> web.Response:
     )
 
 
-def _log_access(request: web.Request, response: web.Response, request_id: str, nodepool: str, started: float) -> None:
-    if not access_log.isEnabledFor(logging.INFO):
-        return
-    # request.path never carries the query string, so `token=` cannot reach the log.
-    access_log.info(
-        "%s %s %d",
-        request.method,
-        request.path,
-        response.status,
-        extra={
-            "request_id": request_id,
-            "nodepool": nodepool,
-            "status": response.status,
-            "bytes": response.content_length or 0,
-            "duration_ms": round((time.perf_counter() - started) * 1000, 3),
-            "client": request.remote or "-",
-        },
-    )
+def _body_size(response: web.Response) -> int:
+    # A payload body (PiecewiseBody) is only measured by aiohttp as it is sent, after this log line.
+    body = response.body
+    return (body.size or 0) if isinstance(body, Payload) else len(body or b"")
 
 
 def build_app(handlers: IgnitionHandlers) -> web.Application:
@@ -210,10 +223,13 @@ def build_app(handlers: IgnitionHandlers) -> web.Application:
     return app
 
 
-def build_metrics_app(metrics: ServerMetrics) -> web.Application:
+def build_metrics_app(metrics: ServerMetrics,
+                      before_scrape: Callable[[], Awaitable[None]] | None = None) -> web.Application:
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
     async def serve_metrics(_request: web.Request) -> web.Response:
+        if before_scrape is not None:
+            await before_scrape()
         body = await asyncio.to_thread(generate_latest, metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

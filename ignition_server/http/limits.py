@@ -37,6 +37,10 @@ class FailedAuthLimiter:
             return None
         return max(1, math.ceil(entry[1] + self.window - self.clock()))
 
+    def hold(self, source: str | None, seconds: float) -> None:
+        """Refuse `source` for `seconds` (another process's limiter found it over the burst)."""
+        self._table[source or ""] = [self.burst + 1, self.clock() - self.window + seconds]
+
     def failed(self, source: str | None) -> None:
         key = source or ""
         entry = self._table.get(key)

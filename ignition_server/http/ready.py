@@ -46,7 +46,11 @@ class ReadyBodies:
 
 
 class PiecewiseBody(BytesPayload):
-    """A bytes body that aiohttp writes in WRITE_PIECE slices (views, no copies)."""
+    """A bytes body that aiohttp writes in `piece`-sized slices (views, no copies)."""
+
+    def __init__(self, value: bytes, *, piece: int = WRITE_PIECE, **kwargs: object) -> None:
+        super().__init__(value, **kwargs)  # type: ignore[arg-type]
+        self._piece = piece
 
     async def write(self, writer: AbstractStreamWriter) -> None:
         await self.write_with_length(writer, None)
@@ -55,5 +59,9 @@ class PiecewiseBody(BytesPayload):
         view = memoryview(self._value)
         if content_length is not None:
             view = view[:content_length]
-        for start in range(0, len(view), WRITE_PIECE):
-            await writer.write(view[start:start + WRITE_PIECE])
+        piece = self._piece
+        if len(view) <= piece:
+            await writer.write(view)
+            return
+        for start in range(0, len(view), piece):
+            await writer.write(view[start:start + piece])

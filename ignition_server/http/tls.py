@@ -149,6 +149,11 @@ def server_context(files: TLSFiles, profile: TLSProfile = TLSProfile()) -> ssl.S
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     profile.apply(context)
     context.options |= ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE
+    # No session tickets: a booting node never resumes a session (every boot is a full
+    # handshake), so each ticket was an encryption and a record written for nothing, per
+    # connection, in exactly the moment that matters (a boot storm).
+    context.options |= ssl.OP_NO_TICKET
+    context.num_tickets = 0
     context.load_cert_chain(files.cert, files.key)
     return context
 

@@ -49,8 +49,9 @@ def server_fragments(inputs: NodePoolInputs) -> list[tuple[str, dict]]:
     if access is not None:
         if not inputs.haproxy_image:
             raise InvalidConfig(
-                f"release {inputs.release or '(none)'!r} is not in the release catalog: its haproxy-router "
-                "image is needed for the node's kube-apiserver proxy (add the release to a catalog ConfigMap)"
+                f"release {inputs.release or '(none)'!r} is not in the release catalog and was not read from a "
+                "registry: its haproxy-router image is needed for the node's kube-apiserver proxy (add the "
+                "release to a catalog ConfigMap, or serve with --release-resolve)"
             )
         fragments.append(("apiserver-proxy", render_haproxy_fragment(access, inputs.haproxy_image, template)))
     return fragments

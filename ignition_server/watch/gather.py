@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping
 from ..render.inputs import NodePoolInputs, Settings
 from ..sources.manifests import ManifestError, ObjectKey, TokenSecret, data_text
 from .bases import BASE_KEY, RHCOS_EXTENSIONS_IMAGE, RHCOS_IMAGE, BaseIndex, release_keys
-from .releases import HAPROXY_IMAGE, ReleaseCatalog, release_key
+from .releases import HAPROXY_IMAGE, Releases, release_key
 
 ANNOTATION_INPUT_PREFIX = "ignition-server.openshift.io/input-"
 
@@ -67,7 +67,7 @@ def gather(
     secret: TokenSecret,
     notes: Mapping[str, str],
     lookup: Lookup,
-    catalog: ReleaseCatalog,
+    releases: Releases,
     machineconfigs_yaml: str = "",
     bases: BaseIndex | None = None,
 ) -> tuple[NodePoolInputs, frozenset[ObjectKey]]:
@@ -113,9 +113,9 @@ def gather(
     if base_yaml is not None or settings["apiserver-proxy"] is not None or settings["ibmcloud-vpc"] is not None:
         # Only a payload that runs a release component (or rebases to its OS) needs its release known.
         deps.add(release_key(secret.release))
-        release = catalog.get(secret.release)
-        images = dict(release.images) if release else {}
-        haproxy_image = images.get(HAPROXY_IMAGE)
+        haproxy_image = releases.image(secret.release, HAPROXY_IMAGE)
+        if base_yaml is not None:
+            images = {name: releases.image(secret.release, name) or "" for name in (RHCOS_IMAGE, RHCOS_EXTENSIONS_IMAGE)}
     inputs = NodePoolInputs(
         nodepool=secret.nodepool,
         secret=secret.ref,

@@ -34,7 +34,9 @@ from .bases import BaseIndex, is_base
 from .faults import Faults, ObjectWork, backoff
 from .gather import gather
 from .outputs import TokenOutputs
-from .releases import ReleaseCatalog, is_catalog, release_key
+from ..registry.mirrors import is_mirror_set
+from .release_waits import WAIT, ReleaseWaits
+from .releases import ReleaseCatalog, Releases, is_catalog, release_key
 from .status import Status
 from .writes import WriterDuties
 from .trust import TrustWatcher, is_trust_object
@@ -56,7 +58,7 @@ class _Pending:
 
 
 @dataclass
-class Reconciler(WriterDuties):
+class Reconciler(WriterDuties, ReleaseWaits):
     source: Source
     cache: PayloadCache
     renderer: Renderer
@@ -67,8 +69,10 @@ class Reconciler(WriterDuties):
     trust: TrustWatcher | None = None
     outputs: TokenOutputs | None = None
     debounce: float = 0.05  # a burst of changes to one NodePool's inputs renders once
-    catalog: ReleaseCatalog = field(default_factory=ReleaseCatalog)
-    bases: BaseIndex = field(default_factory=BaseIndex)
+    # The catalog, the registry resolver and mirrors (the resolver calls release_resolved).
+    releases: Releases = field(default_factory=Releases)
+    share_namespace: str | None = None  # several replicas: the writer publishes resolved releases here
+    bases: BaseIndex = field(default_factory=BaseIndex)  # MCO base configurations by (cluster, release)
     # Whether this replica writes (rotation, expiry, status, user-data, ignition-reached):
     # with several replicas only the Lease holder does; every replica indexes and serves.
     writer: Callable[[], bool] = lambda: True
@@ -88,11 +92,16 @@ class Reconciler(WriterDuties):
     _semaphore: asyncio.Semaphore | None = None
     _next_flush: asyncio.Future[None] | None = None
     _seq: int = 0
+    _asking: set[str] = field(default_factory=set)  # releases whose inputs are being read for the resolver
     # Secrets whose rotation lives in the cache dir although the source is writable: their
     # manifest (a symlink's target on a read-only mount) cannot be written.
     _rotated_in_cache: set[ObjectKey] = field(default_factory=set)
     faults: Faults = field(init=False)
     work: ObjectWork = field(init=False)  # write-backs, queued per object (never awaited by the handler)
+
+    @property
+    def catalog(self) -> ReleaseCatalog:
+        return self.releases.catalog
 
     def __post_init__(self) -> None:
         self.faults = Faults(count=lambda step: self.metrics.watch_errors.labels(step=step).inc())
@@ -144,6 +153,8 @@ class Reconciler(WriterDuties):
         if key.kind == "ConfigMap" and (is_base(change.obj) or self.bases.knows(key)):
             for dependency in self.bases.update(key, None if change.type == "DELETED" else change.obj):
                 self._inputs_changed(dependency)
+        if is_mirror_set(change.obj) or (key.kind in ("ImageDigestMirrorSet", "ImageTagMirrorSet")):
+            self.mirror_set_changed(key, None if change.type == "DELETED" else change.obj)
         if key.kind == "Secret":
             if change.type != "DELETED" and is_token_secret(change.obj):
                 secret = await self._apply(key, change.obj)
@@ -274,7 +285,7 @@ class Reconciler(WriterDuties):
 
     def inputs_for(self, secret: TokenSecret) -> NodePoolInputs:
         try:
-            inputs, deps = gather(secret, secret.annotations, self.source.get, self.catalog, bases=self.bases)
+            inputs, deps = gather(secret, secret.annotations, self.source.get, self.releases, bases=self.bases)
         except ManifestError as exc:
             raise InvalidConfig(str(exc)) from None
         self._track(secret.key, deps)
@@ -297,6 +308,12 @@ class Reconciler(WriterDuties):
             return
         # (A Secret that says a render failed although its payload is current, as after its
         # config was broken and then put back, renders once more so its status says so.)
+        blocked = self.release_blocked(secret, inputs)
+        if blocked == WAIT:
+            return  # release_resolved brings it back
+        if isinstance(blocked, Status):
+            self._render_failed(secret, digest, blocked.message, blocked.reason)
+            return
         pending = self._pending.get(secret.key)
         if pending is not None:
             if pending.digest == digest:
@@ -373,13 +390,13 @@ class Reconciler(WriterDuties):
             raise InvalidConfig(f"{secret.ref} is no longer in the source")
         try:
             inputs, _deps = gather(
-                secret, secret.annotations, self.source.get_full, self.catalog, token_secret_config(obj), self.bases
+                secret, secret.annotations, self.source.get_full, self.releases, token_secret_config(obj), self.bases
             )
         except ManifestError as exc:
             raise InvalidConfig(str(exc)) from None
         return self.renderer(inputs)
 
-    def _render_failed(self, secret: TokenSecret, digest: str, message: str) -> None:
+    def _render_failed(self, secret: TokenSecret, digest: str, message: str, reason: str = "InvalidConfig") -> None:
         self.metrics.render_failures.inc()
         previous = self._failures.get(secret.key)
         attempts = previous[1] + 1 if previous and previous[0] == digest else 1
@@ -387,7 +404,7 @@ class Reconciler(WriterDuties):
         self._failures[secret.key] = (digest, attempts, self.clock() + delay)
         serving = "the last good payload keeps serving" if self.cache.get_render(secret.ref) else "no payload yet"
         self.faults.failed("render", secret.ref, f"{message} ({serving})")  # logged once, counted
-        self._write_status_later(secret.key, None, Status("InvalidConfig", message))
+        self._write_status_later(secret.key, None, Status(reason, message))
 
     async def retry_failed(self) -> None:
         now = self.clock()
@@ -463,6 +480,7 @@ class Reconciler(WriterDuties):
                 await self.rotate_due()
                 await self.prune_expired()
                 await self.retry_failed()
+                self.nudge_releases()
                 now = self.clock()
                 for secret in list(self.secrets.values()):
                     if secret.expired(now):

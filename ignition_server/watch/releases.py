@@ -1,6 +1,7 @@
-"""The release catalog: release pull spec → version and component images.
+"""Releases: release pull spec → version and component images.
 
-Releases are carried, not pulled (a registry-backed resolver comes later, DESIGN §6): a
+From the catalog first (an override, and the way for air-gapped sites), else from the
+registry (`registry/resolver.py`), with images named through the configured mirrors. A
 ConfigMap annotated `ignition-server.openshift.io/release-catalog: "true"` lists them under
 the key `releases.yaml`:
 
@@ -21,6 +22,8 @@ from typing import Any, Mapping
 import yaml
 
 from .. import bounded_yaml
+from ..registry.mirrors import Mirrors
+from ..registry.resolver import ReleaseResolver
 from ..sources.manifests import ObjectKey, annotations
 
 log = logging.getLogger("ignition_server.watch.releases")
@@ -92,3 +95,28 @@ class ReleaseCatalog:
 
     def knows(self, key: ObjectKey) -> bool:
         return key in self._by_object
+
+
+@dataclass
+class Releases:
+    """Where the watcher looks releases up: the catalog, then what the resolver has read."""
+
+    catalog: ReleaseCatalog = field(default_factory=ReleaseCatalog)
+    resolver: ReleaseResolver | None = None
+    mirrors: Mirrors | None = None
+
+    def get(self, pull_spec: str) -> Release | None:
+        release = self.catalog.get(pull_spec)
+        if release is None and self.resolver is not None:
+            content = self.resolver.known(pull_spec)
+            if content is not None:
+                release = Release(pull_spec, content.version, content.images)
+        return release
+
+    def image(self, pull_spec: str, component: str) -> str | None:
+        """A component image of the release, as the payload names it (its first mirror, if any)."""
+        release = self.get(pull_spec)
+        image = release.images.get(component) if release else None
+        if image and self.mirrors is not None:
+            return self.mirrors.rewrite(image)
+        return image

@@ -1,0 +1,78 @@
+"""The access log: one line per request, in the format of the other logs, written in batches.
+
+Through `logging`, a line cost about a quarter of a kept-alive request's CPU (py-spy: record
+construction, the generic JSON formatter, a lock and a write per line). These lines have
+fixed fields, so they are formatted directly and written at most every FLUSH_SECONDS or
+FLUSH_LINES lines. The client-supplied fields (path, request id) are redacted as in `logs`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import time
+from typing import TextIO
+
+from ..logs import redact, resolve_format
+
+LOGGER = "ignition_server.access"
+FLUSH_SECONDS = 0.2
+FLUSH_LINES = 256
+
+
+class AccessLog:
+    def __init__(self, log_format: str, stream: TextIO | None = None) -> None:
+        self._json = resolve_format(log_format) == "json"
+        self._stream = stream
+        self._lines: list[str] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._second = -1
+        self._stamp = ""
+
+    @property
+    def enabled(self) -> bool:
+        return logging.getLogger(LOGGER).isEnabledFor(logging.INFO)
+
+    def record(self, method: str, path: str, status: int, *, request_id: str, nodepool: str, size: int,
+               duration_ms: float, client: str) -> None:
+        now = time.time()
+        path = redact(path)
+        request_id = redact(request_id)
+        if self._json:
+            line = (f'{{"time": "{self._time(now, "T")}.{int(now * 1000) % 1000:03d}Z", "level": "info", '
+                    f'"logger": "{LOGGER}", "msg": {json.dumps(f"{method} {path} {status}")}, '
+                    f'"request_id": {json.dumps(request_id)}, "nodepool": {json.dumps(nodepool)}, "status": {status}, '
+                    f'"bytes": {size}, "duration_ms": {duration_ms}, "client": {json.dumps(client)}}}')
+        else:
+            line = (f"{self._time(now, ' ')},{int(now * 1000) % 1000:03d} INFO    {LOGGER}: {method} {path} {status} "
+                    f"request_id={request_id} nodepool={nodepool} status={status} bytes={size} "
+                    f"duration_ms={duration_ms} client={client}")
+        self._lines.append(line)
+        if len(self._lines) >= FLUSH_LINES:
+            self.flush()
+        elif self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(FLUSH_SECONDS, self.flush)
+
+    def _time(self, now: float, sep: str) -> str:
+        second = int(now)
+        if second != self._second:  # formatted once a second, not once a request
+            self._second = second
+            self._stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(second))
+        return self._stamp.replace(" ", sep) if sep != " " else self._stamp
+
+    def flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self._lines:
+            return
+        text = "\n".join(self._lines) + "\n"
+        self._lines.clear()
+        stream = self._stream or sys.stderr
+        try:
+            stream.write(text)
+            stream.flush()
+        except (OSError, ValueError):  # a closed or full log stream must not fail requests
+            pass

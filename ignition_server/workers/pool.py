@@ -1,0 +1,266 @@
+"""The owner's side of `serve --workers N`: start the workers, keep them fed, answer their
+questions, take their reports, start again any that dies.
+
+Every change to the token index (tokens, renders) reaches every worker in the order it
+was made: the index tells `_collect` under its own lock, with the generation it made, and a
+worker that starts late gets the rows of one consistent snapshot plus the changes after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import math
+import os
+import socket
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from payload_cache import PayloadCache
+
+from ..auth.presented import admit
+from ..auth.tokens import Refusal, TokenAuthenticator
+from ..config import ServeSettings
+from ..http.limits import FAILED_STATUSES, FailedAuthLimiter
+from ..http.tls import TLSFiles
+from ..metrics import ServerMetrics
+from .channel import Channel
+from .worker import WorkerSpec
+
+log = logging.getLogger("ignition_server.workers")
+RESTART_DELAYS = (0.1, 0.5, 1.0, 2.0, 5.0)  # a worker that keeps dying is started again ever more slowly
+
+
+@dataclass
+class _Worker:
+    number: int
+    process: asyncio.subprocess.Process
+    channel: Channel
+    base_generation: int  # changes up to this one were in the rows it started from
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    reported: dict[int, asyncio.Future[None]] = field(default_factory=dict)
+
+
+class WorkerPool:
+    def __init__(self, *, settings: ServeSettings, count: int, port: int, tls_files: TLSFiles, cache: PayloadCache,
+                 authenticator: TokenAuthenticator, metrics: ServerMetrics,
+                 on_served: Callable[[str], None], on_missing: Callable[[str], None],
+                 behind: Callable[[], list[str]] = lambda: []) -> None:
+        self._settings = settings
+        self._count = count
+        self._port = port
+        self._tls_files = tls_files
+        self._cache = cache
+        self._auth = authenticator
+        self._metrics = metrics
+        self._on_served = on_served
+        self._on_missing = on_missing
+        self._behind = behind
+        self._told_behind: list[str] = []
+        # Each worker keeps its own memory tier: together they stay within --cache-memory.
+        self._memory_bytes = settings.cache_memory_bytes // max(count, 1)
+        self._workers: dict[int, _Worker] = {}
+        self._limiter = FailedAuthLimiter(settings.auth_failure_burst, settings.auth_failure_window)
+        self._pending: list[tuple[int, Any]] = []
+        self._pending_lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._flush_scheduled = False
+        self._stopping = False
+        self._report_ids = itertools.count(1)
+
+    # -- publishing ----------------------------------------------------------------
+    def _collect(self, generation: int, change: Any) -> None:
+        """The index's listener: any thread, under the index lock, so keep it short."""
+        with self._pending_lock:
+            self._pending.append((generation, change))
+            if self._flush_scheduled or self._loop is None:
+                return
+            self._flush_scheduled = True
+        self._loop.call_soon_threadsafe(self._publish)
+
+    def _publish(self) -> None:
+        with self._pending_lock:
+            pending, self._pending = self._pending, []
+            self._flush_scheduled = False
+        if not pending:
+            return
+        newest = pending[-1][0]
+        for worker in self._workers.values():
+            changes = [change for generation, change in pending if generation > worker.base_generation]
+            if changes:
+                worker.channel.send("changes", newest, changes)
+
+    # -- lifecycle -----------------------------------------------------------------
+    async def start(self) -> None:
+        """Start the workers; returns once each serves."""
+        self._loop = asyncio.get_running_loop()
+        self._cache.follow(self._collect)
+        await asyncio.gather(*(self._spawn(number) for number in range(self._count)))
+        await asyncio.gather(*(worker.ready.wait() for worker in self._workers.values()))
+
+    async def _spawn(self, number: int) -> _Worker:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "ignition_server.workers.worker", str(theirs.fileno()),
+                pass_fds=(theirs.fileno(),),
+            )
+        finally:
+            theirs.close()
+        channel = await Channel.open(ours)
+        # Rows and registration in one step of the loop: every change after the rows'
+        # generation is still pending or yet to come, and will reach this worker.
+        self._publish()
+        generation, tokens, renders = self._cache.index_rows()
+        worker = _Worker(number, process, channel, generation)
+        self._workers[number] = worker
+        channel.send("hello", WorkerSpec(number, self._settings, self._port, self._tls_files, self._memory_bytes,
+                                         generation, tokens, renders))
+        if self._told_behind:
+            channel.send("behind", self._told_behind)
+        asyncio.create_task(self._listen(worker), name=f"worker-{number}")
+        return worker
+
+    async def tell_behind(self, interval: float = 0.5) -> None:
+        """Keep the workers' /readyz saying what the owner is behind on (a watch reconnecting)."""
+        while True:
+            self._tell_behind_now()
+            await asyncio.sleep(interval)
+
+    def _tell_behind_now(self) -> None:
+        behind = self._behind()
+        if behind != self._told_behind:
+            self._told_behind = behind
+            for worker in self._workers.values():
+                worker.channel.send("behind", behind)
+
+    async def run(self) -> None:
+        """Start again any worker that exits, until `stop`; keep their /readyz current."""
+        telling = asyncio.create_task(self.tell_behind(), name="workers-behind")
+        try:
+            await self._supervise()
+        finally:
+            telling.cancel()
+
+    async def _supervise(self) -> None:
+        failures = 0
+        while not self._stopping:
+            waits = {asyncio.create_task(w.process.wait()): w for w in self._workers.values()}
+            done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for task in pending:
+                task.cancel()
+            for task in done:
+                worker = waits[task]
+                if self._stopping:
+                    return
+                self._workers.pop(worker.number, None)
+                worker.channel.close()
+                self._metrics.workers_serving.set(sum(w.ready.is_set() for w in self._workers.values()))
+                delay = RESTART_DELAYS[min(failures, len(RESTART_DELAYS) - 1)]
+                log.error("worker %d (pid %d) exited with %s; starting it again in %.1fs",
+                          worker.number, worker.process.pid, worker.process.returncode, delay)
+                failures += 1
+                await asyncio.sleep(delay)
+                self._metrics.worker_restarts.inc()
+                await self._spawn(worker.number)
+            if all(w.ready.is_set() for w in self._workers.values()):
+                failures = 0
+
+    async def stop(self, timeout: float) -> None:
+        """Drain every worker (each finishes its in-flight responses), then reap them."""
+        self._stopping = True
+        self._publish()
+        for worker in self._workers.values():
+            worker.channel.send("drain")
+        processes = [worker.process for worker in self._workers.values()]
+        try:
+            await asyncio.wait_for(asyncio.gather(*(p.wait() for p in processes)), timeout)
+        except asyncio.TimeoutError:
+            for process in processes:
+                if process.returncode is None:
+                    log.error("worker pid %d did not drain in %.0fs; killing it", process.pid, timeout)
+                    process.kill()
+            await asyncio.gather(*(p.wait() for p in processes))
+        for worker in self._workers.values():
+            worker.channel.close()
+        self._metrics.workers_serving.set(0)
+
+    # -- what workers say ----------------------------------------------------------
+    async def _listen(self, worker: _Worker) -> None:
+        with contextlib.suppress(EOFError):
+            while True:
+                kind, *rest = await worker.channel.receive()
+                if kind == "ask":
+                    worker.channel.send("answer", rest[0], *self._answer(*rest[1:]))
+                elif kind == "report":
+                    self._take_report(*rest)
+                elif kind == "reported":
+                    answered = worker.reported.pop(rest[0], None)
+                    if answered is not None and not answered.done():
+                        answered.set_result(None)
+                elif kind == "missing":
+                    self._on_missing(rest[0])
+                elif kind == "ready":
+                    log.info("worker %d (pid %d) is serving", worker.number, rest[0])
+                    worker.ready.set()
+                    self._metrics.workers_serving.set(sum(w.ready.is_set() for w in self._workers.values()))
+
+    async def gather_reports(self, timeout: float = 1.0) -> None:
+        """Have every serving worker report now, so a scrape sees each request already answered."""
+        # A scrape that sees a watch down is followed by workers' /readyz saying so: the
+        # channel is ordered, so the news is in before the report is.
+        self._tell_behind_now()
+        report_id = next(self._report_ids)
+        waits = []
+        for worker in self._workers.values():
+            if worker.ready.is_set():
+                answered = asyncio.get_running_loop().create_future()
+                worker.reported[report_id] = answered
+                worker.channel.send("report-now", report_id)
+                waits.append(answered)
+        if waits:
+            await asyncio.wait(waits, timeout=timeout)
+
+    def _answer(self, presented: Any, remote: str | None) -> tuple[Any, ...]:
+        # Every failed attempt, whichever worker took it, is counted here: one limit per
+        # source address for the whole server, as in a single process.
+        wait = self._limiter.retry_after(remote)
+        if wait is not None:
+            return ("refused", 503, "too many failed attempts from this address", wait)
+        try:
+            return ("grant", admit(presented, self._auth))
+        except Refusal as refusal:
+            if refusal.status in FAILED_STATUSES:
+                self._limiter.failed(remote)
+                wait = self._limiter.retry_after(remote)
+                if wait is not None:
+                    for worker in self._workers.values():
+                        worker.channel.send("hold", remote, wait)
+            return ("refused", refusal.status, refusal.reason, refusal.retry_after)
+
+    def _take_report(self, deltas: dict[str, dict[str, int]], served: list[str]) -> None:
+        for nodepool, count in deltas.get("nodepools", {}).items():
+            self._metrics.get_requests.inc(nodepool, count)
+        for code, count in deltas.get("codes", {}).items():
+            self._metrics.responses.labels(code).inc(count)
+        self._metrics.worker_cache.update(deltas.get("cache", {}))
+        for secret in served:
+            self._on_served(secret)
+
+
+def default_worker_count(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """The CPUs this process may use: its cpuset, and no more than a container's CPU limit
+    (cgroup v2 `cpu.max`, "quota period"), rounded up."""
+    count = len(os.sched_getaffinity(0))
+    try:
+        quota, period = cpu_max.read_text().split()[:2]
+        if quota != "max":
+            count = min(count, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return count

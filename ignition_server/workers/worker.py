@@ -1,0 +1,230 @@
+"""A serving worker: `python -m ignition_server.workers.worker FD`, started by the owner.
+
+It serves from a replica of the owner's token index (fed over the channel) and the
+encrypted blobs on disk, never renders or writes, and asks the owner before refusing a
+request. When the owner goes away (its end of the channel closes) it drains and exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from payload_cache import CacheConfig, PayloadCache
+
+from .. import logs, memory
+from ..auth.presented import Presented
+from ..auth.tokens import Grant, Refusal, TokenAuthenticator
+from ..config import ServeSettings
+from ..http.app import IgnitionHandlers, ServingState, build_app
+from ..http.access_log import AccessLog
+from ..http.guard import ConnectionGuard
+from ..http.limits import FailedAuthLimiter
+from ..http.listen import start_site
+from ..http.tls import TLSFiles, reload_on_change, server_context
+from ..metrics import ServerMetrics
+
+log = logging.getLogger("ignition_server.worker")
+REPORT_INTERVAL = 1.0  # served NodePools and counters go to the owner this often
+TRIM_EVERY = 10  # reports between heap trims
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """All a worker needs, sent as the channel's first message."""
+
+    number: int
+    settings: ServeSettings
+    port: int
+    tls_files: TLSFiles
+    memory_bytes: int
+    generation: int
+    tokens: list[list]
+    renders: list[list]
+
+
+class Worker:
+    def __init__(self, spec: WorkerSpec, channel: Any) -> None:
+        self.spec = spec
+        self.channel = channel
+        settings = spec.settings
+        self.cache = PayloadCache.replica(
+            CacheConfig(settings.cache_dir, settings.cache_key_file, spec.memory_bytes), spec.tokens, spec.renders)
+        self.generation = spec.generation
+        self.metrics = ServerMetrics()
+        self._behind: list[str] = []
+        self.state = ServingState(behind=lambda: self._behind)  # what the owner says is behind
+        self._asks: dict[int, asyncio.Future[tuple[Any, ...]]] = {}
+        self._ids = itertools.count(1)
+        self._served: set[str] = set()
+        self._owner_gone = False
+        self._reported: dict[str, Counter[str]] = {"nodepools": Counter(), "codes": Counter()}
+        self.limiter = FailedAuthLimiter(settings.auth_failure_burst, settings.auth_failure_window)
+        self.handlers = IgnitionHandlers(
+            cache=self.cache,
+            # Service-account JWTs are the owner's to verify (it holds the keys); this
+            # authenticator refuses them, and the refusal becomes a question to the owner.
+            authenticator=TokenAuthenticator(self.cache),
+            metrics=self.metrics,
+            state=self.state,
+            on_served=self._served.add,
+            on_missing=lambda secret: self.channel.send("missing", secret),
+            max_in_flight=settings.max_in_flight,
+            limiter=self.limiter,
+            second_opinion=self.ask_owner,
+            request_id_prefix=f"w{spec.number}-",
+            access=AccessLog(settings.log_format),
+            write_piece=memory.SERVING_MMAP_THRESHOLD,
+        )
+
+    async def ask_owner(self, presented: Presented, remote: str | None) -> Grant:
+        if self._owner_gone:
+            raise Refusal(503, "the token check is unavailable for a moment", retry_after=1)
+        ask_id = next(self._ids)
+        answer: asyncio.Future[tuple[Any, ...]] = asyncio.get_running_loop().create_future()
+        self._asks[ask_id] = answer
+        self.channel.send("ask", ask_id, presented, remote)
+        try:
+            kind, *rest = await asyncio.wait_for(answer, timeout=5.0)
+        except (asyncio.TimeoutError, EOFError):
+            raise Refusal(503, "the token check is unavailable for a moment", retry_after=1) from None
+        finally:
+            self._asks.pop(ask_id, None)
+        if kind == "grant":
+            return rest[0]
+        status, reason, retry_after = rest
+        raise Refusal(status, reason, retry_after=retry_after)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        settings = self.spec.settings
+        ssl_context = server_context(self.spec.tls_files, settings.tls.profile)
+        guard = ConnectionGuard(settings.header_timeout, settings.connections_per_source, settings.connections_total)
+        runner, _port = await start_site(build_app(self.handlers), (settings.listen[0], self.spec.port), ssl_context,
+                                         guard=guard, shutdown_timeout=settings.shutdown_timeout, reuse_port=True)
+        self.state.ready = True
+        self.channel.send("ready", os.getpid())
+        tasks = [
+            asyncio.create_task(self._receive(stop), name="owner-channel"),
+            asyncio.create_task(self._report_periodically(), name="report"),
+            asyncio.create_task(reload_on_change(ssl_context, self.spec.tls_files), name="tls-reload"),
+        ]
+        try:
+            await stop.wait()
+        finally:
+            log.info("worker %d draining: no new connections, finishing in-flight responses", self.spec.number)
+            self.state.draining = True
+            await runner.cleanup()  # stops accepting, finishes in-flight responses
+            for task in tasks:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            self._report()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.channel.drain(), 2.0)
+            self.handlers.close()
+
+    async def _receive(self, stop: asyncio.Event) -> None:
+        try:
+            while True:
+                kind, *rest = await self.channel.receive()
+                if kind == "changes":
+                    generation, changes = rest
+                    self.cache.apply(changes)
+                    self.generation = generation
+                elif kind == "answer":
+                    answer = self._asks.get(rest[0])
+                    if answer is not None and not answer.done():
+                        answer.set_result(tuple(rest[1:]))
+                elif kind == "behind":
+                    self._behind = rest[0]
+                elif kind == "hold":  # every failure is the owner's to count; it says whom to hold off
+                    self.limiter.hold(*rest)
+                elif kind == "report-now":  # a scrape of the owner's /metrics is waiting
+                    self._report()
+                    self.channel.send("reported", rest[0])
+                elif kind == "drain":
+                    break
+        except EOFError:
+            log.warning("worker %d: the owner process is gone; draining", self.spec.number)
+        finally:
+            self._owner_gone = True
+            for answer in self._asks.values():
+                if not answer.done():
+                    answer.set_exception(EOFError())
+            stop.set()
+
+    async def _report_periodically(self) -> None:
+        ticks = 0
+        while True:
+            await asyncio.sleep(REPORT_INTERVAL)
+            self._report()
+            ticks += 1
+            if ticks % TRIM_EVERY == 0:
+                # Bodies come from the heap here (memory.SERVING_MMAP_THRESHOLD); what a storm
+                # freed between live ones goes back to the OS instead of staying in RSS.
+                await asyncio.to_thread(memory.release)
+
+    def _report(self) -> None:
+        """What the owner's /metrics and status writes need: deltas since the last report."""
+        nodepools = Counter(self.metrics.get_requests.counts())
+        codes = Counter({sample.labels["code"]: int(sample.value) for metric in self.metrics.responses.collect()
+                         for sample in metric.samples if sample.name.endswith("_total")})
+        stats = self.cache.stats()
+        cache = Counter({"memory_hits": stats.memory_hits, "disk_hits": stats.disk_hits, "misses": stats.misses,
+                         "quarantined": stats.quarantined})
+        deltas = {}
+        for name, now in (("nodepools", nodepools), ("codes", codes), ("cache", cache)):
+            before = self._reported.get(name, Counter())
+            delta = now - before
+            if delta:
+                deltas[name] = dict(delta)
+            self._reported[name] = now
+        if deltas or self._served:
+            self.channel.send("report", deltas, sorted(self._served))
+            self._served.clear()
+
+
+async def _main(fd: int) -> None:
+    from .channel import Channel
+
+    channel = await Channel.open(socket.socket(fileno=fd))
+    kind, spec = await channel.receive()
+    assert kind == "hello"
+    logs.configure(spec.settings.log_format)
+    memory.tune(memory.SERVING_MMAP_THRESHOLD)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    # Ctrl-C reaches the whole process group: the owner decides when workers drain.
+    loop.add_signal_handler(signal.SIGINT, lambda: None)
+    started = time.perf_counter()
+    worker = Worker(spec, channel)
+    log.info("worker %d (pid %d) serving %d payloads after %.3fs", spec.number, os.getpid(),
+             worker.cache.render_count(), time.perf_counter() - started)
+    await worker.run(stop)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    fd = int(args[0])
+    try:
+        import uvloop
+
+        uvloop.run(_main(fd))
+    except ImportError:
+        asyncio.run(_main(fd))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
