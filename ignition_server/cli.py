@@ -51,6 +51,23 @@ def _add(parser: argparse.ArgumentParser, flag: str, **kwargs: Any) -> None:
     parser.add_argument(flag, **kwargs)
 
 
+def _add_node_proxy(parser: argparse.ArgumentParser) -> None:
+    _add(parser, "--node-http-proxy", default="", help="proxy a booting node reaches --public-url through (pointer configs' ignition.proxy)")
+    _add(parser, "--node-https-proxy", default="", help="HTTPS proxy a booting node reaches --public-url through")
+    _add(parser, "--node-no-proxy", default="", help="hosts/domains/CIDRs the node reaches without the proxy, comma-separated")
+
+
+def node_proxy(args: argparse.Namespace) -> dict:
+    """`ignition.proxy` of pointer configs from the --node-*-proxy flags ({}: none)."""
+    from .render.proxy import proxy_settings
+
+    settings = proxy_settings({"httpProxy": args.node_http_proxy or "", "httpsProxy": args.node_https_proxy or "",
+                               "noProxy": args.node_no_proxy or ""})
+    if settings.no_proxy and not settings:
+        raise ValueError("--node-no-proxy needs --node-http-proxy or --node-https-proxy")
+    return settings.ignition() if settings else {}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ignition-server", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"ignition-server {__version__}")
@@ -73,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add(serve, "--edge-dir", help="write an HAProxy edge config checking service-account JWTs here")
     _add(serve, "--edge-bind", default="0.0.0.0:9443", help="HOST:PORT the edge HAProxy listens on")
     _add(serve, "--public-url", help="URL pointer configs use (also the self-made certificate's name)")
+    _add_node_proxy(serve)
     _add(serve, "--cache-key-file", help="key file outside the cache dir (default: <cache-dir>.key)")
     _add(serve, "--cache-memory", default="128Mi", help="memory for payloads, in bytes (Ki/Mi/Gi suffixes)")
     _add(serve, "--source-read-only", action="store_true", help="never write back to the source")
@@ -117,6 +135,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add(userdata, "--public-url", required=True, help="https://HOST:PORT nodes reach the server at")
     _add(userdata, "--ca-file", help="CA the pointer config trusts (default: <cache-dir>/tls/ca.crt)")
     _add(userdata, "--cache-dir", default=".", help="the server's cache dir, for its self-made CA")
+    _add_node_proxy(userdata)
+
+    base = commands.add_parser("base", help="MCO base configurations: import one as the ConfigMap the server reads")
+    base.add_argument("action", choices=["import"])
+    _add(base, "--from", dest="source", required=True,
+         help="a directory of MachineConfigs as `machine-config-operator bootstrap` writes them, "
+              "or a file holding a machine-config-server's /config/worker Ignition JSON")
+    _add(base, "--namespace", required=True, help="the hosted cluster's namespace (where its token Secrets are)")
+    _add(base, "--release", default="", help="release pull spec the base belongs to")
+    _add(base, "--release-version", default="", help="release version the base belongs to (e.g. 4.17.3)")
+    _add(base, "--name", help="ConfigMap name (default: mco-base-<release version or digest>)")
+    _add(base, "--output", help="write the ConfigMap YAML here (default: stdout)")
 
     cache = commands.add_parser("cache", help="inspect or maintain the payload cache")
     cache.add_argument("action", choices=["stats", "verify", "gc", "rekey"])
@@ -160,6 +190,9 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         edge_dir=Path(args.edge_dir) if args.edge_dir else None,
         edge_bind=args.edge_bind,
         public_url=args.public_url,
+        node_http_proxy=node_proxy(args).get("httpProxy", ""),
+        node_https_proxy=node_proxy(args).get("httpsProxy", ""),
+        node_no_proxy=tuple(node_proxy(args).get("noProxy", ())),
         cache_key_file=Path(args.cache_key_file) if args.cache_key_file else None,
         cache_memory_bytes=parse_size(str(args.cache_memory)),
         source_read_only=bool(args.source_read_only),
@@ -242,26 +275,30 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _newest_secret(source_dir: Path, nodepool: str) -> tuple[Any, Any, Any]:
-    """The source as one listing, the NodePool's newest live token Secret, and the release catalog."""
+def _newest_secret(source_dir: Path, nodepool: str) -> tuple[Any, Any, Any, Any]:
+    """The source as one listing, the NodePool's newest live token Secret, the release catalog, the MCO bases."""
     from .sources.files import FileSource
     from .sources.manifests import is_token_secret, parse_token_secret
+    from .watch.bases import BaseIndex, is_base
     from .watch.releases import ReleaseCatalog, is_catalog
 
     source = FileSource(source_dir)
     source._rescan()
     objects = source.objects()
     catalog = ReleaseCatalog()
+    bases = BaseIndex()
     for key, obj in objects.items():
         if is_catalog(obj):
             catalog.update(key, source.get_full(key))
+        if is_base(obj):
+            bases.update(key, obj)
     now = time.time()
     secrets = [parse_token_secret(o) for o in objects.values() if is_token_secret(o)]
     matching = [s for s in secrets if s.nodepool == nodepool and not s.expired(now)]
     if not matching:
         known = sorted({s.nodepool for s in secrets})
         raise LookupError(f"no token Secret for NodePool {nodepool}; known: {', '.join(known) or 'none'}")
-    return source, max(matching, key=lambda s: (s.creation_time or 0.0)), catalog
+    return source, max(matching, key=lambda s: (s.creation_time or 0.0)), catalog, bases
 
 
 def _render(args: argparse.Namespace) -> int:
@@ -273,11 +310,11 @@ def _render(args: argparse.Namespace) -> int:
 
     from .sources.manifests import token_secret_config
 
-    source, secret, catalog = _newest_secret(Path(args.source), args.nodepool)
+    source, secret, catalog, bases = _newest_secret(Path(args.source), args.nodepool)
     config = token_secret_config(source.get_full(secret.key))
     from .watch.releases import Releases
 
-    inputs, _deps = gather(secret, secret.annotations, source.get_full, Releases(catalog), config)
+    inputs, _deps = gather(secret, secret.annotations, source.get_full, Releases(catalog), config, bases)
     rendered = render_payload(inputs)
     body = rendered.body
     if args.spec_version:
@@ -298,12 +335,13 @@ def _render(args: argparse.Namespace) -> int:
 def _userdata(args: argparse.Namespace) -> int:
     from .render.userdata import fits, pointer_user_data
 
-    _source, secret, _catalog = _newest_secret(Path(args.source), args.nodepool)
+    _source, secret, _catalog, _bases = _newest_secret(Path(args.source), args.nodepool)
     if not secret.token:
         raise LookupError(f"token Secret {secret.ref} holds no token yet")
     ca_file = Path(args.ca_file) if args.ca_file else Path(args.cache_dir) / "tls" / "ca.crt"
     user_data = pointer_user_data(
         source_url=args.public_url, token=secret.token, ca_pem=ca_file.read_bytes(), shape=args.shape,
+        proxy=node_proxy(args) or None,
         nodepool=secret.nodepool,
     )
     sys.stdout.write(user_data.decode() + "\n")
@@ -335,6 +373,35 @@ def _cache(args: argparse.Namespace) -> int:
     return 0
 
 
+def _base(args: argparse.Namespace) -> int:
+    import re
+
+    import yaml
+
+    from .base_import import base_configmap, from_bootstrap_documents, from_mcs_config
+    from payload_cache.fsio import atomic_write
+
+    where = Path(args.source)
+    if where.is_dir():
+        texts = [(str(p), p.read_text(encoding="utf-8")) for p in sorted(where.rglob("*"))
+                 if p.is_file() and p.suffix in (".yaml", ".yml", ".json")]
+        machineconfigs = from_bootstrap_documents(texts)
+    else:
+        text = where.read_text(encoding="utf-8")
+        machineconfigs = from_mcs_config(text) if text.lstrip().startswith("{") else from_bootstrap_documents([(str(where), text)])
+    tail = args.release_version or args.release.rpartition(":")[2][:12]
+    name = args.name or "mco-base-" + re.sub(r"[^a-z0-9-]+", "-", tail.lower()).strip("-")
+    configmap = base_configmap(machineconfigs, name=name, namespace=args.namespace,
+                               release=args.release, version=args.release_version)
+    text = yaml.safe_dump(configmap, sort_keys=False)
+    if args.output:
+        atomic_write(Path(args.output), text.encode(), 0o644)
+    else:
+        sys.stdout.write(text)
+    print(f"{len(machineconfigs)} MachineConfig(s): {', '.join(mc['metadata']['name'] for mc in machineconfigs)}", file=sys.stderr)
+    return 0
+
+
 def _plain(value: Any) -> Any:
     import dataclasses
 
@@ -350,7 +417,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .http.fips import reexec_with_fips_openssl
 
         reexec_with_fips_openssl(list(argv) if argv is not None else sys.argv[1:])
-    handlers = {"serve": _serve, "render": _render, "userdata": _userdata, "cache": _cache}
+    handlers = {"serve": _serve, "render": _render, "userdata": _userdata, "cache": _cache, "base": _base}
     try:
         return handlers[args.command](args)
     except LookupError as exc:

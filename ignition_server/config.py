@@ -90,6 +90,11 @@ class ServeSettings:
     edge_dir: Path | None = None
     edge_bind: str = "0.0.0.0:9443"
     public_url: str | None = None
+    # The proxy a booting node needs to reach public_url: pointer configs carry it as
+    # `ignition.proxy` (httpProxy, httpsProxy, noProxy); "" / () when none.
+    node_http_proxy: str = ""
+    node_https_proxy: str = ""
+    node_no_proxy: tuple[str, ...] = ()
     cache_key_file: Path | None = None
     cache_memory_bytes: int = 128 * 1024 * 1024
     source_read_only: bool = False

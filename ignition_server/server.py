@@ -234,7 +234,10 @@ class IgnitionServer:
         if self.settings.public_url is None or ca is None:
             log.info("user-data Secrets are not written: they need --public-url and the self-made CA")
             return None
-        return PointerSettings(self.settings.public_url, ca.read_bytes())
+        s = self.settings
+        proxy = {"httpProxy": s.node_http_proxy, "httpsProxy": s.node_https_proxy, "noProxy": list(s.node_no_proxy)}
+        items = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in proxy.items() if v)
+        return PointerSettings(s.public_url, ca.read_bytes(), proxy=items)
 
     def _ca_validity(self) -> dt.timedelta:
         return dt.timedelta(seconds=self.settings.ca_lifetime)

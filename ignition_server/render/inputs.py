@@ -43,6 +43,19 @@ class NodePoolInputs:
     # The release's `haproxy-router` image; None when the release catalog does not know
     # the release (only an error for payloads that need it).
     haproxy_image: str | None = None
+    # MCO's base configuration for this cluster and release (multi-document MachineConfig
+    # YAML, watch/bases.py); None: no base, the payload is the NodePool's MachineConfigs and
+    # the server's additions only, without the machine-config-server's appended files.
+    mco_base_yaml: str | None = None
+    # The release's `rhel-coreos` and `rhel-coreos-extensions` images (release catalog).
+    os_image_url: str = ""
+    extensions_image: str = ""
+    # The CA files the machine-config-server adds (ConfigMaps `kubelet-ca`: ca.crt and
+    # `cloud-provider-ca`: ca-bundle.pem); None: not held.
+    kubelet_ca: str | None = None
+    cloud_ca: str | None = None
+    # The cluster-wide proxy (ConfigMap `cluster-proxy` data); None: no proxy.
+    cluster_proxy: Settings | None = None
 
     def digest(self) -> str:
         fields = asdict(self)

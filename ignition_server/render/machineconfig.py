@@ -157,6 +157,16 @@ def _check_machineconfig(where: str, obj: Any) -> dict:
     kargs = spec.get("kernelArguments") or []
     if not isinstance(kargs, list) or not all(isinstance(a, str) and a.strip() for a in kargs):
         raise InvalidConfig(f"MachineConfig {name!r}: spec.kernelArguments must be a list of non-empty strings")
+    extensions = spec.get("extensions") or []
+    if not isinstance(extensions, list) or not all(isinstance(e, str) and e.strip() for e in extensions):
+        raise InvalidConfig(f"MachineConfig {name!r}: spec.extensions must be a list of non-empty strings")
+    if not isinstance(spec.get("fips", False), (bool, type(None))):
+        raise InvalidConfig(f"MachineConfig {name!r}: spec.fips must be true or false")
+    if spec.get("kernelType") not in (None, "", "default", "realtime", "64k-pages"):
+        raise InvalidConfig(f"MachineConfig {name!r}: spec.kernelType {spec.get('kernelType')!r} is not default, realtime or 64k-pages")
+    for field in ("osImageURL", "baseOSExtensionsContainerImage"):
+        if not isinstance(spec.get(field) or "", str):
+            raise InvalidConfig(f"MachineConfig {name!r}: spec.{field} must be an image pull spec")
     return obj
 
 
@@ -164,8 +174,13 @@ def _check_machineconfig(where: str, obj: Any) -> dict:
 # merging
 
 
-def merge_machineconfigs(mcs: list[dict]) -> MergedConfig:
-    """Merge MachineConfigs (as from `parse_machineconfigs`) into one Ignition config."""
+def merge_machineconfigs(mcs: list[dict], *, carried: bool = False) -> MergedConfig:
+    """Merge MachineConfigs (as from `parse_machineconfigs`) into one Ignition config.
+
+    `carried`: the spec fields beside `config` travel in the rendered MachineConfig that the
+    payload encapsulates (render/mco.py), so they are neither noted as dropped nor turned
+    into Ignition kernel arguments.
+    """
     ordered = sorted(mcs, key=lambda mc: mc["metadata"]["name"])
     merged: dict = {}
     kargs: list[str] = []
@@ -179,12 +194,13 @@ def merge_machineconfigs(mcs: list[dict]) -> MergedConfig:
             if not config["ignition"]:
                 del config["ignition"]
         merged = _merge_config(merged, config)
-        kargs += spec.get("kernelArguments") or []
-        for field in _IGNORED_SPEC_FIELDS:
+        for field in () if carried else _IGNORED_SPEC_FIELDS:
             value = spec.get(field)
             if value in (None, "", [], False) or (field == "kernelType" and value == "default"):
                 continue
             notes.append(f"MachineConfig {name!r}: spec.{field} is not applied by the Ignition payload (ignored)")
+        if not carried:
+            kargs += spec.get("kernelArguments") or []
         for field in sorted(set(spec) - _KNOWN_SPEC_FIELDS):
             notes.append(f"MachineConfig {name!r}: unknown field spec.{field} ignored")
     if kargs:

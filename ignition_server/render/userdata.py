@@ -73,6 +73,7 @@ def pointer_config(
     version: str = "3.2.0",
     target_config_version_hash: str | None = None,
     token_kind: str = "auto",
+    proxy: dict | None = None,
 ) -> dict:
     """The pointer Ignition config (a dict in Ignition 3.x shape).
 
@@ -86,6 +87,9 @@ def pointer_config(
     mcs URL an opaque token is sent as it is and a JWT (a node-bootstrapper service-account
     token) as base64 of the JWT, both URL-encoded. ``token_kind`` is ``"opaque"``,
     ``"jwt"`` or ``"auto"`` (a JWT is recognised by its shape).
+
+    ``proxy`` (``httpProxy``, ``httpsProxy``, ``noProxy``) becomes ``ignition.proxy``: the node
+    fetches the payload through it (spec 3.1.0 and later).
     """
     if shape not in SHAPES:
         raise ValueError(f"unknown pointer shape {shape!r}; expected one of {', '.join(SHAPES)}")
@@ -122,13 +126,16 @@ def pointer_config(
             "source": f"{base}/config/{quote(name, safe='')}?token={quote(sent, safe='')}",
         }
 
-    return {
-        "ignition": {
-            "version": version,
-            "config": {"merge": [merge]},
-            "security": {"tls": {"certificateAuthorities": [{"source": ca_data_url(ca_pem)}]}},
-        }
+    ignition: dict = {
+        "version": version,
+        "config": {"merge": [merge]},
+        "security": {"tls": {"certificateAuthorities": [{"source": ca_data_url(ca_pem)}]}},
     }
+    if proxy:
+        if version.startswith("3.0."):
+            raise ValueError("ignition.proxy needs Ignition spec 3.1.0 or later")
+        ignition["proxy"] = {k: list(v) if k == "noProxy" else v for k, v in proxy.items() if v}
+    return {"ignition": ignition}
 
 
 def fits(user_data: bytes) -> dict[str, bool]:

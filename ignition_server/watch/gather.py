@@ -2,8 +2,9 @@
 
 By namespace convention, as the reference reads them: the token Secret's namespace holds
 `Secret pull-secret` (.dockerconfigjson), `Secret bootstrap-kubeconfig` (kubeconfig),
-`ConfigMap user-ca-bundle` (ca-bundle.crt), and optionally `ConfigMap apiserver-proxy` and
-`ConfigMap ibmcloud-vpc` (render/settings.py). An annotation on the token Secret,
+`ConfigMap user-ca-bundle` (ca-bundle.crt), and optionally `ConfigMap apiserver-proxy`,
+`ConfigMap ibmcloud-vpc` (render/settings.py) and `ConfigMap cluster-proxy` (render/proxy.py);
+the MCO base of the NodePool's release, when the namespace holds one (bases.py). An annotation on the token Secret,
 `ignition-server.openshift.io/input-<name>: <namespace>/<object>`, points one input
 elsewhere (so many NodePools can share, say, one CA bundle).
 
@@ -18,6 +19,7 @@ from typing import Any, Callable, Mapping
 
 from ..render.inputs import NodePoolInputs, Settings
 from ..sources.manifests import ManifestError, ObjectKey, TokenSecret, data_text
+from .bases import BASE_KEY, RHCOS_EXTENSIONS_IMAGE, RHCOS_IMAGE, BaseIndex, release_keys
 from .releases import HAPROXY_IMAGE, Releases, release_key
 
 ANNOTATION_INPUT_PREFIX = "ignition-server.openshift.io/input-"
@@ -38,6 +40,14 @@ JOIN_INPUTS = (
 SETTINGS_INPUTS = (
     InputObject("ConfigMap", "apiserver-proxy", None),
     InputObject("ConfigMap", "ibmcloud-vpc", None),
+    InputObject("ConfigMap", "cluster-proxy", None),
+)
+
+# Only a payload with an MCO base reads these (the machine-config-server's CA files); absent
+# is normal, so they are not named as missing.
+MCS_INPUTS = (
+    InputObject("ConfigMap", "kubelet-ca", "ca.crt"),
+    InputObject("ConfigMap", "cloud-provider-ca", "ca-bundle.pem"),
 )
 
 Lookup = Callable[[ObjectKey], Mapping[str, Any] | None]
@@ -59,6 +69,7 @@ def gather(
     lookup: Lookup,
     releases: Releases,
     machineconfigs_yaml: str = "",
+    bases: BaseIndex | None = None,
 ) -> tuple[NodePoolInputs, frozenset[ObjectKey]]:
     """The NodePool's inputs and what they depend on.
 
@@ -82,11 +93,29 @@ def gather(
         deps.add(key)
         obj = lookup(key)
         settings[wanted.name] = tuple(sorted(data_text(obj).items())) if obj is not None else None
+    base_yaml = None
+    if bases is not None:
+        namespace = secret.key.namespace
+        deps |= release_keys(namespace, secret.release, secret.release_version)
+        base = bases.find(namespace, secret.release, secret.release_version)
+        if base is not None:
+            obj = lookup(base)
+            base_yaml = data_text(obj).get(BASE_KEY) if obj is not None else None
+            if not base_yaml:
+                raise ManifestError(f"MCO base {base.namespace}/{base.name} has no {BASE_KEY}")
+    for wanted in MCS_INPUTS if base_yaml is not None else ():
+        key = input_key(secret, wanted, notes)
+        deps.add(key)
+        obj = lookup(key)
+        values[wanted.name] = (data_text(obj).get(wanted.key or "") or None) if obj is not None else None
     haproxy_image = None
-    if settings["apiserver-proxy"] is not None or settings["ibmcloud-vpc"] is not None:
-        # Only a payload that runs a release component needs its release known.
+    images: dict[str, str] = {}
+    if base_yaml is not None or settings["apiserver-proxy"] is not None or settings["ibmcloud-vpc"] is not None:
+        # Only a payload that runs a release component (or rebases to its OS) needs its release known.
         deps.add(release_key(secret.release))
         haproxy_image = releases.image(secret.release, HAPROXY_IMAGE)
+        if base_yaml is not None:
+            images = {name: releases.image(secret.release, name) or "" for name in (RHCOS_IMAGE, RHCOS_EXTENSIONS_IMAGE)}
     inputs = NodePoolInputs(
         nodepool=secret.nodepool,
         secret=secret.ref,
@@ -101,5 +130,11 @@ def gather(
         apiserver_proxy=settings["apiserver-proxy"],
         ibmcloud_vpc=settings["ibmcloud-vpc"],
         haproxy_image=haproxy_image,
+        mco_base_yaml=base_yaml,
+        os_image_url=images.get(RHCOS_IMAGE, "") if base_yaml is not None else "",
+        extensions_image=images.get(RHCOS_EXTENSIONS_IMAGE, "") if base_yaml is not None else "",
+        cluster_proxy=settings["cluster-proxy"],
+        kubelet_ca=values.get("kubelet-ca"),
+        cloud_ca=values.get("cloud-provider-ca"),
     )
     return inputs, frozenset(deps)

@@ -31,6 +31,7 @@ class PointerSettings:
     public_url: str  # https://host:port that nodes reach
     ca_pem: bytes  # what pointer configs trust
     shape: str = "hypershift"
+    proxy: tuple[tuple[str, Any], ...] = ()  # `ignition.proxy` items (httpProxy, httpsProxy, noProxy); () none
 
 
 def edge_token_map(secrets: list[TokenSecret], now: float) -> bytes:
@@ -49,6 +50,7 @@ def user_data_object(secret: TokenSecret, pointer: PointerSettings) -> dict[str,
         return None
     user_data = pointer_user_data(
         source_url=pointer.public_url, token=secret.token, ca_pem=pointer.ca_pem, shape=pointer.shape,
+        proxy=dict(pointer.proxy) or None,
         nodepool=secret.nodepool,
     )
     return user_data_secret(

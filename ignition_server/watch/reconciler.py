@@ -30,6 +30,7 @@ from ..sources.manifests import (
     has_large_values,
     token_secret_config,
 )
+from .bases import BaseIndex, is_base
 from .faults import Faults, ObjectWork, backoff
 from .gather import gather
 from .outputs import TokenOutputs
@@ -71,6 +72,7 @@ class Reconciler(WriterDuties, ReleaseWaits):
     # The catalog, the registry resolver and mirrors (the resolver calls release_resolved).
     releases: Releases = field(default_factory=Releases)
     share_namespace: str | None = None  # several replicas: the writer publishes resolved releases here
+    bases: BaseIndex = field(default_factory=BaseIndex)  # MCO base configurations by (cluster, release)
     # Whether this replica writes (rotation, expiry, status, user-data, ignition-reached):
     # with several replicas only the Lease holder does; every replica indexes and serves.
     writer: Callable[[], bool] = lambda: True
@@ -148,6 +150,9 @@ class Reconciler(WriterDuties, ReleaseWaits):
         if key.kind == "ConfigMap" and (is_catalog(change.obj) or self.catalog.knows(key)):
             for pull_spec in self.catalog.update(key, None if change.type == "DELETED" else change.obj):
                 self._inputs_changed(release_key(pull_spec))
+        if key.kind == "ConfigMap" and (is_base(change.obj) or self.bases.knows(key)):
+            for dependency in self.bases.update(key, None if change.type == "DELETED" else change.obj):
+                self._inputs_changed(dependency)
         if is_mirror_set(change.obj) or (key.kind in ("ImageDigestMirrorSet", "ImageTagMirrorSet")):
             self.mirror_set_changed(key, None if change.type == "DELETED" else change.obj)
         if key.kind == "Secret":
@@ -280,7 +285,7 @@ class Reconciler(WriterDuties, ReleaseWaits):
 
     def inputs_for(self, secret: TokenSecret) -> NodePoolInputs:
         try:
-            inputs, deps = gather(secret, secret.annotations, self.source.get, self.releases)
+            inputs, deps = gather(secret, secret.annotations, self.source.get, self.releases, bases=self.bases)
         except ManifestError as exc:
             raise InvalidConfig(str(exc)) from None
         self._track(secret.key, deps)
@@ -385,7 +390,7 @@ class Reconciler(WriterDuties, ReleaseWaits):
             raise InvalidConfig(f"{secret.ref} is no longer in the source")
         try:
             inputs, _deps = gather(
-                secret, secret.annotations, self.source.get_full, self.releases, token_secret_config(obj)
+                secret, secret.annotations, self.source.get_full, self.releases, token_secret_config(obj), self.bases
             )
         except ManifestError as exc:
             raise InvalidConfig(str(exc)) from None
