@@ -37,7 +37,7 @@ from .sources.events import Source
 from .sources.files import FileSource
 from .sources.manifests import is_token_secret
 from .watch.reconciler import Reconciler, Renderer
-from .watch.edge import EdgeWriter
+from .watch.edge import EdgePublisher
 from .watch.outputs import PointerSettings, TokenOutputs
 from .watch.trust import TrustWatcher
 
@@ -167,8 +167,8 @@ class IgnitionServer:
         if settings.edge_dir is None or self.tls_files is None:
             return lambda: None
         host = "127.0.0.1" if settings.listen[0] in ("0.0.0.0", "::", "") else settings.listen[0]
-        writer = EdgeWriter(
-            verifier=verifier, directory=settings.edge_dir, bind=settings.edge_bind,
+        writer = EdgePublisher(
+            verifier=verifier, directory=settings.edge_dir,
             backend=f"{host}:{settings.listen[1]}",
             cert_pem=self.tls_files.cert.read_bytes() + self.tls_files.key.read_bytes(),
             ca_file=self.tls_files.ca, token_map=settings.edge_token_map,
