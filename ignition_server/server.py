@@ -173,6 +173,7 @@ class IgnitionServer:
             cert_pem=self.tls_files.cert.read_bytes() + self.tls_files.key.read_bytes(),
             ca_file=self.tls_files.ca, token_map=settings.edge_token_map,
         )
+        writer.keys_changed()  # published at start too: opaque-token clusters have no keys to announce it
         return writer.keys_changed
 
     def _pointer_settings(self) -> PointerSettings | None:
@@ -201,7 +202,8 @@ class IgnitionServer:
         runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=self.settings.shutdown_timeout,
                                keepalive_timeout=KEEPALIVE_TIMEOUT)
         await runner.setup()
-        site = (GuardedSite(runner, listen[0], listen[1], guard=guard, ssl_context=ssl_context, reuse_address=True)
+        site = (GuardedSite(runner, listen[0], listen[1], guard=guard, ssl_context=ssl_context, reuse_address=True,
+                            proxy_from=self.settings.proxy_protocol_from)
                 if guard is not None else web.TCPSite(runner, listen[0], listen[1], ssl_context=ssl_context, reuse_address=True))
         await site.start()
         server = site._server  # aiohttp exposes the bound port only here; needed for port 0
