@@ -175,7 +175,10 @@ def test_real_client_boots_through_both_modes_and_shapes_by_sni(fleet: Fleet, tm
     assert served(fleet.a1, "clusters-b") + served(fleet.a2, "clusters-b") == 0
     # Both A replicas took a share (round robin, health-checked).
     assert served(fleet.a1, "clusters-a/workers") > 0 or served(fleet.a2, "clusters-a/workers") > 0
-    # The node's own address reached the server through PROXY v2, not HAProxy's socket.
+    # The node's own address reached the server through PROXY v2, not HAProxy's (::1).
+    clients = [json.loads(line).get("client") for server in (fleet.a1, fleet.a2, fleet.b1)
+               for line in server.logs().splitlines() if '"ignition_server.access"' in line and "/readyz" not in line]
+    assert clients and set(clients) == {"127.0.0.1"}, set(clients)
     assert fleet.reloads() == 0
 
 

@@ -130,6 +130,16 @@ class _PeerProtocol:
         return getattr(self.inner, name)
 
 
+def plain_address(host: str) -> str:
+    """An IPv4 client on a dual-stack socket (or in a v4v6 proxy's header) as plain IPv4."""
+    try:
+        address = ipaddress.ip_address(host.split("%")[0])
+    except ValueError:
+        return host
+    mapped = getattr(address, "ipv4_mapped", None)
+    return str(mapped) if mapped is not None else host
+
+
 def trusted(peer: Any, networks: Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network]) -> bool:
     try:
         address = ipaddress.ip_address(str(peer[0]).split("%")[0])
@@ -159,7 +169,7 @@ async def serve_connections(
                 announced = await asyncio.wait_for(read_header(loop, conn), header_timeout)
                 real = announced or real
             await loop.connect_accepted_socket(
-                lambda: _PeerProtocol(factory(), (str(real[0]), int(real[1]))),  # type: ignore[arg-type,return-value]
+                lambda: _PeerProtocol(factory(), (plain_address(str(real[0])), int(real[1]))),  # type: ignore[arg-type,return-value]
                 conn, ssl=ssl_context, ssl_handshake_timeout=header_timeout if ssl_context else None)
         except (ProxyHeaderError, asyncio.TimeoutError, OSError, ssl.SSLError) as error:
             log.info("connection from %s closed: %s %s", peer[0] if peer else "?", type(error).__name__, error)
