@@ -10,22 +10,20 @@ import json
 import socket
 import ssl
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
-import yaml
 
 from harness import (
-    EXAMPLE_MACHINECONFIG, ServerProcess, files_in, finish_fetch, free_port, ignition_fetch, require_ignition,
+    EXAMPLE_MACHINECONFIG, ProxyProcess, ServerProcess, files_in, finish_fetch, ignition_fetch, require_ignition,
     wait_for, write_manifests,
 )
 from ignition_server.render.userdata import pointer_config
 from ignition_server.sources.manifests import build_token_secret
-from proxy.runtime import Master, Runtime
+from proxy.runtime import Runtime
 from realtools import require_tool
 
 pytestmark = [pytest.mark.haproxy, pytest.mark.ignition]
@@ -66,53 +64,23 @@ class Fleet:
         wait_for(lambda: (self.edge_a / "publication.json").exists() and (self.edge_b / "publication.json").exists(),
                  what="both publications")
         wait_for(lambda: b"clusters-a/workers" in (self.a1.cache_dir / "edge" / "tokens.map").read_bytes(), what="A's token map")
-        self.port = free_port()
-        self.metrics_port = free_port()
-        self.state = tmp / "state"
-        self.table_path = tmp / "table.yaml"
-        self.controller: subprocess.Popen[bytes] | None = None
+        self.proxy = ProxyProcess(tmp / "state")
+        self.port, self.state = self.proxy.port, self.proxy.state_dir
 
     def table(self, mode_a: str, mode_b: str, *, a_backends: list[str] | None = None, send_proxy: bool = True) -> None:
         a = a_backends if a_backends is not None else [f"[::1]:{self.a1.port}", f"[::1]:{self.a2.port}"]
-        table = {
-            "listen": self.port, "state_dir": str(self.state), "slots": 4, "check_interval": "300ms",
-            "metrics_listen": f"127.0.0.1:{self.metrics_port}",
-            "routes": [
-                {"host": HOST_A, "mode": mode_a, "publication": str(self.edge_a), "backends": a, "send_proxy": send_proxy},
-                {"host": HOST_B, "mode": mode_b, "publication": str(self.edge_b),
-                 "backends": [f"[::1]:{self.b1.port}"], "send_proxy": send_proxy},
-            ],
-        }
-        self.table_path.write_text(yaml.safe_dump(table))
+        self.proxy.write_table([
+            {"host": HOST_A, "mode": mode_a, "publication": str(self.edge_a), "backends": a, "send_proxy": send_proxy},
+            {"host": HOST_B, "mode": mode_b, "publication": str(self.edge_b),
+             "backends": [f"[::1]:{self.b1.port}"], "send_proxy": send_proxy},
+        ])
 
     def start_proxy(self) -> None:
-        haproxy = require_tool("haproxy", "apt-get install haproxy")
-        log = open(self.tmp / "controller.log", "ab")
-        self.controller = subprocess.Popen(
-            [sys.executable, "-m", "proxy", "run", "--config", str(self.table_path), "--haproxy", haproxy, "--interval", "0.2"],
-            stdout=log, stderr=subprocess.STDOUT)
-        wait_for(lambda: self.all_up(), timeout=20, what="HAProxy up with every backend healthy")
+        self.proxy.start(require_tool("haproxy", "apt-get install haproxy"))
+        wait_for(self.proxy.servers_up, timeout=20, what="every backend healthy")
 
     def runtime(self) -> Runtime:
         return Runtime(self.state / "haproxy.sock")
-
-    def all_up(self) -> bool:
-        try:
-            text = asyncio.run(self.runtime().command("show stat -1 4 -1"))
-        except Exception:
-            return False
-        rows = [line.split(",") for line in text.splitlines() if line and not line.startswith("#")]
-        live = [r for r in rows if r[1].startswith("s") and r[17] not in ("MAINT",)]
-        return bool(live) and all(r[17] == "UP" for r in live)
-
-    def reloads(self) -> int:
-        return asyncio.run(Master(self.state / "master.sock").reloads())
-
-    def controller_metrics(self) -> dict[str, float]:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as response:
-            text = response.read().decode()
-        return {line.rpartition(" ")[0]: float(line.rpartition(" ")[2]) for line in text.splitlines()
-                if line and not line.startswith("#")}
 
     def pointer(self, host: str, token: str, shape: str, pool: str, ca: Path) -> dict:
         return pointer_config(source_url=f"https://{host}:{self.port}", token=token, ca_pem=ca.read_bytes(),
@@ -134,12 +102,7 @@ class Fleet:
         return int(data.split(b" ", 2)[1])
 
     def close(self) -> None:
-        if self.controller is not None and self.controller.poll() is None:
-            self.controller.terminate()
-            try:
-                self.controller.wait(15)
-            except subprocess.TimeoutExpired:
-                self.controller.kill()
+        self.proxy.stop()
         for server in self.servers:
             server.kill()
 
@@ -179,7 +142,7 @@ def test_real_client_boots_through_both_modes_and_shapes_by_sni(fleet: Fleet, tm
     clients = [json.loads(line).get("client") for server in (fleet.a1, fleet.a2, fleet.b1)
                for line in server.logs().splitlines() if '"ignition_server.access"' in line and "/readyz" not in line]
     assert clients and set(clients) == {"127.0.0.1"}, set(clients)
-    assert fleet.reloads() == 0
+    assert fleet.proxy.reloads() == 0
 
 
 def test_forged_tokens_never_reach_a_backend(fleet: Fleet) -> None:
@@ -226,8 +189,8 @@ def test_backend_killed_and_token_rotated_mid_run_fail_no_fetch_and_need_no_relo
         output, _ = proc.communicate(timeout=90)
         run = finish_fetch(proc, output, tmp_path / f"n{i if i < 4 else 10 + i - 4}")
         assert run.returncode == 0, output
-    assert fleet.reloads() == 0  # the map and the dead server went through the runtime API
-    metrics = fleet.controller_metrics()
+    assert fleet.proxy.reloads() == 0  # the map and the dead server went through the runtime API
+    metrics = fleet.proxy.metrics()
     assert metrics["ign_proxy_reloads_total"] == 0
     assert metrics['ign_proxy_runtime_changes_total{kind="map"}'] >= 1
     assert metrics['ign_proxy_token_map_entries{route="r_localhost"}'] == 2
@@ -238,9 +201,9 @@ def test_backend_moves_without_reload_and_key_change_reloads(fleet: Fleet) -> No
     fleet.start_proxy()
     fleet.a1.kill()
     fleet.table("passthrough", "passthrough", a_backends=[f"[::1]:{fleet.a2.port}"])
-    wait_for(lambda: fleet.all_up(), timeout=20, what="the moved backend healthy")
+    wait_for(lambda: fleet.proxy.servers_up(), timeout=20, what="the moved backend healthy")
     wait_for(lambda: fleet.via_proxy(HOST_A, "/config/workers?token=token-a-1") == 200, what="A served by its new replica")
-    assert fleet.reloads() == 0
+    assert fleet.proxy.reloads() == 0
 
 
 def test_over_ipv6_loopback(fleet: Fleet) -> None:
