@@ -5,6 +5,7 @@
   fleet     generate a fleet of token Secrets (bench/fleet.py)
   rerender  serving while NodePools re-render (bench/rerender.py)
   timing    token checks: near miss vs far miss (bench/timing.py)
+  proxy     through ignition-proxy's HAProxy (passthrough, terminate) vs the server alone (bench/proxy.py)
   kube      Kubernetes mode at scale: empty-disk replica, API load per boot and rotation (bench/kube.py)
 """
 
@@ -14,7 +15,7 @@ import importlib
 import signal
 import sys
 
-COMMANDS = {"compare": "bench.compare", "run": "bench.run", "fleet": "bench.fleet", "rerender": "bench.rerender", "kube": "bench.kube", "timing": "bench.timing"}
+COMMANDS = {"compare": "bench.compare", "run": "bench.run", "fleet": "bench.fleet", "rerender": "bench.rerender", "kube": "bench.kube", "timing": "bench.timing", "proxy": "bench.proxy"}
 
 
 def main(argv: list[str]) -> int:
