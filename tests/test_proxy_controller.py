@@ -67,12 +67,13 @@ class Fleet:
         self.proxy = ProxyProcess(tmp / "state")
         self.port, self.state = self.proxy.port, self.proxy.state_dir
 
-    def table(self, mode_a: str, mode_b: str, *, a_backends: list[str] | None = None, send_proxy: bool = True) -> None:
+    def table(self, mode_a: str, mode_b: str, *, a_backends: list[str] | None = None, send_proxy: bool = True,
+              allow_b: list[str] | None = None) -> None:
         a = a_backends if a_backends is not None else [f"[::1]:{self.a1.port}", f"[::1]:{self.a2.port}"]
         self.proxy.write_table([
             {"host": HOST_A, "mode": mode_a, "publication": str(self.edge_a), "backends": a, "send_proxy": send_proxy},
             {"host": HOST_B, "mode": mode_b, "publication": str(self.edge_b),
-             "backends": [f"[::1]:{self.b1.port}"], "send_proxy": send_proxy},
+             "backends": [f"[::1]:{self.b1.port}"], "send_proxy": send_proxy, **({"allow": allow_b} if allow_b else {})},
         ])
 
     def start_proxy(self) -> None:
@@ -211,3 +212,13 @@ def test_over_ipv6_loopback(fleet: Fleet) -> None:
     fleet.start_proxy()
     assert fleet.via_proxy(HOST_A, "/config/workers?token=token-a-1", family=socket.AF_INET6) == 200
     assert fleet.via_proxy(HOST_B, "/config/infra?token=token-b-1", family=socket.AF_INET6, ca=fleet.b1.ca_file) == 200
+
+
+def test_allow_list_closes_a_route_to_other_sources(fleet: Fleet) -> None:
+    fleet.table("terminate", "passthrough", allow_b=["192.0.2.0/24", "2001:db8::/32"])
+    fleet.start_proxy()
+    assert fleet.via_proxy(HOST_A, "/config/workers?token=token-a-1") == 200  # no list on A
+    for family in (socket.AF_INET, socket.AF_INET6):
+        with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
+            fleet.via_proxy(HOST_B, "/config/infra?token=token-b-1", family=family, ca=fleet.b1.ca_file)
+    assert served(fleet.b1, "clusters-b") == 0
