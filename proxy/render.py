@@ -151,12 +151,13 @@ def render_config(table: Table, publications: Mapping[str, Publication]) -> str:
         "    mode tcp",
         f"    bind :::{table.listen} v4v6",
         "    tcp-request inspect-delay 5s",
-        "    tcp-request content accept if { req.ssl_hello_type 1 }",
     ]
+    # Allow-lists before the accept: an accept ends the content rules.
     for route in table.routes:
         if route.allow:
             cidrs = " ".join(str(c) for c in route.allow)
             out.append(f"    tcp-request content reject if {{ req.ssl_sni -i {route.host} }} !{{ src {cidrs} }}")
+    out.append("    tcp-request content accept if { req.ssl_hello_type 1 }")
     for route in table.routes:
         target = route.name if route.mode == "passthrough" else f"{route.name}_loop"
         out.append(f"    use_backend {target} if {{ req.ssl_sni -i {route.host} }}")
