@@ -30,13 +30,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from ignition_server.auth.jwt import DEFAULT_ALLOWED_ACCOUNTS, LEGACY_ISSUER
 # The server publishes its key files (ignition_server.watch.edge); the proxy reads them.
 from ignition_server.watch.edge import PublishedKey as EdgeKey
 from ignition_server.watch.edge import write_key_files
 
-__all__ = ["EdgeKey", "render_edge_config", "token_check_lines", "write_key_files"]
+__all__ = ["EdgeKey", "TokenCheck", "render_edge_config", "token_check_lines", "write_key_files"]
 
 EDGE_ALGORITHMS = ("RS256", "ES256")
 
@@ -140,10 +141,10 @@ def render_edge_config(
     for opt, what in ((bind_options, "bind options"), (server_options, "server options")):
         if any(c in opt for c in "\n\r#\"'"):
             raise ValueError(f"{what} must be a single plain line")
-    checks = token_check_lines(
+    checks = token_check_lines(TokenCheck(
         key_files=key_files, issuers=issuers, allowed_accounts=allowed_accounts, token_param=token_param,
         bearer=bearer, open_paths=open_paths, leeway_seconds=leeway_seconds, token_map=token_map,
-    )
+    ))
     keys = _keys(key_files)
 
     out: list[str] = [
@@ -186,21 +187,26 @@ def render_edge_config(
     return "\n".join(out) + "\n"
 
 
-def token_check_lines(
-    *,
-    key_files: Sequence[str | EdgeKey],
-    issuers: Sequence[str] = (LEGACY_ISSUER,),
-    allowed_accounts: Iterable[tuple[str, str]] = DEFAULT_ALLOWED_ACCOUNTS,
-    token_param: str = "token",
-    bearer: bool = False,
-    open_paths: Sequence[str] = (),
-    leeway_seconds: int = 60,
-    token_map: str | None = None,
-    require_keys: bool = True,
-) -> list[str]:
-    """The ``http-request`` lines of the token check (module doc), for any HTTP frontend.
-    With ``require_keys=False`` and no key files, every JWT is refused (nothing to verify
-    it with) while opaque tokens are still checked against ``token_map``."""
+@dataclass(frozen=True)
+class TokenCheck:
+    """What the edge checks a token against (the module doc): the server's published trust."""
+
+    key_files: Sequence[str | EdgeKey]
+    issuers: Sequence[str] = (LEGACY_ISSUER,)
+    allowed_accounts: Iterable[tuple[str, str]] = DEFAULT_ALLOWED_ACCOUNTS
+    token_param: str = "token"
+    bearer: bool = False
+    open_paths: Sequence[str] = ()
+    leeway_seconds: int = 60
+    token_map: str | None = None
+    require_keys: bool = True  # False: no key files means every JWT is refused, opaque tokens still checked
+
+
+def token_check_lines(check: TokenCheck) -> list[str]:
+    """The ``http-request`` lines of the token check (module doc), for any HTTP frontend."""
+    key_files, issuers, allowed_accounts = check.key_files, check.issuers, check.allowed_accounts
+    token_param, bearer, open_paths = check.token_param, check.bearer, check.open_paths
+    leeway_seconds, token_map, require_keys = check.leeway_seconds, check.token_map, check.require_keys
     keys = _keys(key_files, required=require_keys)
     iss = [_word(i, "issuer") for i in issuers]
     if not iss:

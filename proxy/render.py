@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from .edge import token_check_lines
+from .edge import TokenCheck, token_check_lines
 from .publication import Publication
 from .table import Backend, Route, Table
 
@@ -96,10 +96,10 @@ def _terminate(table: Table, route: Route, publication: Publication) -> list[str
     ca = _ca(route, publication)
     if ca is None:
         raise ValueError(f"route {route.host}: no CA to verify the backends (publication has none; set backend_ca)")
-    checks = token_check_lines(
+    checks = token_check_lines(TokenCheck(
         key_files=list(publication.keys), issuers=list(publication.issuers) or ["kubernetes/serviceaccount"],
         bearer=True, open_paths=OPEN_PATHS, token_map=str(map_path(table, route)), require_keys=False,
-    )
+    ))
     sock = loop_socket(table, route)
     return [
         f"backend {route.name}_loop",
