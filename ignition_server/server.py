@@ -169,7 +169,7 @@ class IgnitionServer:
         host = "127.0.0.1" if settings.listen[0] in ("0.0.0.0", "::", "") else settings.listen[0]
         writer = EdgePublisher(
             verifier=verifier, directory=settings.edge_dir,
-            backend=f"{host}:{settings.listen[1]}",
+            backend=f"[{host}]:{settings.listen[1]}" if ":" in host else f"{host}:{settings.listen[1]}",
             cert_pem=self.tls_files.cert.read_bytes() + self.tls_files.key.read_bytes(),
             ca_file=self.tls_files.ca, token_map=settings.edge_token_map,
         )

@@ -150,3 +150,12 @@ def test_only_trusted_peers_may_announce_an_address(tmp_path: Path) -> None:
         assert '"client": "127.0.0.1"' in server.logs()
     finally:
         server.kill()
+
+
+def test_pointer_urls_keep_ipv6_literals_bracketed() -> None:
+    from ignition_server.render.userdata import pointer_config
+
+    for shape, path in (("mcs", "/config/workers?token=t-1"), ("hypershift", "/ignition")):
+        pointer = pointer_config(source_url="https://[fd00::1]:9090", token="t-1", ca_pem=b"x", shape=shape,
+                                 nodepool="clusters-a/workers")
+        assert pointer["ignition"]["config"]["merge"][0]["source"] == "https://[fd00::1]:9090" + path
