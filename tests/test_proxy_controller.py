@@ -222,3 +222,35 @@ def test_allow_list_closes_a_route_to_other_sources(fleet: Fleet) -> None:
         with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
             fleet.via_proxy(HOST_B, "/config/infra?token=token-b-1", family=family, ca=fleet.b1.ca_file)
     assert served(fleet.b1, "clusters-b") == 0
+
+
+def served_certificate(port: int, host: str, ca: Path) -> bytes:
+    context = ssl.create_default_context(cafile=str(ca))
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+        with context.wrap_socket(raw, server_hostname=host) as tls:
+            return tls.getpeercert(binary_form=True) or b""
+
+
+def test_new_certificate_is_served_without_a_reload(fleet: Fleet, tmp_path: Path) -> None:
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import Encoding
+
+    from ignition_server.http.tls import ensure_self_signed
+
+    fleet.table("terminate", "passthrough")
+    fleet.start_proxy()
+    before = served_certificate(fleet.port, HOST_A, fleet.a1.ca_file)
+    # A new serving certificate from the same CA, published as the server would.
+    issuer = tmp_path / "issuer"
+    issuer.mkdir()
+    for name in ("ca.crt", "ca.key"):
+        (issuer / name).write_bytes((fleet.a1.cache_dir / "tls" / name).read_bytes())
+    files = ensure_self_signed(issuer, None)
+    (fleet.edge_a / "edge.pem").write_bytes(files.cert.read_bytes() + files.key.read_bytes())
+    new = x509.load_pem_x509_certificate(files.cert.read_bytes()).public_bytes(Encoding.DER)
+    assert new != before
+    wait_for(lambda: served_certificate(fleet.port, HOST_A, fleet.a1.ca_file) == new, timeout=20,
+             what="HAProxy serving the new certificate")
+    assert fleet.via_proxy(HOST_A, "/config/workers?token=token-a-1") == 200
+    assert fleet.proxy.reloads() == 0
+    assert fleet.proxy.metrics()['ign_proxy_runtime_changes_total{kind="cert"}'] >= 1
