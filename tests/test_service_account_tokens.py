@@ -146,6 +146,7 @@ def test_token_secret_and_signing_key_rotations_overlap(cluster_pair) -> None:
 def test_edge_haproxy_config_follows_key_rotations(tmp_path: Path) -> None:
     import json
     import ssl
+    import threading
     import urllib.error
     import urllib.request
 
@@ -190,6 +191,23 @@ def test_edge_haproxy_config_follows_key_rotations(tmp_path: Path) -> None:
         assert proc.metrics().get('ign_server_get_request{nodePool="clusters/workers"}') == served  # stopped at the edge
         # Key rotation: the publication holds both keys, then only the new one; HAProxy 2.6
         # loads jwt_verify keys with its config, so the controller reloads for each (counted).
+        # Nodes keep booting through both reloads: every request during them is answered.
+        statuses: list[int | str] = []
+        stop = threading.Event()
+
+        def keep_booting() -> None:
+            while not stop.is_set():
+                request = urllib.request.Request(f"https://localhost:{proxy.port}/config/workers?token=opaque")
+                try:
+                    with urllib.request.urlopen(request, context=context, timeout=10) as response:
+                        statuses.append(response.status)
+                except urllib.error.HTTPError as error:
+                    statuses.append(error.code)
+                except OSError as error:
+                    statuses.append(type(error).__name__)
+
+        booting = threading.Thread(target=keep_booting, daemon=True)
+        booting.start()
         new_key = ec.generate_private_key(ec.SECP256R1())
         documents = list(yaml.safe_load_all((source / "a.yaml").read_text()))
         documents[0]["data"]["sa.pub"] = public_pem(new_key)
@@ -198,8 +216,11 @@ def test_edge_haproxy_config_follows_key_rotations(tmp_path: Path) -> None:
         wait_for(lambda: via_edge(new_token) == 200, what="the edge trusting the new key")
         wait_for(lambda: via_edge(good) == 403, timeout=OVERLAP + 15, what="the edge dropping the old key after the overlap")
         assert via_edge(new_token) == 200
+        stop.set()
+        booting.join(15)
         reloads = proxy.reloads()
         assert reloads >= 1 and proxy.metrics()["ign_proxy_reloads_total"] == reloads
+        assert len(statuses) > 10 and set(statuses) == {200}, sorted(set(map(str, statuses)))  # no dropped connection
     finally:
         proxy.stop()
         proc.kill()
