@@ -13,6 +13,8 @@ from typing import Sequence
 
 from aiohttp import web
 
+from ignition_server.sources.kube.client import KubeClient
+
 from .controller import Controller, read_desired
 from .publication import PublicationError
 from .render import render_config
@@ -35,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help=f"the routing table (YAML) [env {ENV_PREFIX}CONFIG]")
         if name == "run":
             sub.add_argument("--haproxy", default=_env("--haproxy", "haproxy"), help=f"HAProxy binary [env {ENV_PREFIX}HAPROXY]")
+            sub.add_argument("--kubeconfig", default=_env("--kubeconfig"),
+                             help=f"for routes with endpoints (default: in-cluster) [env {ENV_PREFIX}KUBECONFIG]")
             sub.add_argument("--interval", type=float, default=float(_env("--interval", "0.5") or 0.5),
                              help=f"seconds between syncs [env {ENV_PREFIX}INTERVAL]")
     return parser
@@ -56,18 +60,23 @@ async def _serve_metrics(controller: Controller, listen: str) -> web.AppRunner:
 
 
 async def _run(args: argparse.Namespace) -> int:
-    controller = Controller(Path(args.config), haproxy=args.haproxy, interval=args.interval)
+    table = (await asyncio.to_thread(read_desired, Path(args.config))).table
+    kube = None
+    if any(route.endpoints for route in table.routes):
+        kube = await KubeClient.connect(Path(args.kubeconfig) if args.kubeconfig else None)
+    controller = Controller(Path(args.config), haproxy=args.haproxy, interval=args.interval, kube=kube)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    table = (await asyncio.to_thread(read_desired, Path(args.config))).table
     runner = await _serve_metrics(controller, table.metrics_listen) if table.metrics_listen else None
     try:
         await controller.run(stop)
     finally:
         if runner is not None:
             await runner.cleanup()
+        if kube is not None:
+            await kube.close()
     return 0
 
 

@@ -27,6 +27,9 @@ from pathlib import Path
 
 from payload_cache.fsio import atomic_write, make_dir
 
+from ignition_server.sources.kube.client import KubeClient, KubeError
+
+from .endpoints import list_backends
 from .metrics import ProxyMetrics
 from .publication import Publication, PublicationError, parse_token_map, read_publication
 from .render import cert_path, map_path, master_socket, render_config, server_name, stats_socket
@@ -87,6 +90,7 @@ class Controller:
     haproxy: str = "haproxy"
     interval: float = 0.5
     metrics: ProxyMetrics = field(default_factory=ProxyMetrics)
+    kube: KubeClient | None = None  # for routes whose backends come from EndpointSlices
     process: subprocess.Popen[bytes] | None = None
     current: Desired | None = None
     _structure: str = ""
@@ -112,8 +116,32 @@ class Controller:
                 atomic_write(path, desired.certs[route.name], 0o600)
         atomic_write(table.state_dir / "haproxy.cfg", render_config(table, desired.publications).encode(), 0o600)
 
-    async def start(self) -> None:
+    async def _read(self) -> Desired:
         desired = await asyncio.to_thread(read_desired, self.config)
+        routes = []
+        for route in desired.table.routes:
+            if route.endpoints is not None:
+                if self.kube is None:
+                    raise TableError(f"route {route.host}: endpoints need a Kubernetes client (--kubeconfig or in-cluster)")
+                try:
+                    found = await list_backends(self.kube, route.endpoints)
+                except (KubeError, OSError, asyncio.TimeoutError) as error:
+                    # The API is away: keep the servers HAProxy has (health checks still eject dead ones).
+                    self.metrics.input_errors.inc()
+                    log.warning("route %s: EndpointSlices not read (%s); keeping its servers", route.host, error)
+                    known = self.current.table.route(route.host).backends if self.current else ()
+                    found = known
+                merged = tuple(dict.fromkeys(route.backends + found))
+                if len(merged) > desired.table.slots:
+                    self.metrics.input_errors.inc()
+                    log.warning("route %s: %d endpoints, %d slots: the first ones used", route.host, len(merged), desired.table.slots)
+                    merged = merged[: desired.table.slots]
+                route = dataclasses.replace(route, backends=merged)
+            routes.append(route)
+        return dataclasses.replace(desired, table=dataclasses.replace(desired.table, routes=tuple(routes)))
+
+    async def start(self) -> None:
+        desired = await self._read()
         self._write_files(desired)
         for sock in (master_socket(desired.table), stats_socket(desired.table)):
             if sock.exists():
@@ -147,7 +175,7 @@ class Controller:
         """Read everything once and bring HAProxy in step."""
         assert self.current is not None
         try:
-            desired = await asyncio.to_thread(read_desired, self.config)
+            desired = await self._read()
             structure = desired.structure()
         except (TableError, PublicationError, ValueError, OSError) as error:
             self.metrics.input_errors.inc()

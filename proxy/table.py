@@ -54,6 +54,15 @@ class Backend:
 
 
 @dataclass(frozen=True)
+class Endpoints:
+    """A Service whose EndpointSlices give a route's backends (Kubernetes mode)."""
+
+    namespace: str
+    service: str
+    port: int | str  # the target port, or its name in the slices
+
+
+@dataclass(frozen=True)
 class Route:
     host: str
     mode: str
@@ -62,6 +71,7 @@ class Route:
     allow: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
     send_proxy: bool = False
     backend_ca: Path | None = None  # verifies the backends when re-encrypting (default: the publication's CA)
+    endpoints: Endpoints | None = None
 
     @property
     def name(self) -> str:
@@ -112,10 +122,24 @@ def _path(value: Any, what: str) -> Path:
     return Path(value)
 
 
+def _endpoints(value: Any, host: str) -> Endpoints | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) - {"namespace", "service", "port"}:
+        raise TableError(f"route {host}: endpoints takes namespace, service and port")
+    namespace, service, port = value.get("namespace"), value.get("service"), value.get("port")
+    for what, name in (("namespace", namespace), ("service", service)):
+        if not isinstance(name, str) or not re.match(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$", name):
+            raise TableError(f"route {host}: endpoints {what} {name!r} is not a Kubernetes name")
+    if not (isinstance(port, int) and 0 < port < 65536) and not (isinstance(port, str) and re.match(r"^[a-z0-9-]{1,15}$", port)):
+        raise TableError(f"route {host}: endpoints port {port!r} must be a port number or name")
+    return Endpoints(namespace, service, port)
+
+
 def _route(item: Any, index: int) -> Route:
     if not isinstance(item, dict):
         raise TableError(f"routes[{index}] must be a mapping")
-    unknown = set(item) - {"host", "mode", "backends", "publication", "allow", "send_proxy", "backend_ca"}
+    unknown = set(item) - {"host", "mode", "backends", "publication", "allow", "send_proxy", "backend_ca", "endpoints"}
     if unknown:
         raise TableError(f"routes[{index}]: unknown keys {sorted(unknown)}")
     host = item.get("host")
@@ -124,9 +148,10 @@ def _route(item: Any, index: int) -> Route:
     mode = item.get("mode", "passthrough")
     if mode not in MODES:
         raise TableError(f"route {host}: mode {mode!r} must be one of {', '.join(MODES)}")
-    backends = item.get("backends")
-    if not isinstance(backends, list) or not backends:
-        raise TableError(f"route {host}: backends must be a non-empty list of host:port")
+    endpoints = _endpoints(item.get("endpoints"), host)
+    backends = item.get("backends", [] if endpoints else None)
+    if not isinstance(backends, list) or not (backends or endpoints):
+        raise TableError(f"route {host}: backends must be a non-empty list of host:port (or give endpoints)")
     try:
         allow = tuple(ipaddress.ip_network(str(c), strict=False) for c in item.get("allow") or ())
     except ValueError as error:
@@ -138,6 +163,7 @@ def _route(item: Any, index: int) -> Route:
     return Route(
         host=host.lower(), mode=mode, backends=tuple(parse_backend(b) for b in backends),
         publication=publication, allow=allow, send_proxy=bool(item.get("send_proxy", False)), backend_ca=backend_ca,
+        endpoints=endpoints,
     )
 
 

@@ -299,10 +299,11 @@ class ProxyProcess:
         self.table_path.parent.mkdir(parents=True, exist_ok=True)
         self.table_path.write_text(yaml.safe_dump(table))
 
-    def start(self, haproxy: str) -> "ProxyProcess":
+    def start(self, haproxy: str, *extra: str) -> "ProxyProcess":
         log = open(self.state_dir.parent / "controller.log", "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "proxy", "run", "--config", str(self.table_path), "--haproxy", haproxy, "--interval", "0.2"],
+            [sys.executable, "-m", "proxy", "run", "--config", str(self.table_path), "--haproxy", haproxy, "--interval", "0.2",
+             *extra],
             stdout=log, stderr=subprocess.STDOUT)
         wait_for(lambda: self.runtime_command("show info"), timeout=20, what="HAProxy's stats socket")
         return self

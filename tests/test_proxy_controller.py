@@ -254,3 +254,38 @@ def test_new_certificate_is_served_without_a_reload(fleet: Fleet, tmp_path: Path
     assert fleet.via_proxy(HOST_A, "/config/workers?token=token-a-1") == 200
     assert fleet.proxy.reloads() == 0
     assert fleet.proxy.metrics()['ign_proxy_runtime_changes_total{kind="cert"}'] >= 1
+
+
+def endpoint_slice(name: str, port: int, ready: bool = True) -> dict:
+    return {
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv6",
+        "metadata": {"name": name, "namespace": "ignition", "labels": {"kubernetes.io/service-name": "ignition-server"}},
+        "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
+        "endpoints": [{"addresses": ["::1"], "conditions": {"ready": ready}}],
+    }
+
+
+def test_backends_follow_endpointslices_without_reload(fleet: Fleet, tmp_path: Path) -> None:
+    """Kubernetes mode: route A's servers are the ready endpoints of the Service's
+    EndpointSlices (a real API server speaking the Kubernetes protocol, tests/kubeapi)."""
+    from kubeapi import KubeAPI
+
+    with KubeAPI(tmp_path / "kubeapi") as api:
+        api.namespace("ignition")
+        api.create(endpoint_slice("ignition-server-a1", fleet.a1.port))
+        fleet.proxy.write_table([
+            {"host": HOST_A, "mode": "terminate", "publication": str(fleet.edge_a), "send_proxy": True,
+             "endpoints": {"namespace": "ignition", "service": "ignition-server", "port": "https"}},
+            {"host": HOST_B, "mode": "passthrough", "backends": [f"[::1]:{fleet.b1.port}"], "send_proxy": True},
+        ])
+        fleet.proxy.start(require_tool("haproxy", "apt-get install haproxy"), "--kubeconfig", str(api.kubeconfig))
+        wait_for(fleet.proxy.servers_up, timeout=20, what="the endpoint's server healthy")
+        assert fleet.via_proxy(HOST_A, "/config/workers?token=token-a-1") == 200
+        assert served(fleet.a1, "clusters-a/workers") == 1 and served(fleet.a2, "clusters-a/workers") == 0
+        # A pod goes, another comes: one slice not ready, a new one ready.
+        fleet.a1.kill()
+        api.replace(endpoint_slice("ignition-server-a1", fleet.a1.port, ready=False))
+        api.create(endpoint_slice("ignition-server-a2", fleet.a2.port))
+        wait_for(lambda: fleet.via_proxy(HOST_A, "/config/workers?token=token-a-1") == 200
+                 and served(fleet.a2, "clusters-a/workers") >= 1, timeout=20, what="A served by the new endpoint")
+        assert fleet.proxy.reloads() == 0

@@ -159,3 +159,27 @@ def test_pointer_urls_keep_ipv6_literals_bracketed() -> None:
         pointer = pointer_config(source_url="https://[fd00::1]:9090", token="t-1", ca_pem=b"x", shape=shape,
                                  nodepool="clusters-a/workers")
         assert pointer["ignition"]["config"]["merge"][0]["source"] == "https://[fd00::1]:9090" + path
+
+
+def test_endpointslices_give_ready_addresses_with_the_named_port() -> None:
+    from proxy.endpoints import backends_from_slices
+
+    slices = [
+        {"ports": [{"name": "https", "port": 9090}], "endpoints": [
+            {"addresses": ["10.0.0.7"], "conditions": {"ready": True}},
+            {"addresses": ["10.0.0.8"], "conditions": {"ready": False}},  # terminating or not ready yet
+            {"addresses": ["10.0.0.6"]}]},  # no conditions: ready
+        {"ports": [{"name": "metrics", "port": 8080}], "endpoints": [{"addresses": ["10.0.0.9"]}]},
+        {"ports": [{"name": "https", "port": 9443}], "endpoints": [{"addresses": ["fd00::5", "not-an-ip"]}]},
+    ]
+    assert [str(b) for b in backends_from_slices(slices, "https")] == ["10.0.0.6:9090", "10.0.0.7:9090", "[fd00::5]:9443"]
+    assert len(backends_from_slices(slices, 9090)) == 4  # a number: every slice, ready ones only
+
+
+def test_endpoints_routes_in_the_table() -> None:
+    base = "state_dir: /tmp/s\nroutes:\n- host: a.example.com\n  endpoints: {namespace: ignition, service: ignition-server, port: %s}\n"
+    route = load_table(base % "https").routes[0]
+    assert route.backends == () and route.endpoints is not None and route.endpoints.port == "https"
+    for bad in ("Not_A_Port", "0"):
+        with pytest.raises(TableError, match="endpoints port"):
+            load_table(base % bad)
