@@ -7,6 +7,7 @@
   rerender  serving while NodePools re-render (bench/rerender.py)
   hotpath   what one request costs, step by step (bench/hotpath.py)
   timing    token checks: near miss vs far miss (bench/timing.py)
+  proxy     through ignition-proxy's HAProxy (passthrough, terminate) vs the server alone (bench/proxy.py)
   kube      Kubernetes mode at scale: empty-disk replica, API load per boot and rotation (bench/kube.py)
   releases  5,280 NodePools over 10 releases from a real registry: each release read once (bench/releases.py)
 """
@@ -19,7 +20,7 @@ import sys
 
 COMMANDS = {"compare": "bench.compare", "releases": "bench.releases", "run": "bench.run", "fleet": "bench.fleet",
             "rerender": "bench.rerender", "kube": "bench.kube", "timing": "bench.timing", "storm": "bench.storm",
-            "hotpath": "bench.hotpath"}
+            "hotpath": "bench.hotpath", "proxy": "bench.proxy"}
 
 
 def main(argv: list[str]) -> int:

@@ -66,10 +66,11 @@ def build_client(work: Path) -> Path:
 
 
 def run_client(binary: Path, port: int, ca: Path | None, seconds: float, connections: int, mode: str,
-               headers: list[str]) -> dict[str, Any]:
+               headers: list[str], sni: str | None = None) -> dict[str, Any]:
     argv = [str(binary), "127.0.0.1", str(port), str(ca) if ca else "-", str(seconds), str(connections),
             "close" if mode == "storm" else "keepalive", "/ignition", *headers]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 120, check=True)
+    env = {**os.environ, "LOADCLIENT_SNI": sni} if sni else None
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 120, check=True, env=env)
     return json.loads(done.stdout)
 
 

@@ -155,7 +155,9 @@ static SSL *tls_open(int *fd_out) {
     if (fd < 0) return NULL;
     SSL *ssl = SSL_new(ctx);
     SSL_set_fd(ssl, fd);
-    SSL_set_tlsext_host_name(ssl, "127.0.0.1");
+    /* The SNI name: a front proxy routes on it (LOADCLIENT_SNI, e.g. `python -m bench proxy`). */
+    const char *sni = getenv("LOADCLIENT_SNI");
+    SSL_set_tlsext_host_name(ssl, (char *)(sni && *sni ? sni : "127.0.0.1"));
     if (SSL_connect(ssl) != 1) {
         SSL_free(ssl);
         close(fd);

@@ -26,6 +26,7 @@ from .config import (
     ServeSettings,
     TLSSettings,
     parse_duration,
+    parse_cidrs,
     parse_hostport,
 )
 
@@ -87,8 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add(serve, "--fips", action="store_true", help="only FIPS-approved TLS algorithms (AES-GCM, SHA-2; no ChaCha20)")
     _add(serve, "--token-ttl", default="11h", help="token lifetime; rotation at half of it (e.g. 6s, 11h)")
     _add(serve, "--service-account-overlap", default="1h", help="how long a replaced service-account key or token Secret stays accepted")
-    _add(serve, "--edge-dir", help="write an HAProxy edge config checking service-account JWTs here")
-    _add(serve, "--edge-bind", default="0.0.0.0:9443", help="HOST:PORT the edge HAProxy listens on")
+    _add(serve, "--edge-dir", help="publish what a front proxy (ignition-proxy) needs to check tokens here")
+    _add(serve, "--proxy-protocol-from", default="", help="CIDRs (comma-separated) whose connections start with a PROXY v1/v2 header; empty: off")
     _add(serve, "--public-url", help="URL pointer configs use (also the self-made certificate's name)")
     _add_node_proxy(serve)
     _add(serve, "--cache-key-file", help="key file outside the cache dir (default: <cache-dir>.key)")
@@ -188,7 +189,7 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         token_ttl=parse_duration(args.token_ttl),
         service_account_overlap=parse_duration(args.service_account_overlap),
         edge_dir=Path(args.edge_dir) if args.edge_dir else None,
-        edge_bind=args.edge_bind,
+        proxy_protocol_from=parse_cidrs(args.proxy_protocol_from),
         public_url=args.public_url,
         node_http_proxy=node_proxy(args).get("httpProxy", ""),
         node_https_proxy=node_proxy(args).get("httpsProxy", ""),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +13,8 @@ DEFAULT_LISTEN = "0.0.0.0:9090"  # HyperShift's ignition server port
 DEFAULT_METRICS_LISTEN = "0.0.0.0:8080"  # HyperShift's metrics port
 DEFAULT_TOKEN_TTL = 11 * 3600.0  # HyperShift's token TTL
 SUPERSEDED_GRACE = 2 * 3600.0  # an outdated token Secret stays valid this long (DESIGN §3)
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -34,6 +37,18 @@ def parse_duration(text: str) -> float:
     if seconds <= 0:
         raise ValueError(f"a duration must be positive: {text!r}")
     return seconds
+
+
+def parse_cidrs(text: str) -> tuple[IPNetwork, ...]:
+    """'10.0.0.0/8,fd00::/8' (or plain addresses) to networks; '' to none."""
+    out: list[IPNetwork] = []
+    for part in (p.strip() for p in text.split(",")):
+        if part:
+            try:
+                out.append(ipaddress.ip_network(part, strict=False))
+            except ValueError:
+                raise ValueError(f"not a CIDR: {part!r}") from None
+    return tuple(out)
 
 
 def parse_hostport(text: str, default_port: int) -> tuple[str, int]:
@@ -86,9 +101,10 @@ class ServeSettings:
     token_ttl: float = DEFAULT_TOKEN_TTL
     # How long a replaced service-account signing key or token Secret stays accepted.
     service_account_overlap: float = 3600.0
-    # Where to keep the edge HAProxy config for service-account JWTs (None: no edge).
+    # Where to publish what a front proxy needs to check tokens (None: nothing published).
     edge_dir: Path | None = None
-    edge_bind: str = "0.0.0.0:9443"
+    # Peers trusted to start a connection with a PROXY header (the front proxy's addresses).
+    proxy_protocol_from: tuple[IPNetwork, ...] = ()
     public_url: str | None = None
     # The proxy a booting node needs to reach public_url: pointer configs carry it as
     # `ignition.proxy` (httpProxy, httpsProxy, noProxy); "" / () when none.

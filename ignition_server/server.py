@@ -43,7 +43,7 @@ from .registry.resolver import ReleaseStore
 from .registry.setup import open_resolver
 from .watch.reconciler import Reconciler, Renderer
 from .watch.releases import Releases
-from .watch.edge import EdgeWriter
+from .watch.edge import EdgePublisher
 from .watch.outputs import PointerSettings, TokenOutputs
 from .watch.trust import TrustWatcher
 from .workers.pool import WorkerPool
@@ -221,12 +221,13 @@ class IgnitionServer:
         if settings.edge_dir is None or self.tls_files is None:
             return lambda: None
         host = "127.0.0.1" if settings.listen[0] in ("0.0.0.0", "::", "") else settings.listen[0]
-        writer = EdgeWriter(
-            verifier=verifier, directory=settings.edge_dir, bind=settings.edge_bind,
-            backend=f"{host}:{settings.listen[1]}",
+        writer = EdgePublisher(
+            verifier=verifier, directory=settings.edge_dir,
+            backend=f"[{host}]:{settings.listen[1]}" if ":" in host else f"{host}:{settings.listen[1]}",
             cert_pem=self.tls_files.cert.read_bytes() + self.tls_files.key.read_bytes(),
             ca_file=self.tls_files.ca, token_map=settings.edge_token_map,
         )
+        writer.keys_changed()  # published at start too: opaque-token clusters have no keys to announce it
         return writer.keys_changed
 
     def _pointer_settings(self) -> PointerSettings | None:
@@ -256,7 +257,8 @@ class IgnitionServer:
     async def _start(self, app: web.Application, listen: tuple[str, int], ssl_context: ssl.SSLContext | None, name: str,
                      guard: ConnectionGuard | None = None) -> web.AppRunner:
         runner, self.ports[name] = await start_site(app, listen, ssl_context, guard=guard,
-                                                    shutdown_timeout=self.settings.shutdown_timeout)
+                                                    shutdown_timeout=self.settings.shutdown_timeout,
+                                                    proxy_from=self.settings.proxy_protocol_from)
         return runner
 
     async def _run_source(self, source: Source, reconciler: Reconciler) -> None:

@@ -282,3 +282,75 @@ def ignition_files_stage(
         capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
     )
     return res, root
+
+
+@dataclass
+class ProxyProcess:
+    """`ignition-proxy run` (the controller, which runs the real HAProxy) on a routing table."""
+
+    state_dir: Path
+    port: int = field(default_factory=free_port)
+    metrics_port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def table_path(self) -> Path:
+        return self.state_dir.parent / "table.yaml"
+
+    def write_table(self, routes: list[dict[str, Any]], **extra: Any) -> None:
+        table = {"listen": self.port, "state_dir": str(self.state_dir), "slots": 4, "check_interval": "300ms",
+                 "metrics_listen": f"127.0.0.1:{self.metrics_port}", "routes": routes, **extra}
+        self.table_path.parent.mkdir(parents=True, exist_ok=True)
+        self.table_path.write_text(yaml.safe_dump(table))
+
+    def start(self, haproxy: str, *extra: str) -> "ProxyProcess":
+        log = open(self.state_dir.parent / "controller.log", "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "proxy", "run", "--config", str(self.table_path), "--haproxy", haproxy, "--interval", "0.2",
+             *extra],
+            stdout=log, stderr=subprocess.STDOUT)
+        wait_for(lambda: self.runtime_command("show info"), timeout=20, what="HAProxy's stats socket")
+        return self
+
+    def runtime_command(self, line: str, master: bool = False) -> str:
+        path = self.state_dir / ("master.sock" if master else "haproxy.sock")
+        try:
+            with socket.socket(socket.AF_UNIX) as sock:
+                sock.settimeout(5)
+                sock.connect(str(path))
+                sock.sendall(line.encode() + b"\n")
+                sock.shutdown(socket.SHUT_WR)
+                data = b""
+                while chunk := sock.recv(65536):
+                    data += chunk
+                return data.decode()
+        except OSError:
+            return ""
+
+    def reloads(self) -> int:
+        for line in self.runtime_command("show proc", master=True).splitlines():
+            parts = line.split()
+            if len(parts) >= 3 and parts[1] == "master":
+                return int(parts[2])
+        raise AssertionError("no master line in show proc")
+
+    def servers_up(self) -> bool:
+        rows = [r.split(",") for r in self.runtime_command("show stat -1 4 -1").splitlines() if r and not r.startswith("#")]
+        # Slots (s0, s1, ...) not in maintenance; the terminate loop server has no check.
+        live = [r for r in rows if len(r) > 17 and r[1].startswith("s") and r[17] != "MAINT"]
+        return bool(live) and all(r[17] == "UP" for r in live)
+
+    def metrics(self) -> dict[str, float]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+        return {line.rpartition(" ")[0]: float(line.rpartition(" ")[2]) for line in text.splitlines()
+                if line and not line.startswith("#")}
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()

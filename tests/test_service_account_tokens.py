@@ -144,15 +144,15 @@ def test_token_secret_and_signing_key_rotations_overlap(cluster_pair) -> None:
 
 @pytest.mark.haproxy
 def test_edge_haproxy_config_follows_key_rotations(tmp_path: Path) -> None:
+    import json
     import ssl
-    import subprocess
+    import threading
     import urllib.error
     import urllib.request
 
     import yaml
 
-    from harness import free_port, wait_for_port
-
+    from harness import ProxyProcess
     from realtools import require_tool
 
     require_tool("haproxy", "apt-get install haproxy")
@@ -164,19 +164,20 @@ def test_edge_haproxy_config_follows_key_rotations(tmp_path: Path) -> None:
         build_token_secret(namespace="clusters-a", nodepool="clusters/workers", token="opaque",
                            machineconfigs_yaml=EXAMPLE_MACHINECONFIG.format(name="workers"), generation_time=time.time()),
     )
-    edge_dir, edge_port = tmp_path / "edge", free_port()
+    edge_dir = tmp_path / "edge"
     proc = ServerProcess(source, tmp_path / "cache", extra=[
-        "--service-account-overlap", f"{OVERLAP}s", "--edge-dir", str(edge_dir), "--edge-bind", f"127.0.0.1:{edge_port}"]).start()
-    config = edge_dir / "haproxy.cfg"
-    wait_for(lambda: config.exists() and "jwt_verify" in config.read_text(), what="the edge config")
-    assert subprocess.run(["haproxy", "-c", "-f", str(config)], capture_output=True).returncode == 0
-    haproxy = subprocess.Popen(["haproxy", "-db", "-f", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        "--service-account-overlap", f"{OVERLAP}s", "--edge-dir", str(edge_dir)]).start()
+    publication = edge_dir / "publication.json"
+    wait_for(lambda: publication.exists() and len(json.loads(publication.read_text())["keys"]) == 1, what="the publication")
+    proxy = ProxyProcess(tmp_path / "proxy" / "state")
+    proxy.write_table([{"host": "localhost", "mode": "terminate", "publication": str(edge_dir),
+                        "backends": [f"127.0.0.1:{proc.port}"]}])
     try:
-        wait_for_port(edge_port)
+        proxy.start(require_tool("haproxy", "apt-get install haproxy"))
         context = ssl.create_default_context(cafile=str(proc.ca_file))
 
         def via_edge(token: str) -> int:
-            request = urllib.request.Request(f"https://127.0.0.1:{edge_port}/config/workers?token={url_token(token)}")
+            request = urllib.request.Request(f"https://localhost:{proxy.port}/config/workers?token={url_token(token)}")
             try:
                 with urllib.request.urlopen(request, context=context, timeout=10) as response:
                     return response.status
@@ -184,30 +185,44 @@ def test_edge_haproxy_config_follows_key_rotations(tmp_path: Path) -> None:
                 return error.code
 
         good = legacy_jwt(key, "node-bootstrapper-token-one")
-        assert via_edge(good) == 200
+        wait_for(lambda: via_edge(good) == 200, what="served through the proxy")
         served = proc.metrics().get('ign_server_get_request{nodePool="clusters/workers"}')
         assert via_edge(legacy_jwt(rsa.generate_private_key(public_exponent=65537, key_size=2048), "x")) == 403
         assert proc.metrics().get('ign_server_get_request{nodePool="clusters/workers"}') == served  # stopped at the edge
-        # Key rotation: the edge config is regenerated with both keys, then only the new one.
+        # Key rotation: the publication holds both keys, then only the new one; HAProxy 2.6
+        # loads jwt_verify keys with its config, so the controller reloads for each (counted).
+        # Nodes keep booting through both reloads: every request during them is answered.
+        statuses: list[int | str] = []
+        stop = threading.Event()
+
+        def keep_booting() -> None:
+            while not stop.is_set():
+                request = urllib.request.Request(f"https://localhost:{proxy.port}/config/workers?token=opaque")
+                try:
+                    with urllib.request.urlopen(request, context=context, timeout=10) as response:
+                        statuses.append(response.status)
+                except urllib.error.HTTPError as error:
+                    statuses.append(error.code)
+                except OSError as error:
+                    statuses.append(type(error).__name__)
+
+        booting = threading.Thread(target=keep_booting, daemon=True)
+        booting.start()
         new_key = ec.generate_private_key(ec.SECP256R1())
         documents = list(yaml.safe_load_all((source / "a.yaml").read_text()))
         documents[0]["data"]["sa.pub"] = public_pem(new_key)
         write_manifests(source / "a.yaml", *documents)
-        def edge_holds(count: int) -> bool:  # key files are written first, then the config
-            keys = len(list((edge_dir / "keys").glob("*.pem")))
-            return keys == count and config.read_text().count("jwt_verify(") == count
-
-        wait_for(lambda: edge_holds(2), what="the edge trusting both keys")
-        wait_for(lambda: edge_holds(1), timeout=OVERLAP + 15, what="the edge dropping the old key after the overlap")
-        haproxy.kill()  # restart with the regenerated config (a reload, for this test)
-        haproxy.wait()
-        haproxy = subprocess.Popen(["haproxy", "-db", "-f", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for_port(edge_port)
-        assert via_edge(legacy_jwt(new_key, "node-bootstrapper-token-one", alg="ES256")) == 200
-        assert via_edge(good) == 403  # the old key's window is over: refused at the edge
+        new_token = legacy_jwt(new_key, "node-bootstrapper-token-one", alg="ES256")
+        wait_for(lambda: via_edge(new_token) == 200, what="the edge trusting the new key")
+        wait_for(lambda: via_edge(good) == 403, timeout=OVERLAP + 15, what="the edge dropping the old key after the overlap")
+        assert via_edge(new_token) == 200
+        stop.set()
+        booting.join(15)
+        reloads = proxy.reloads()
+        assert reloads >= 1 and proxy.metrics()["ign_proxy_reloads_total"] == reloads
+        assert len(statuses) > 10 and set(statuses) == {200}, sorted(set(map(str, statuses)))  # no dropped connection
     finally:
-        haproxy.kill()
-        haproxy.wait()
+        proxy.stop()
         proc.kill()
 
 
@@ -217,11 +232,10 @@ def test_edge_passes_every_token_the_server_accepts(tmp_path: Path) -> None:
     legacy and bound service-account JWTs (the bound one with the cluster's own issuer) and
     opaque tokens (checked against the server's token map), both request shapes."""
     import ssl
-    import subprocess
     import urllib.error
     import urllib.request
 
-    from harness import free_port, wait_for_port
+    from harness import ProxyProcess
     from realtools import require_tool
 
     haproxy_bin = require_tool("haproxy", "apt-get install haproxy")
@@ -236,24 +250,27 @@ def test_edge_passes_every_token_the_server_accepts(tmp_path: Path) -> None:
         build_token_secret(namespace="clusters-a", nodepool="clusters/workers", token="opaque-0c9d8e7f",
                            machineconfigs_yaml=EXAMPLE_MACHINECONFIG.format(name="workers"), generation_time=time.time()),
     )
-    edge_dir, edge_port = tmp_path / "edge", free_port()
-    proc = ServerProcess(source, tmp_path / "cache", extra=[
-        "--edge-dir", str(edge_dir), "--edge-bind", f"127.0.0.1:{edge_port}"]).start()
-    config = edge_dir / "haproxy.cfg"
+    edge_dir = tmp_path / "edge"
+    proc = ServerProcess(source, tmp_path / "cache", extra=["--edge-dir", str(edge_dir)]).start()
+    publication = edge_dir / "publication.json"
     token_map = proc.cache_dir / "edge" / "tokens.map"
+    proxy = ProxyProcess(tmp_path / "proxy" / "state")
+    proxy.write_table([{"host": "localhost", "mode": "terminate", "publication": str(edge_dir),
+                        "backends": [f"127.0.0.1:{proc.port}"]}])
     try:
-        wait_for(lambda: config.exists() and issuer in config.read_text(), what="the edge config with the cluster's issuer")
+        wait_for(lambda: publication.exists() and issuer in publication.read_text(), what="the publication with the cluster's issuer")
         wait_for(lambda: token_map.exists() and b"clusters/workers" in token_map.read_bytes(), what="the token map")
-        check = subprocess.run([haproxy_bin, "-c", "-f", str(config)], capture_output=True, text=True)
-        assert check.returncode == 0, check.stdout + check.stderr
+        proxy.start(haproxy_bin)
+        wait_for(proxy.servers_up, what="the backend healthy")
     except BaseException:
+        proxy.stop()
         proc.kill()
         raise
-    haproxy = subprocess.Popen([haproxy_bin, "-db", "-f", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    edge_port = proxy.port
     context = ssl.create_default_context(cafile=str(proc.ca_file))
 
     def via_edge(path: str, headers: dict[str, str] | None = None) -> int:
-        request = urllib.request.Request(f"https://127.0.0.1:{edge_port}{path}", headers=headers or {})
+        request = urllib.request.Request(f"https://localhost:{edge_port}{path}", headers=headers or {})
         try:
             with urllib.request.urlopen(request, context=context, timeout=10) as response:
                 return response.status
@@ -274,7 +291,6 @@ def test_edge_passes_every_token_the_server_accepts(tmp_path: Path) -> None:
                           "serviceaccount": {"name": "node-bootstrapper", "uid": "0b8e1b5c-1c43-4c6e-a5b1-2b1f0e9f7c11"}},
     }, key, algorithm="RS256")
     try:
-        wait_for_port(edge_port)
         accepted = {
             "legacy JWT": ("/config/workers?token=" + url_token(legacy_jwt(key, "node-bootstrapper-token-one")), {}),
             "bound JWT, the cluster's issuer": ("/config/workers?token=" + url_token(bound), {}),
@@ -293,6 +309,5 @@ def test_edge_passes_every_token_the_server_accepts(tmp_path: Path) -> None:
         assert served() == before  # none of them reached the server
         assert proc.metrics().get('ign_server_responses_total{code="511"}', 0.0) == 0
     finally:
-        haproxy.kill()
-        haproxy.wait()
+        proxy.stop()
         proc.kill()

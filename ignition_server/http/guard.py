@@ -12,11 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import ipaddress
 import logging
+import socket
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from aiohttp import web
+
+from .proxy_protocol import serve_connections
 
 log = logging.getLogger("ignition_server.http")
 
@@ -98,21 +103,80 @@ class _Guarded(asyncio.Protocol):
         return getattr(self.inner, name)
 
 
-class GuardedSite(web.TCPSite):
-    """aiohttp's TCPSite with the guard between the listener and aiohttp's protocol."""
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
-    def __init__(self, runner: web.BaseRunner, host: str, port: int, *, guard: ConnectionGuard, **kwargs: Any) -> None:
+
+def listening_socket(host: str, port: int, backlog: int, *, reuse_port: bool = False) -> socket.socket:
+    """A bound, listening socket; `::` (or an empty host) is dual-stack: IPv4 clients arrive
+    as v4-mapped addresses on the same socket (asyncio alone would make it IPv6-only)."""
+    sock = bound_socket(host, port, reuse_port=reuse_port)
+    try:
+        sock.listen(backlog)
+    except OSError:
+        sock.close()
+        raise
+    sock.setblocking(False)
+    return sock
+
+
+def bound_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+    """A TCP socket bound to (host, port), not yet listening; with `reuse_port`, several
+    processes' sockets share the port (the kernel spreads connections over the listening ones)."""
+    if host in ("::", ""):
+        sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        host = "::"
+    else:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+class _AcceptServer:
+    """What aiohttp's site keeps of a server (`sockets`, `close`) for the PROXY-header accept loop."""
+
+    def __init__(self, task: asyncio.Task[None], sock: socket.socket) -> None:
+        self.task, self.sockets = task, [sock]
+
+    def close(self) -> None:
+        self.task.cancel()
+
+    async def wait_closed(self) -> None:
+        await asyncio.gather(self.task, return_exceptions=True)
+
+
+class GuardedSite(web.TCPSite):
+    """aiohttp's TCPSite with the guard between the listener and aiohttp's protocol, and with
+    PROXY headers read first on connections from `proxy_from`."""
+
+    def __init__(self, runner: web.BaseRunner, host: str, port: int, *, guard: ConnectionGuard,
+                 proxy_from: Sequence[IPNetwork] = (), **kwargs: Any) -> None:
         super().__init__(runner, host, port, **kwargs)
         self._guard = guard
+        self._proxy_from = tuple(proxy_from)
 
     async def start(self) -> None:
         await web.BaseSite.start(self)
         server = self._runner.server
         assert server is not None
-        self._server = await asyncio.get_running_loop().create_server(
-            self._guard.wrap(server), self._host, self._port, ssl=self._ssl_context, backlog=self._backlog,
-            reuse_address=self._reuse_address, reuse_port=self._reuse_port,
-            # A client that never finishes its TLS handshake is bounded the same way.
-            ssl_handshake_timeout=self._guard.header_timeout if self._ssl_context is not None else None,
-        )
-        self._bound_port = self._server.sockets[0].getsockname()[1] if self._server.sockets else self._port
+        sock = listening_socket(self._host or "::", self._port, self._backlog, reuse_port=bool(self._reuse_port))
+        if self._proxy_from:
+            task = asyncio.create_task(serve_connections(
+                sock, self._guard.wrap(server), networks=self._proxy_from, ssl_context=self._ssl_context,
+                header_timeout=self._guard.header_timeout), name="accept-proxy-protocol")
+            self._server = _AcceptServer(task, sock)  # type: ignore[assignment]
+        else:
+            self._server = await asyncio.get_running_loop().create_server(
+                self._guard.wrap(server), sock=sock, ssl=self._ssl_context, backlog=self._backlog,
+                # A client that never finishes its TLS handshake is bounded the same way.
+                ssl_handshake_timeout=self._guard.header_timeout if self._ssl_context is not None else None,
+            )
+        self._bound_port = sock.getsockname()[1]

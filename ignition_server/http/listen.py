@@ -4,23 +4,24 @@ from __future__ import annotations
 
 import socket
 import ssl
+from collections.abc import Sequence
 
 from aiohttp import web
 
-from .guard import ConnectionGuard, GuardedSite
+from .guard import ConnectionGuard, GuardedSite, IPNetwork, bound_socket
 
 KEEPALIVE_TIMEOUT = 75.0  # an idle kept-alive connection is closed after this (aiohttp's default is an hour)
 
 
 async def start_site(app: web.Application, listen: tuple[str, int], ssl_context: ssl.SSLContext | None, *,
-                     shutdown_timeout: float, guard: ConnectionGuard | None = None,
-                     reuse_port: bool = False) -> tuple[web.AppRunner, int]:
+                     shutdown_timeout: float, guard: ConnectionGuard | None = None, reuse_port: bool = False,
+                     proxy_from: Sequence[IPNetwork] = ()) -> tuple[web.AppRunner, int]:
     """Start serving `app`; returns its runner (clean it up to drain) and the bound port."""
     runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=shutdown_timeout,
                            keepalive_timeout=KEEPALIVE_TIMEOUT)
     await runner.setup()
     options = {"ssl_context": ssl_context, "reuse_address": True, "reuse_port": reuse_port or None}
-    site = (GuardedSite(runner, listen[0], listen[1], guard=guard, **options)
+    site = (GuardedSite(runner, listen[0], listen[1], guard=guard, proxy_from=proxy_from, **options)
             if guard is not None else web.TCPSite(runner, listen[0], listen[1], **options))
     await site.start()
     server = site._server  # aiohttp exposes the bound port only here; needed for port 0
@@ -34,10 +35,4 @@ def reserve_port(listen: tuple[str, int]) -> socket.socket:
     """A bound, never-listening SO_REUSEPORT socket: fixes the port (port 0 picks one) that
     the serving workers then listen on together, and keeps it ours while workers restart.
     The kernel spreads connections over listening sockets only, so this one takes none."""
-    host = listen[0] or "0.0.0.0"
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host, listen[1]))
-    return sock
+    return bound_socket(listen[0], listen[1], reuse_port=True)

@@ -110,7 +110,8 @@ class Worker:
         ssl_context = server_context(self.spec.tls_files, settings.tls.profile)
         guard = ConnectionGuard(settings.header_timeout, settings.connections_per_source, settings.connections_total)
         runner, _port = await start_site(build_app(self.handlers), (settings.listen[0], self.spec.port), ssl_context,
-                                         guard=guard, shutdown_timeout=settings.shutdown_timeout, reuse_port=True)
+                                         guard=guard, shutdown_timeout=settings.shutdown_timeout, reuse_port=True,
+                                         proxy_from=settings.proxy_protocol_from)
         self.state.ready = True
         self.channel.send("ready", os.getpid())
         tasks = [

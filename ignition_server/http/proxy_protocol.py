@@ -1,0 +1,189 @@
+"""PROXY protocol (v1 and v2) on the serving port, for trusted peers only.
+
+A front proxy (HAProxy with `send-proxy-v2`) opens the connection, so without this the access
+log would show the proxy's address for every node. With `--proxy-protocol-from CIDR,...` a
+connection from one of those addresses must start with a PROXY header (before TLS); the
+address in it becomes the connection's peer for everything above (the connection guard's
+per-source limits, the access log, auth-failure limits). A connection from any other address
+is served as it is: an untrusted client cannot claim an address.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import socket
+import ssl
+import struct
+from collections.abc import Sequence
+from typing import Any, Callable
+
+log = logging.getLogger("ignition_server.http")
+
+V2_SIGNATURE = b"\r\n\r\n\x00\r\nQUIT\n"
+V1_PREFIX = b"PROXY "
+V1_MAX = 107
+Peer = tuple[str, int]
+
+
+class ProxyHeaderError(ValueError):
+    """Not a PROXY header (the connection is closed)."""
+
+
+def parse_v2(header: bytes, body: bytes) -> Peer | None:
+    """The source address of a v2 header (`header`: its 16 fixed bytes). None for LOCAL
+    (the proxy's own health check) or a family without addresses. Pure."""
+    if header[:12] != V2_SIGNATURE:
+        raise ProxyHeaderError("bad v2 signature")
+    version, command = header[12] >> 4, header[12] & 0x0F
+    if version != 2 or command not in (0, 1):
+        raise ProxyHeaderError("unsupported v2 version or command")
+    if command == 0:
+        return None
+    family = header[13] >> 4
+    if family == 1 and len(body) >= 12:
+        return socket.inet_ntop(socket.AF_INET, body[0:4]), struct.unpack("!H", body[8:10])[0]
+    if family == 2 and len(body) >= 36:
+        return socket.inet_ntop(socket.AF_INET6, body[0:16]), struct.unpack("!H", body[32:34])[0]
+    return None
+
+
+def parse_v1(line: bytes) -> Peer | None:
+    """`PROXY TCP4 src dst sport dport\\r\\n` (or `PROXY UNKNOWN ...`). Pure."""
+    parts = line.rstrip(b"\r\n").decode("ascii", "replace").split(" ")
+    if parts[0] != "PROXY" or len(parts) < 2:
+        raise ProxyHeaderError("bad v1 header")
+    if parts[1] == "UNKNOWN":
+        return None
+    if parts[1] not in ("TCP4", "TCP6") or len(parts) != 6:
+        raise ProxyHeaderError("bad v1 header")
+    try:
+        return str(ipaddress.ip_address(parts[2])), int(parts[4])
+    except ValueError:
+        raise ProxyHeaderError("bad v1 address") from None
+
+
+async def _read_exactly(loop: asyncio.AbstractEventLoop, conn: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = await loop.sock_recv(conn, size - len(data))
+        if not chunk:
+            raise ProxyHeaderError("closed inside the header")
+        data += chunk
+    return data
+
+
+async def read_header(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> Peer | None:
+    """Read exactly the header off the socket (nothing after it: TLS starts there)."""
+    first = await _read_exactly(loop, conn, 6)
+    if first == V1_PREFIX:
+        line = first
+        while not line.endswith(b"\r\n"):  # byte by byte: the ClientHello follows the line
+            if len(line) >= V1_MAX:
+                raise ProxyHeaderError("v1 header too long")
+            line += await _read_exactly(loop, conn, 1)
+        return parse_v1(line)
+    header = first + await _read_exactly(loop, conn, 10)
+    (length,) = struct.unpack("!H", header[14:16])
+    return parse_v2(header, await _read_exactly(loop, conn, length))
+
+
+class _PeerView:
+    """The transport as seen from above, with the address from the PROXY header."""
+
+    def __init__(self, transport: asyncio.BaseTransport, peer: Peer) -> None:
+        self._transport, self._peer = transport, peer
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        if name == "peername":
+            return self._peer
+        return self._transport.get_extra_info(name, default)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+class _PeerProtocol:
+    def __init__(self, inner: asyncio.Protocol, peer: Peer) -> None:
+        self.inner, self.peer = inner, peer
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.inner.connection_made(_PeerView(transport, self.peer))  # type: ignore[arg-type]
+
+    def data_received(self, data: bytes) -> None:
+        self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def plain_address(host: str) -> str:
+    """An IPv4 client on a dual-stack socket (or in a v4v6 proxy's header) as plain IPv4."""
+    try:
+        address = ipaddress.ip_address(host.split("%")[0])
+    except ValueError:
+        return host
+    mapped = getattr(address, "ipv4_mapped", None)
+    return str(mapped) if mapped is not None else host
+
+
+def trusted(peer: Any, networks: Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network]) -> bool:
+    try:
+        address = ipaddress.ip_address(str(peer[0]).split("%")[0])
+    except (ValueError, TypeError, IndexError):
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return any(address in network for network in networks)
+
+
+async def serve_connections(
+    listener: socket.socket,
+    factory: Callable[[], asyncio.Protocol],
+    *,
+    networks: Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network],
+    ssl_context: ssl.SSLContext | None,
+    header_timeout: float,
+) -> None:
+    """Accept on `listener` until cancelled; trusted peers' connections start with a header."""
+    loop = asyncio.get_running_loop()
+    pending: set[asyncio.Task[None]] = set()
+
+    async def handshake(conn: socket.socket, peer: Any) -> None:
+        try:
+            real = peer[:2]
+            if trusted(peer, networks):
+                announced = await asyncio.wait_for(read_header(loop, conn), header_timeout)
+                real = announced or real
+            await loop.connect_accepted_socket(
+                lambda: _PeerProtocol(factory(), (plain_address(str(real[0])), int(real[1]))),  # type: ignore[arg-type,return-value]
+                conn, ssl=ssl_context, ssl_handshake_timeout=header_timeout if ssl_context else None)
+        except (ProxyHeaderError, asyncio.TimeoutError, OSError, ssl.SSLError) as error:
+            log.info("connection from %s closed: %s %s", peer[0] if peer else "?", type(error).__name__, error)
+            conn.close()
+
+    listener.setblocking(False)
+    try:
+        while True:
+            conn, peer = await loop.sock_accept(listener)
+            conn.setblocking(False)
+            task = asyncio.create_task(handshake(conn, peer))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+    finally:
+        for task in pending:
+            task.cancel()
+        listener.close()

@@ -1,0 +1,182 @@
+"""The routing table as one haproxy.cfg. Pure: table and publications in, text out.
+
+One `bind :::PORT v4v6` frontend in TCP mode reads the TLS ClientHello and routes on
+`req.ssl_sni`:
+
+- *passthrough* routes go to a TCP backend: TLS ends at the server (no token check possible);
+- *terminate* routes loop (PROXY v2 over a unix socket, so the client's address survives) to
+  an internal HTTPS frontend that terminates TLS with the server's published certificate,
+  checks the token (proxy.edge: JWTs with `jwt_verify`, opaque tokens in the route's map),
+  and re-encrypts to the backends, verifying them with the server's CA.
+
+Every backend has `slots` server lines; the ones beyond the table's backends wait disabled, so
+the controller changes addresses with `set server addr` / `set server state` instead of a
+reload. Health checks ask `/readyz`; traffic errors eject a server (`observe`); a failed
+connect is retried on another server (`retries`, `option redispatch`), and in terminate mode
+an idempotent request is retried when its server dies under it (`retry-on`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from .edge import TokenCheck, token_check_lines
+from .publication import Publication
+from .table import Backend, Route, Table
+
+OPEN_PATHS = ("/healthz", "/readyz")  # health endpoints carry no token
+
+
+def stats_socket(table: Table) -> Path:
+    return table.state_dir / "haproxy.sock"
+
+
+def master_socket(table: Table) -> Path:
+    return table.state_dir / "master.sock"
+
+
+def map_path(table: Table, route: Route) -> Path:
+    """The controller's copy of the route's token map: the file HAProxy loads at start and
+    the name the runtime API's map commands address."""
+    return table.state_dir / "maps" / f"{route.name}.map"
+
+
+def cert_path(table: Table, route: Route) -> Path:
+    return table.state_dir / "certs" / f"{route.name}.pem"
+
+
+def loop_socket(table: Table, route: Route) -> Path:
+    # unix@, not abns@: unix sockets are handed over on a seamless reload.
+    return table.state_dir / f"t{table.routes.index(route)}.sock"
+
+
+def server_name(slot: int) -> str:
+    return f"s{slot}"
+
+
+PLACEHOLDER = Backend("127.0.0.1", 1)  # a disabled slot's address until the controller fills it
+
+
+def _server_lines(table: Table, route: Route) -> list[str]:
+    out = []
+    for slot in range(table.slots):
+        if slot < len(route.backends):
+            out.append(f"    server {server_name(slot)} {route.backends[slot].address}")
+        else:
+            out.append(f"    server {server_name(slot)} {PLACEHOLDER.address} disabled")
+    return out
+
+
+def _proxy_opts(route: Route) -> str:
+    return " send-proxy-v2 check-send-proxy" if route.send_proxy else ""
+
+
+def _ca(route: Route, publication: Publication | None) -> Path | None:
+    return route.backend_ca or (publication.ca if publication else None)
+
+
+def _passthrough(table: Table, route: Route, publication: Publication | None) -> list[str]:
+    ca = _ca(route, publication)
+    verify = f"verify required ca-file {ca}" if ca else "verify none"  # the check only: TLS is the client's
+    return [
+        f"backend {route.name}",
+        "    mode tcp",
+        "    balance roundrobin",
+        "    option httpchk GET /readyz",
+        "    http-check expect status 200",
+        f"    default-server check check-ssl {verify} inter {table.check_interval} fall 2 rise 1"
+        f" observe layer4 error-limit 2 on-error mark-down{_proxy_opts(route)}",
+        *_server_lines(table, route),
+        "",
+    ]
+
+
+def _terminate(table: Table, route: Route, publication: Publication) -> list[str]:
+    ca = _ca(route, publication)
+    if ca is None:
+        raise ValueError(f"route {route.host}: no CA to verify the backends (publication has none; set backend_ca)")
+    checks = token_check_lines(TokenCheck(
+        key_files=list(publication.keys), issuers=list(publication.issuers) or ["kubernetes/serviceaccount"],
+        bearer=True, open_paths=OPEN_PATHS, token_map=str(map_path(table, route)), require_keys=False,
+    ))
+    sock = loop_socket(table, route)
+    return [
+        f"backend {route.name}_loop",
+        "    mode tcp",
+        f"    server loop unix@{sock} send-proxy-v2",
+        "",
+        f"frontend {route.name}_tls",
+        "    mode http",
+        f"    bind unix@{sock} mode 600 accept-proxy ssl crt {cert_path(table, route)}",
+        "    option http-buffer-request",
+        *checks,
+        f"    default_backend {route.name}",
+        "",
+        f"backend {route.name}",
+        "    mode http",
+        "    balance roundrobin",
+        "    option httpchk GET /readyz",
+        "    http-check expect status 200",
+        "    # A GET whose server dies under it is asked again of another one.",
+        "    retry-on conn-failure empty-response response-timeout 502 503",
+        "    http-request disable-l7-retry unless METH_GET || METH_HEAD",
+        f"    default-server ssl verify required ca-file {ca} check inter {table.check_interval} fall 2 rise 1"
+        f" observe layer7 error-limit 2 on-error mark-down{_proxy_opts(route)}",
+        *_server_lines(table, route),
+        "",
+    ]
+
+
+def render_config(table: Table, publications: Mapping[str, Publication]) -> str:
+    """haproxy.cfg for `table`; `publications` maps a terminate route's name to what its
+    server published (keys, issuers, CA). Raises ValueError when a terminate route has none."""
+    out = [
+        "# Generated by ignition-proxy (proxy/render.py) from the routing table; do not edit.",
+        "global",
+        f"    stats socket {stats_socket(table)} mode 600 level admin expose-fd listeners",
+        "    stats timeout 30s",
+        "    hard-stop-after 5m",
+        "",
+        "defaults",
+        "    timeout connect 3s",
+        "    timeout client 60s",
+        "    timeout server 120s",
+        "    timeout check 2s",
+        "    timeout http-request 10s",
+        "    retries 3",
+        "    option redispatch 1",
+        "",
+        "frontend ingress",
+        "    mode tcp",
+        f"    bind :::{table.listen} v4v6",
+        "    tcp-request inspect-delay 5s",
+    ]
+    # Allow-lists before the accept: an accept ends the content rules.
+    for route in table.routes:
+        if route.allow:
+            cidrs = " ".join(str(c) for c in route.allow)
+            out.append(f"    tcp-request content reject if {{ req.ssl_sni -i {route.host} }} !{{ src {cidrs} }}")
+    out.append("    tcp-request content accept if { req.ssl_hello_type 1 }")
+    for route in table.routes:
+        target = route.name if route.mode == "passthrough" else f"{route.name}_loop"
+        out.append(f"    use_backend {target} if {{ req.ssl_sni -i {route.host} }}")
+    out.append("")
+    if table.prometheus_listen:
+        out += [
+            "frontend prometheus",
+            "    mode http",
+            f"    bind {table.prometheus_listen}",
+            "    http-request use-service prometheus-exporter if { path /metrics }",
+            "    no log",
+            "",
+        ]
+    for route in table.routes:
+        publication = publications.get(route.name)
+        if route.mode == "passthrough":
+            out += _passthrough(table, route, publication)
+        else:
+            if publication is None:
+                raise ValueError(f"route {route.host}: terminate needs its server's publication")
+            out += _terminate(table, route, publication)
+    return "\n".join(out) + "\n"
