@@ -7,7 +7,6 @@ import base64
 import socket
 import ssl
 import time
-from pathlib import Path
 from urllib.parse import quote
 
 import pytest

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import os
 import time
 import tracemalloc
 import zlib

@@ -11,8 +11,6 @@ import socket
 import ssl
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest

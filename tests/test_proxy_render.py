@@ -13,7 +13,6 @@ import pytest
 
 from harness import ServerProcess, wait_for, write_manifests
 from ignition_server.http.proxy_protocol import ProxyHeaderError, parse_v1, parse_v2, V2_SIGNATURE
-from ignition_server.http.tls import ensure_self_signed
 from ignition_server.sources.manifests import build_token_secret
 from proxy.publication import parse_token_map
 from proxy.table import TableError, load_table, parse_backend

@@ -138,7 +138,7 @@ def test_workers_serve_both_shapes_and_the_owner_counts_every_request(tmp_path: 
         statuses += [proc.get("/config/workers?token=tok-w")[0] for _ in range(10)]
         assert statuses == [200] * 40
         # Each urllib request is a new connection: SO_REUSEPORT spreads them over both workers.
-        # (The access log is written in batches, within a fraction of a second.)
+        # (The access log is written in batches, one per turn of a worker's event loop.)
         wait_for(lambda: len(re.findall(r'"request_id": "(w\d)-', proc.logs())) == 40, what="40 access log lines")
         assert set(re.findall(r'"request_id": "(w\d)-', proc.logs())) == {"w0", "w1"}
         metrics = proc.metrics()  # no wait: a scrape collects the workers' counts first
