@@ -98,3 +98,43 @@ def release_content(found: Mapping[str, bytes], what: str) -> ReleaseContent:
     if not version and isinstance(stream, dict):
         version = str((stream.get("metadata") or {}).get("name", ""))
     return ReleaseContent(version, images)
+
+
+def _wanted(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p.rstrip("/") + "/") for p in prefixes)
+
+
+def extract_tree(path: Path, prefixes: tuple[str, ...], dest: Path, max_bytes: int) -> int:
+    """Write the regular files of the layer at `path` under any of `prefixes` into `dest`.
+
+    Read as a stream (one member at a time, never the whole layer in memory), applied in
+    layer order by the caller so a later layer's file replaces an earlier one's. Whiteouts
+    (`.wh.*`) are ignored: a file an upper layer deletes stays; the MCO image does not
+    delete its binaries or templates. Symlinks and devices are skipped; names escaping
+    `dest` are refused. Returns the bytes written; more than `max_bytes` in all is refused."""
+    written = 0
+    root = dest.resolve()
+    try:
+        with tarfile.open(path, mode="r|*") as tar:
+            for member in tar:
+                name = member.name.lstrip("./").lstrip("/")
+                if not member.isfile() or not _wanted(name, prefixes) or "/.wh." in "/" + name:
+                    continue
+                target = (root / name).resolve()
+                if root not in target.parents:
+                    raise IntegrityError(f"a layer names a file outside the image root: {member.name!r}")
+                written += member.size
+                if written > max_bytes:
+                    raise IntegrityError(f"the files under {', '.join(prefixes)} exceed {max_bytes} bytes")
+                handle = tar.extractfile(member)
+                if handle is None:
+                    continue
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.unlink(missing_ok=True)
+                with open(target, "wb") as out:
+                    while chunk := handle.read(1 << 20):
+                        out.write(chunk)
+                target.chmod(member.mode & 0o755)
+    except (tarfile.TarError, EOFError) as exc:
+        raise IntegrityError(f"a layer is not a readable tar archive: {exc}") from None
+    return written
