@@ -89,6 +89,11 @@ class RegistrySettings:
     ca_file: Path | None = None  # trusted besides the system's CAs and each cluster's user-ca-bundle
     tag_ttl: float = 300.0
     timeout: float = 30.0
+    # --generate-bases: a cluster without a given MCO base gets one from its release's MCO
+    # (needs `resolve`: the MCO image is pulled with the same client).
+    generate_bases: bool = False
+    base_timeout: float = 300.0
+    base_memory_bytes: int = 4 << 30
 
 
 @dataclass(frozen=True)

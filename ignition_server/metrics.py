@@ -135,6 +135,10 @@ class ServerMetrics:
         self.release_fetches = Counter(
             "ign_server_release_fetches", "Releases read from a registry (not the catalog or the cache)", registry=self.registry,
         )
+        self.base_generations = Counter(
+            "ign_server_base_generations", "MCO bootstrap runs generating a base (cluster configuration, release), by result",
+            ["result"], registry=self.registry,
+        )
         self.release_resolution = Histogram(
             "ign_server_release_resolution_seconds", "Time to resolve a release (cache or registry)",
             buckets=GENERATION_BUCKETS, registry=self.registry,

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
+import shutil
 import ssl
 import time
 from dataclasses import dataclass, field
@@ -41,6 +42,9 @@ from .sources.manifests import is_token_secret
 from .registry.mirrors import Mirrors, parse_overrides
 from .registry.resolver import ReleaseStore
 from .registry.setup import open_resolver
+from .registry.image_files import ImageFiles
+from .basegen.generator import BaseGenerator, GeneratorSettings
+from .basegen.run import Limits
 from .watch.reconciler import Reconciler, Renderer
 from .watch.releases import Releases
 from .watch.edge import EdgePublisher
@@ -119,6 +123,7 @@ class IgnitionServer:
             prune_grace=settings.prune_grace,
             releases=releases,
             share_namespace=settings.pod_namespace if settings.kubernetes else None,
+            generator=self._generator(releases, cache),
         )
         authenticator = TokenAuthenticator(cache, self.clock, verifier=verifier, directory=reconciler)
         handlers = IgnitionHandlers(
@@ -215,6 +220,29 @@ class IgnitionServer:
             registry, mirrors, store, self.metrics, resolved, self.settings.cache_dir / "tmp-layers",
         )
         return Releases(resolver=resolver, mirrors=mirrors), session
+
+    def _generator(self, releases: Releases, cache: PayloadCache) -> BaseGenerator | None:
+        """--generate-bases: the MCO base generator, pulling with the resolver's client and mirrors."""
+        registry = self.settings.registry
+        resolver = releases.resolver
+        if not registry.generate_bases or resolver is None or releases.mirrors is None:
+            return None
+        work_dir = self.settings.cache_dir / "tmp-mco"
+        work_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for leftover in work_dir.glob("mco-*"):  # a run a crash interrupted
+            shutil.rmtree(leftover, ignore_errors=True)
+
+        def done(key: str) -> None:
+            if self.reconciler is not None:
+                self.reconciler.base_generated(key)
+
+        files = ImageFiles(resolver.client, releases.mirrors, registry.architecture, self.settings.cache_dir / "tmp-layers")
+        return BaseGenerator(
+            files=files, load=cache.load_state, save=cache.save_state, work_dir=work_dir,
+            settings=GeneratorSettings(Limits(registry.base_timeout, registry.base_memory_bytes)),
+            on_done=done, counted=lambda result: self.metrics.base_generations.labels(result=result).inc(),
+            tls=resolver.tls,
+        )
 
     def _edge_writer(self, verifier: ServiceAccountVerifier) -> Callable[[], None]:
         settings = self.settings

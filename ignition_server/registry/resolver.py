@@ -96,6 +96,17 @@ class ReleaseResolver:
             return self._by_digest.get(tagged[0])
         return None
 
+    def digest_of(self, pull_spec: str) -> str | None:
+        """The digest a release pull spec names now (a tag's, while it is fresh); None: not known."""
+        try:
+            ref = parse(pull_spec)
+        except ReferenceError:
+            return None
+        if ref.digest:
+            return ref.digest
+        tagged = self._tags.get(str(ref))
+        return tagged[0] if tagged and tagged[1] > self.clock() else None
+
     def failure(self, pull_spec: str) -> Failure | None:
         found = self._failures.get(pull_spec)
         return found[0] if found else None

@@ -70,6 +70,7 @@ def gather(
     releases: Releases,
     machineconfigs_yaml: str = "",
     bases: BaseIndex | None = None,
+    generated: Callable[[str], str | None] | None = None,
 ) -> tuple[NodePoolInputs, frozenset[ObjectKey]]:
     """The NodePool's inputs and what they depend on.
 
@@ -103,6 +104,12 @@ def gather(
             base_yaml = data_text(obj).get(BASE_KEY) if obj is not None else None
             if not base_yaml:
                 raise ManifestError(f"MCO base {base.namespace}/{base.name} has no {BASE_KEY}")
+        elif generated is not None and secret.release:
+            from .generated_bases import generated_key  # (it builds on this module)
+
+            key, more = generated_key(secret, notes, lookup, releases)
+            deps |= more
+            base_yaml = generated(key) if key is not None else None
     for wanted in MCS_INPUTS if base_yaml is not None else ():
         key = input_key(secret, wanted, notes)
         deps.add(key)

@@ -33,6 +33,8 @@ from ..sources.manifests import (
 from .bases import BaseIndex, is_base
 from .faults import Faults, ObjectWork, backoff
 from .gather import gather
+from .generated_bases import GeneratedBases
+from ..basegen.generator import BaseGenerator
 from .outputs import TokenOutputs
 from ..registry.mirrors import is_mirror_set
 from .release_waits import WAIT, ReleaseWaits
@@ -58,7 +60,7 @@ class _Pending:
 
 
 @dataclass
-class Reconciler(WriterDuties, ReleaseWaits):
+class Reconciler(WriterDuties, ReleaseWaits, GeneratedBases):
     source: Source
     cache: PayloadCache
     renderer: Renderer
@@ -73,6 +75,7 @@ class Reconciler(WriterDuties, ReleaseWaits):
     releases: Releases = field(default_factory=Releases)
     share_namespace: str | None = None  # several replicas: the writer publishes resolved releases here
     bases: BaseIndex = field(default_factory=BaseIndex)  # MCO base configurations by (cluster, release)
+    generator: BaseGenerator | None = None  # --generate-bases: bases the release's MCO generates (it calls base_generated)
     # Whether this replica writes (rotation, expiry, status, user-data, ignition-reached):
     # with several replicas only the Lease holder does; every replica indexes and serves.
     writer: Callable[[], bool] = lambda: True
@@ -93,6 +96,8 @@ class Reconciler(WriterDuties, ReleaseWaits):
     _next_flush: asyncio.Future[None] | None = None
     _seq: int = 0
     _asking: set[str] = field(default_factory=set)  # releases whose inputs are being read for the resolver
+    _base_waiters: dict[str, set[ObjectKey]] = field(default_factory=dict)  # generated base key -> its dependency keys
+    _base_asking: set[str] = field(default_factory=set)
     # Secrets whose rotation lives in the cache dir although the source is writable: their
     # manifest (a symlink's target on a read-only mount) cannot be written.
     _rotated_in_cache: set[ObjectKey] = field(default_factory=set)
@@ -285,11 +290,15 @@ class Reconciler(WriterDuties, ReleaseWaits):
 
     def inputs_for(self, secret: TokenSecret) -> NodePoolInputs:
         try:
-            inputs, deps = gather(secret, secret.annotations, self.source.get, self.releases, bases=self.bases)
+            inputs, deps = gather(secret, secret.annotations, self.source.get, self.releases, bases=self.bases,
+                                 generated=self._generated)
         except ManifestError as exc:
             raise InvalidConfig(str(exc)) from None
         self._track(secret.key, deps)
         return inputs
+
+    def _generated(self, key: str) -> str | None:
+        return self.generator.known(key) if self.generator is not None else None
 
     def _schedule_render(self, secret: TokenSecret) -> None:
         try:
@@ -301,16 +310,19 @@ class Reconciler(WriterDuties, ReleaseWaits):
             self._render_failed(secret, "", f"cannot gather the inputs: {type(exc).__name__}: {exc}")
             return
         digest = inputs.digest()
+        based = self.base_blocked(secret, inputs)  # a base still to generate: the payload is not current
         record = self.cache.get_render(secret.ref)
         if record is not None and record.inputs_digest == digest and self.cache.has_blob(record.blob_id) \
-                and secret.reason in (None, "", "AsExpected"):
+                and secret.reason in (None, "", "AsExpected") and based is None:
             self._failures.pop(secret.key, None)
             return
         # (A Secret that says a render failed although its payload is current, as after its
         # config was broken and then put back, renders once more so its status says so.)
         blocked = self.release_blocked(secret, inputs)
+        if blocked is None:
+            blocked = based
         if blocked == WAIT:
-            return  # release_resolved brings it back
+            return  # release_resolved (base_generated) brings it back
         if isinstance(blocked, Status):
             self._render_failed(secret, digest, blocked.message, blocked.reason)
             return
@@ -390,7 +402,8 @@ class Reconciler(WriterDuties, ReleaseWaits):
             raise InvalidConfig(f"{secret.ref} is no longer in the source")
         try:
             inputs, _deps = gather(
-                secret, secret.annotations, self.source.get_full, self.releases, token_secret_config(obj), self.bases
+                secret, secret.annotations, self.source.get_full, self.releases, token_secret_config(obj), self.bases,
+                self._generated,
             )
         except ManifestError as exc:
             raise InvalidConfig(str(exc)) from None

@@ -113,6 +113,12 @@ class Releases:
                 release = Release(pull_spec, content.version, content.images)
         return release
 
+    def digest(self, pull_spec: str) -> str | None:
+        """The release's digest: named by the pull spec, or what the resolver read for its tag."""
+        if "@sha256:" in pull_spec:
+            return pull_spec.rpartition("@")[2]
+        return self.resolver.digest_of(pull_spec) if self.resolver is not None else None
+
     def image(self, pull_spec: str, component: str) -> str | None:
         """A component image of the release, as the payload names it (its first mirror, if any)."""
         release = self.get(pull_spec)

@@ -1,0 +1,132 @@
+"""Generated MCO bases in the watcher: which (cluster configuration, release digest) a NodePool needs, and waiting for it.
+
+With `--generate-bases`, a NodePool whose cluster has no given base (bases.py) for its
+release uses the base the release's MCO generates (basegen/) from the cluster's
+configuration, the `machine-config-server` ConfigMap of its namespace (HyperShift's name;
+no such ConfigMap: no generated base) and the pull secret. The pair's key is computed from
+slim objects (a large value's digest stands in for it), so deciding costs no read; the
+5,280 NodePools of 440 clusters name 440 keys, each generated once.
+
+Until the base is known the NodePool's render waits (the last good payload keeps serving);
+a failed run is `InvalidConfig` with the run's output tail, retried with back-off. Only the
+writer generates (workers never render; other replicas wait).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+from typing import Any, Callable, Mapping
+
+from ..basegen.generator import BaseGenerator, BaseJob, cluster_key
+from ..render.inputs import NodePoolInputs
+from ..sources.manifests import LargeValue, ObjectKey, TokenSecret, data_text
+from .bases import BaseIndex, base_key
+from .gather import JOIN_INPUTS, InputObject, Lookup, input_key
+from .release_waits import WAIT
+from .releases import Releases, release_key
+from .status import Status
+
+log = logging.getLogger("ignition_server.watch")
+
+CLUSTER_CONFIG = InputObject("ConfigMap", "machine-config-server", None)
+
+
+def fingerprint(obj: Mapping[str, Any] | None) -> str:
+    """A digest of an object's data, the same for its slim and its full form."""
+    if obj is None:
+        return "absent"
+    parts = []
+    for section in ("data", "stringData", "binaryData"):
+        for name, value in sorted((obj.get(section) or {}).items()):
+            digest = value.sha256 if isinstance(value, LargeValue) else hashlib.sha256(str(value).encode()).hexdigest()
+            parts.append([section, name, digest])
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
+
+
+def generated_key(secret: TokenSecret, notes: Mapping[str, str], lookup: Lookup,
+                  releases: Releases) -> tuple[str | None, set[ObjectKey]]:
+    """The (cluster configuration, release digest) key of the NodePool's generated base, and what it reads."""
+    namespace = secret.key.namespace
+    config_key = input_key(secret, CLUSTER_CONFIG, notes)
+    secret_key = input_key(secret, JOIN_INPUTS[0], notes)
+    deps = {config_key, secret_key, release_key(secret.release), base_key(namespace, "generated:" + secret.release)}
+    config = lookup(config_key)
+    digest = releases.digest(secret.release) if secret.release else None
+    if config is None or not digest:
+        return None, deps
+    cluster = hashlib.sha256((fingerprint(config) + fingerprint(lookup(secret_key))).encode()).hexdigest()
+    return cluster_key(cluster, digest), deps
+
+
+class GeneratedBases:
+    """Mixed into the Reconciler: asks the generator, waits, says why."""
+
+    generator: BaseGenerator | None
+    releases: Releases
+    bases: BaseIndex
+    source: Any
+    share_namespace: str | None
+    writer: Callable[[], bool]
+    _base_waiters: dict[str, set[ObjectKey]]
+    _base_asking: set[str]
+
+    def _inputs_changed(self, dependency: ObjectKey) -> None: ...
+
+    def base_generated(self, key: str) -> None:
+        """The generator finished `key` (generated, or failed): its NodePools look again."""
+        for dependency in self._base_waiters.pop(key, set()):
+            self._inputs_changed(dependency)
+
+    def base_blocked(self, secret: TokenSecret, inputs: NodePoolInputs) -> Status | str | None:
+        """None: render. WAIT: the base is being generated. A Status: why it cannot be."""
+        generator = self.generator
+        if generator is None or inputs.mco_base_yaml is not None or not secret.release:
+            return None
+        if self.bases.find(secret.key.namespace, secret.release, secret.release_version) is not None:
+            return None
+        key, _deps = generated_key(secret, secret.annotations, self.source.get, self.releases)
+        release = self.releases.get(secret.release)
+        if key is None or release is None:
+            return None  # no cluster configuration (no base), or the release waits (release_waits.py)
+        if self.share_namespace and not self.writer():
+            return WAIT
+        self._base_waiters.setdefault(key, set()).add(base_key(secret.key.namespace, "generated:" + secret.release))
+        failure = generator.failure(key)
+        if generator.due(key) and not generator.pending(key) and key not in self._base_asking:
+            self._base_asking.add(key)
+            asyncio.create_task(self._ask_base(key, secret), name=f"mco base {secret.ref}")
+        if failure is None:
+            return WAIT
+        return Status("InvalidConfig", failure)
+
+    async def _ask_base(self, key: str, secret: TokenSecret) -> None:
+        try:
+            # In full: the cluster configuration and the pull secret are often past the slim size.
+            full = await asyncio.to_thread(self._full_inputs, secret)
+            release = self.releases.get(secret.release)
+            digest = self.releases.digest(secret.release)
+            if release is None or digest is None:
+                return
+            config, pull_secret, ca_bundle = full
+            assert self.generator is not None
+            self.generator.request(BaseJob(
+                key=key, namespace=secret.key.namespace, release=secret.release, release_digest=digest,
+                version=release.version or secret.release_version, images=dict(release.images),
+                cluster_files=config, pull_secret=pull_secret, ca_bundle=ca_bundle,
+            ))
+        except Exception:
+            log.exception("asking for the MCO base of %s failed", secret.ref)
+        finally:
+            self._base_asking.discard(key)
+
+    def _full_inputs(self, secret: TokenSecret) -> tuple[dict[str, str], str | None, str | None]:
+        notes = secret.annotations
+        config = self.source.get_full(input_key(secret, CLUSTER_CONFIG, notes))
+        values = []
+        for wanted in (JOIN_INPUTS[0], JOIN_INPUTS[2]):  # pull-secret, user-ca-bundle
+            obj = self.source.get_full(input_key(secret, wanted, notes))
+            values.append((data_text(obj).get(wanted.key or "") or None) if obj is not None else None)
+        return (data_text(config) if config is not None else {}), values[0], values[1]
