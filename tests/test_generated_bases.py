@@ -1,0 +1,137 @@
+"""Generated MCO bases (--generate-bases) through the real server process.
+
+The MCO binaries in the image are STAND-INS (tests/mco_image.py: python3 scripts with MCO's
+command line and output layout). Everything else is real: the docker-registry the image and
+the release are pulled from (with the pull secret, over TLS), the layers (verified and
+streamed, an upper layer replacing a lower one's file), the subprocesses (time limit,
+SIGKILL, address-space limit), the encrypted cache that keeps the result across restarts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import ServerProcess, wait_for, write_manifests
+from mco_image import CRIO_CONF, KUBELET_UNIT, cluster_config, push_mco_image, runs
+from registry_world import Registry
+from test_registry_server import HAPROXY, bearer, cluster, payload_text, pool, registry_requests, token_status, world  # noqa: F401
+from test_watcher_inputs import secret_obj
+
+RHCOS = "quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:" + "f" * 64
+
+
+def release(registry: Registry, mco: str, version: str) -> str:
+    components = {"haproxy-router": HAPROXY, "machine-config-operator": mco, "rhel-coreos": RHCOS}
+    digests = registry.push_release("ocp/release", {"amd64": components}, version)
+    return f"{registry.host}/ocp/release@{digests['index']}"
+
+
+def write_cluster(source: Path, namespace: str, registry: Registry) -> None:
+    objs = cluster(namespace, registry.pull_secret(), registry.ca_file.read_text())
+    objs.append(secret_obj("ConfigMap", namespace, "machine-config-server", cluster_config("infra-" + namespace)))
+    write_manifests(source / f"{namespace}.yaml", *objs)
+
+
+def generations(proc: ServerProcess, result: str = "ok") -> float:
+    return proc.metrics().get(f'ign_server_base_generations_total{{result="{result}"}}', 0.0)
+
+
+def files_of(body: bytes) -> dict[str, dict]:
+    return {f["path"]: f for f in json.loads(body)["storage"]["files"]}
+
+
+def test_one_run_per_cluster_and_release_cached_across_restarts_failures_keep_the_last_payload(world, tmp_path: Path) -> None:
+    registry = world(Registry, tmp_path / "registry").start()
+    counter = tmp_path / "runs.log"
+    good = release(registry, push_mco_image(registry, "ocp/mco", counter), "4.17.3")
+    broken = release(registry, push_mco_image(registry, "ocp/mco-broken", counter, mode="fail"), "4.17.4")
+    source = tmp_path / "source"
+    source.mkdir()
+    paths = {}
+    for namespace in ("clusters-a", "clusters-b"):
+        write_cluster(source, namespace, registry)
+        for n in range(3):
+            name = f"{namespace}-p{n}"
+            paths[name] = write_manifests(source / f"{name}.yaml", pool(namespace, name, "tok-" + name, good))
+    extra = ["--release-resolve", "--generate-bases"]
+    proc = world(ServerProcess, source, tmp_path / "cache", extra=extra).start()
+    for name, path in paths.items():
+        wait_for(lambda path=path: token_status(path).reason == "AsExpected", timeout=60, what=f"{name} rendered")
+    # One operator and one controller run per (cluster, release): 2 pairs for 6 NodePools.
+    assert sorted(step for _pid, step, _v in runs(counter)) == ["controller"] * 2 + ["operator"] * 2
+    assert {v for _p, _s, v in runs(counter)} == {"4.17.3"}
+    assert generations(proc) == 2
+    served = {}
+    for name in paths:
+        status, _, body = proc.get("/ignition", bearer("tok-" + name))
+        assert status == 200
+        served[name] = body
+        files = files_of(body)
+        namespace = name.rsplit("-", 1)[0]
+        # The base's files: from the image's templates, and from this cluster's configuration.
+        assert f"infrastructure infra-{namespace} payload 4.17.3" in payload_text(body)
+        assert "/etc/crio/crio.conf.d/00-default" in files and CRIO_CONF in payload_text(body)
+        units = {u["name"]: u for u in json.loads(body)["systemd"]["units"]}
+        assert units["kubelet.service"]["contents"] == KUBELET_UNIT
+        assert "/etc/ignition-machine-config-encapsulated.json" in files  # merged as a base: MCS appenders
+        assert f"/etc/{name}.conf" in files  # and the NodePool's own MachineConfig
+    assert token_status(paths["clusters-a-p0"]).message.startswith("MCO base merged: rendered-worker-")
+
+    # Restart (SIGKILL): the bases come from the encrypted cache: no run, no registry request, no render.
+    proc.kill()
+    proc = world(ServerProcess, source, tmp_path / "cache", extra=extra).start()
+    for name in paths:
+        status, _, body = wait_for(lambda name=name: (r := proc.get("/ignition", bearer("tok-" + name)))[0] == 200 and r,
+                                   timeout=30, what=f"{name} served after the restart")
+        assert body == served[name]
+    time.sleep(0)  # (nothing to wait for: what follows asserts nothing happened)
+    proc_metrics = proc.metrics()
+    assert len(runs(counter)) == 4 and generations(proc) == 0 and registry_requests(proc) == 0
+    assert proc_metrics.get("ign_server_payload_cache_miss_total", 0) == 0
+    assert not any(b"infra-clusters-a" in p.read_bytes() for p in (tmp_path / "cache").rglob("*") if p.is_file())
+
+    # A release whose MCO fails: InvalidConfig with the tail of its output; the last good payload serves.
+    write_manifests(paths["clusters-a-p0"], pool("clusters-a", "clusters-a-p0", "tok-clusters-a-p0", broken))
+    secret = wait_for(lambda: (s := token_status(paths["clusters-a-p0"])).reason == "InvalidConfig" and s,
+                      timeout=60, what="InvalidConfig from the failed run")
+    assert "error rendering the controller config: infrastructure has no status.platformStatus" in secret.message
+    assert "machine-config-operator exited with 255" in secret.message
+    assert "noise line 01999" in secret.message and "noise line 00001 " not in secret.message  # the tail only
+    assert len(secret.message.encode()) < 8192 + 512
+    assert generations(proc, "failed") == 1
+    status, _, body = proc.get("/ignition", bearer("tok-clusters-a-p0"))
+    assert status == 200 and body == served["clusters-a-p0"]
+
+
+def test_a_step_past_its_time_limit_is_killed(world, tmp_path: Path) -> None:
+    registry = world(Registry, tmp_path / "registry").start()
+    counter = tmp_path / "runs.log"
+    stuck = release(registry, push_mco_image(registry, "ocp/mco-stuck", counter, mode="sleep"), "4.17.5")
+    source = tmp_path / "source"
+    source.mkdir()
+    write_cluster(source, "clusters-a", registry)
+    path = write_manifests(source / "p.yaml", pool("clusters-a", "stuck", "tok-stuck", stuck))
+    started = time.monotonic()
+    world(ServerProcess, source, tmp_path / "cache",
+          extra=["--release-resolve", "--generate-bases", "--base-timeout", "2s"]).start()
+    secret = wait_for(lambda: (s := token_status(path)).reason == "InvalidConfig" and s, timeout=60, what="killed")
+    assert "machine-config-operator did not finish within 2 s and was killed" in secret.message
+    assert "rendering..." in secret.message  # its output so far
+    assert time.monotonic() - started < 45
+    pid = runs(counter)[0][0]
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # SIGKILLed and reaped: not even a zombie
+
+
+def test_generate_bases_needs_release_resolve(tmp_path: Path) -> None:
+    from ignition_server.cli import build_parser, serve_settings
+
+    args = build_parser().parse_args(["serve", "--source", str(tmp_path), "--cache-dir", str(tmp_path / "c"),
+                                      "--generate-bases"])
+    with pytest.raises(ValueError, match="--generate-bases needs --release-resolve"):
+        serve_settings(args)
