@@ -27,8 +27,12 @@ OPERATOR = r'''#!/usr/bin/python3
 import os, sys, time
 COUNTER, MODE = __COUNTER__, __MODE__
 args = dict(a[2:].split("=", 1) for a in sys.argv[2:] if a.startswith("--") and "=" in a)
+infra_name = "-"
+if os.path.isfile(args.get("infra-config-file", "")):
+    with open(args["infra-config-file"]) as f:
+        infra_name = [l.split(":", 1)[1].strip() for l in f if "infrastructureName" in l][0]
 with open(COUNTER, "a") as f:
-    f.write(f"{os.getpid()} operator {args.get('payload-version')}\n")
+    f.write(f"{os.getpid()} operator {args.get('payload-version')} {infra_name}\n")
 assert sys.argv[1] == "bootstrap", sys.argv
 for flag in ("root-ca", "infra-config-file", "network-config-file", "proxy-config-file", "config-file",
              "dns-config-file", "pull-secret", "image-references", "kube-ca"):
@@ -59,13 +63,13 @@ CONTROLLER = r'''#!/usr/bin/python3
 import hashlib, json, os, sys, urllib.parse
 COUNTER = __COUNTER__
 args = dict(a[2:].split("=", 1) for a in sys.argv[2:] if a.startswith("--") and "=" in a)
-with open(COUNTER, "a") as f:
-    f.write(f"{os.getpid()} controller {args.get('payload-version')}\n")
 assert sys.argv[1] == "bootstrap", sys.argv
 with open(os.path.join(args["manifest-dir"], "controllerconfig.yaml")) as f:
     controller = f.read()
 assert os.path.isfile(args["pull-secret"]), args["pull-secret"]
 infra = [l.split(":", 1)[1].strip() for l in controller.splitlines() if "infrastructureName" in l][0]
+with open(COUNTER, "a") as f:
+    f.write(f"{os.getpid()} controller {args.get('payload-version')} {infra}\n")
 files, units = [], []
 base = os.path.join(args["templates"], "worker", "00-worker", "_base")
 for name in sorted(os.listdir(os.path.join(base, "files"))):
@@ -157,7 +161,8 @@ def cluster_config(infrastructure_name: str) -> dict[str, str]:
     }
 
 
-def runs(counter: Path) -> list[tuple[int, str, str]]:
+def runs(counter: Path) -> list[tuple[int, str, str, str]]:
+    """(pid, step, release version, infrastructure name) of every stand-in run."""
     if not counter.exists():
         return []
-    return [(int(p), step, version) for p, step, version in (line.split() for line in counter.read_text().splitlines())]
+    return [(int(p), step, version, infra) for p, step, version, infra in (line.split() for line in counter.read_text().splitlines())]

@@ -63,8 +63,10 @@ def test_one_run_per_cluster_and_release_cached_across_restarts_failures_keep_th
     for name, path in paths.items():
         wait_for(lambda path=path: token_status(path).reason == "AsExpected", timeout=60, what=f"{name} rendered")
     # One operator and one controller run per (cluster, release): 2 pairs for 6 NodePools.
-    assert sorted(step for _pid, step, _v in runs(counter)) == ["controller"] * 2 + ["operator"] * 2
-    assert {v for _p, _s, v in runs(counter)} == {"4.17.3"}
+    assert sorted((step, infra) for _pid, step, _v, infra in runs(counter)) == [
+        ("controller", "infra-clusters-a"), ("controller", "infra-clusters-b"),
+        ("operator", "infra-clusters-a"), ("operator", "infra-clusters-b")]
+    assert {v for _p, _s, v, _i in runs(counter)} == {"4.17.3"}
     assert generations(proc) == 2
     served = {}
     for name in paths:
@@ -89,7 +91,6 @@ def test_one_run_per_cluster_and_release_cached_across_restarts_failures_keep_th
         status, _, body = wait_for(lambda name=name: (r := proc.get("/ignition", bearer("tok-" + name)))[0] == 200 and r,
                                    timeout=30, what=f"{name} served after the restart")
         assert body == served[name]
-    time.sleep(0)  # (nothing to wait for: what follows asserts nothing happened)
     proc_metrics = proc.metrics()
     assert len(runs(counter)) == 4 and generations(proc) == 0 and registry_requests(proc) == 0
     assert proc_metrics.get("ign_server_payload_cache_miss_total", 0) == 0
@@ -135,3 +136,47 @@ def test_generate_bases_needs_release_resolve(tmp_path: Path) -> None:
                                       "--generate-bases"])
     with pytest.raises(ValueError, match="--generate-bases needs --release-resolve"):
         serve_settings(args)
+
+
+def _layer(path: Path, files: dict[str, bytes]) -> Path:
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o755
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_extract_tree_takes_only_the_paths_asked_for_and_refuses_escapes(tmp_path: Path) -> None:
+    from ignition_server.registry.client import IntegrityError
+    from ignition_server.registry.layers import extract_tree
+
+    dest = tmp_path / "root"
+    dest.mkdir()
+    layer = _layer(tmp_path / "l.tar.gz", {
+        "usr/bin/machine-config-operator": b"#!/bin/sh\n", "./etc/mcc/templates/a/b.yaml": b"x: 1\n",
+        "usr/bin/other": b"no", "etc/mcc/templates/.wh.gone": b"",  # a whiteout: ignored (said in extract_tree)
+    })
+    assert extract_tree(layer, ("usr/bin/machine-config-operator", "etc/mcc/templates"), dest, 1 << 20) == 15
+    found = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
+    assert found == ["etc/mcc/templates/a/b.yaml", "usr/bin/machine-config-operator"]
+    assert os.access(dest / "usr/bin/machine-config-operator", os.X_OK)
+    with pytest.raises(IntegrityError, match="exceed"):
+        extract_tree(layer, ("usr/bin",), dest, 5)
+    escape = _layer(tmp_path / "e.tar.gz", {"etc/mcc/templates/../../../../escaped": b"boom"})
+    with pytest.raises(IntegrityError, match="outside the image root"):
+        extract_tree(escape, ("etc/mcc/templates",), dest, 1 << 20)
+    assert not (tmp_path / "escaped").exists()
+
+
+async def test_a_step_over_its_memory_limit_fails_with_its_output(tmp_path: Path) -> None:
+    from ignition_server.basegen.run import Limits, StepFailed, run_step
+
+    hog = ["/usr/bin/python3", "-c", "print('allocating', flush=True); x = bytearray(512 << 20)"]
+    env = {"PATH": "/usr/bin:/bin"}
+    assert "allocating" in await run_step(hog, tmp_path, Limits(timeout=30, memory_bytes=4 << 30), env)
+    with pytest.raises(StepFailed, match=r"(?s)python3 exited with 1; its output:\nallocating.*MemoryError"):
+        await run_step(hog, tmp_path, Limits(timeout=30, memory_bytes=256 << 20), env)
