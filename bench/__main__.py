@@ -10,6 +10,7 @@
   proxy     through ignition-proxy's HAProxy (passthrough, terminate) vs the server alone (bench/proxy.py)
   kube      Kubernetes mode at scale: empty-disk replica, API load per boot and rotation (bench/kube.py)
   releases  5,280 NodePools over 10 releases from a real registry: each release read once (bench/releases.py)
+  bases     5,280 NodePools over 440 clusters, generated MCO bases: one run per (cluster, release) (bench/bases.py)
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import sys
 
 COMMANDS = {"compare": "bench.compare", "releases": "bench.releases", "run": "bench.run", "fleet": "bench.fleet",
             "rerender": "bench.rerender", "kube": "bench.kube", "timing": "bench.timing", "storm": "bench.storm",
-            "hotpath": "bench.hotpath", "proxy": "bench.proxy"}
+            "hotpath": "bench.hotpath", "proxy": "bench.proxy", "bases": "bench.bases"}
 
 
 def main(argv: list[str]) -> int:
