@@ -229,7 +229,7 @@ class IgnitionServer:
             return None
         work_dir = self.settings.cache_dir / "tmp-mco"
         work_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        for leftover in work_dir.glob("mco-*"):  # a run a crash interrupted
+        for leftover in work_dir.iterdir():  # runs a crash interrupted, images extracted by the last process
             shutil.rmtree(leftover, ignore_errors=True)
 
         def done(key: str) -> None:

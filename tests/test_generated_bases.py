@@ -45,7 +45,7 @@ def files_of(body: bytes) -> dict[str, dict]:
     return {f["path"]: f for f in json.loads(body)["storage"]["files"]}
 
 
-def test_one_run_per_cluster_and_release_cached_across_restarts_failures_keep_the_last_payload(world, tmp_path: Path) -> None:
+def test_one_run_per_cluster_and_release_cached_across_restarts_failures_keep_the_last_payload(world, tmp_path: Path) -> None:  # noqa: F811
     registry = world(Registry, tmp_path / "registry").start()
     counter = tmp_path / "runs.log"
     good = release(registry, push_mco_image(registry, "ocp/mco", counter), "4.17.3")
@@ -109,7 +109,7 @@ def test_one_run_per_cluster_and_release_cached_across_restarts_failures_keep_th
     assert status == 200 and body == served["clusters-a-p0"]
 
 
-def test_a_step_past_its_time_limit_is_killed(world, tmp_path: Path) -> None:
+def test_a_step_past_its_time_limit_is_killed(world, tmp_path: Path) -> None:  # noqa: F811
     registry = world(Registry, tmp_path / "registry").start()
     counter = tmp_path / "runs.log"
     stuck = release(registry, push_mco_image(registry, "ocp/mco-stuck", counter, mode="sleep"), "4.17.5")

@@ -94,6 +94,10 @@ class BaseGenerator:
     _absent: set[str] = field(default_factory=set)  # not in the store (only this process writes it)
     _inflight: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     _failures: dict[str, tuple[str, int, float]] = field(default_factory=dict)  # message, attempts, retry at
+    # The MCO image's files, extracted once per image and shared by the runs of every cluster on
+    # that release (a real MCO image is hundreds of MB): the newest few kept, read-only to runs.
+    keep_images: int = 4
+    _images: dict[str, asyncio.Task[Path]] = field(default_factory=dict)
 
     def known(self, key: str) -> str | None:
         """The generated base's MachineConfigs (YAML), from memory or the store; None: not generated."""
@@ -159,15 +163,12 @@ class BaseGenerator:
         image = job.images.get(MCO_IMAGE)
         if not image:
             raise ValueError(f"release {job.release} has no {MCO_IMAGE} image")
+        image_dir = await self._image_files(image, job)
         with tempfile.TemporaryDirectory(dir=self.work_dir, prefix="mco-") as tmp:
             root = Path(tmp)
-            image_dir, config, mco, mcc, mcs = (root / n for n in ("image", "config", "mco", "mcc", "mcs"))
-            for directory in (image_dir, config, mco, mcc, mcs):
+            config, mco, mcc, mcs = (root / n for n in ("config", "mco", "mcc", "mcs"))
+            for directory in (config, mco, mcc, mcs):
                 directory.mkdir()
-            await self.files.extract(image, IMAGE_PATHS, image_dir, job.pull_secret, self.tls(job.ca_bundle))
-            for binary in IMAGE_PATHS[:2]:
-                if not (image_dir / binary).is_file():
-                    raise ValueError(f"image {image} has no {binary}")
             await asyncio.to_thread(write_config, config, job)
             env = {"PATH": "/usr/bin:/bin", "HOME": str(root), "LANG": "C.UTF-8"}
             limits = self.settings.limits
@@ -175,6 +176,34 @@ class BaseGenerator:
             await asyncio.to_thread(prepare_controller_input, config, mco, mcc)
             await run_step([str(image_dir / IMAGE_PATHS[1]), *controller_args(mcc, image_dir, mcs, job)], root, limits, env)
             return await asyncio.to_thread(read_worker_base, mcs)
+
+
+    async def _image_files(self, image: str, job: BaseJob) -> Path:
+        """The image's binaries and templates, extracted once (single-flight) and shared."""
+        task = self._images.get(image)
+        if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
+            task = self._images[image] = asyncio.ensure_future(self._extract_image(image, job))
+            for old in list(self._images)[:-self.keep_images]:
+                gone = self._images.pop(old)
+                if gone.done() and not gone.cancelled() and gone.exception() is None:
+                    # Runs started on it hold their own paths open; a new run extracts again.
+                    shutil.rmtree(gone.result(), ignore_errors=True)
+        return await asyncio.shield(task)
+
+    async def _extract_image(self, image: str, job: BaseJob) -> Path:
+        target = self.work_dir / ("image-" + hashlib.sha256(image.encode()).hexdigest()[:32])
+        shutil.rmtree(target, ignore_errors=True)
+        staging = Path(tempfile.mkdtemp(dir=self.work_dir, prefix="mco-image-"))
+        try:
+            await self.files.extract(image, IMAGE_PATHS, staging, job.pull_secret, self.tls(job.ca_bundle))
+            for binary in IMAGE_PATHS[:2]:
+                if not (staging / binary).is_file():
+                    raise ValueError(f"image {image} has no {binary}")
+            staging.rename(target)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        return target
 
 
 def cluster_key(cluster_fingerprint: str, release_digest: str) -> str:
