@@ -52,10 +52,13 @@ def generated_key(secret: TokenSecret, notes: Mapping[str, str], lookup: Lookup,
     namespace = secret.key.namespace
     config_key = input_key(secret, CLUSTER_CONFIG, notes)
     secret_key = input_key(secret, JOIN_INPUTS[0], notes)
-    deps = {config_key, secret_key, release_key(secret.release), base_key(namespace, "generated:" + secret.release)}
+    deps = {config_key, secret_key}
     config = lookup(config_key)
+    if config is None:
+        return None, deps  # no cluster configuration: no generated base, and no need of the release
+    deps |= {release_key(secret.release), base_key(namespace, "generated:" + secret.release)}
     digest = releases.digest(secret.release) if secret.release else None
-    if config is None or not digest:
+    if not digest:
         return None, deps
     cluster = hashlib.sha256((fingerprint(config) + fingerprint(lookup(secret_key))).encode()).hexdigest()
     return cluster_key(cluster, digest), deps

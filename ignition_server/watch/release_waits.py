@@ -30,6 +30,10 @@ from .status import Status
 log = logging.getLogger("ignition_server.watch")
 
 WAIT = "wait"
+# What payloads name of a release: the node HAProxy's image, and with an MCO base the OS
+# image and its extensions (the MCO image is for the writer's base generation; shared so
+# the writer, which reads its own catalog first, still finds it).
+SHARED_IMAGES = frozenset((HAPROXY_IMAGE, "rhel-coreos", "rhel-coreos-extensions", "machine-config-operator"))
 
 
 class ReleaseWaits:
@@ -59,7 +63,7 @@ class ReleaseWaits:
 
     async def _share(self, pull_spec: str, images: dict[str, str], version: str) -> None:
         """Publish a release for the other replicas: only the components a payload names."""
-        wanted = {name: image for name, image in images.items() if name == HAPROXY_IMAGE}
+        wanted = {name: image for name, image in images.items() if name in SHARED_IMAGES}
         name = "ignition-server-release-" + hashlib.sha256(pull_spec.encode()).hexdigest()[:16]
         entry = [{"pullSpec": pull_spec, "version": version, "images": wanted}]
         obj = {
