@@ -33,6 +33,7 @@ import logging
 import shutil
 import ssl
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,18 +98,35 @@ class BaseGenerator:
     # The MCO image's files, extracted once per image and shared by the runs of every cluster on
     # that release (a real MCO image is hundreds of MB): the newest few kept, read-only to runs.
     keep_images: int = 4
+    keep_bases: int = 64
+    _lock: threading.Lock = field(default_factory=threading.Lock)
     _images: dict[str, asyncio.Task[Path]] = field(default_factory=dict)
 
     def known(self, key: str) -> str | None:
-        """The generated base's MachineConfigs (YAML), from memory or the store; None: not generated."""
-        found = self._known.get(key)
-        if found is None and key not in self._absent:
-            data = self.load(STATE_PREFIX + key)
+        """The generated base's MachineConfigs (YAML), from memory or the store; None: not generated.
+
+        Called from the event loop and from render threads."""
+        with self._lock:
+            found = self._known.pop(key, None)
+            if found is not None:
+                self._known[key] = found  # most recently used last
+                return found
+            if key in self._absent:
+                return None
+        data = self.load(STATE_PREFIX + key)
+        with self._lock:
             if data is None:
                 self._absent.add(key)
-            else:
-                found = self._known[key] = data.decode()
-        return found
+                return None
+            self._remember(key, data.decode())
+            return self._known[key]
+
+    def _remember(self, key: str, text: str) -> None:
+        # A real base is a few hundred KiB and 440 clusters have 440: memory keeps the
+        # recently used ones, the encrypted store all of them.
+        self._known[key] = text
+        while len(self._known) > self.keep_bases:
+            self._known.pop(next(iter(self._known)))
 
     def failure(self, key: str) -> str | None:
         failed = self._failures.get(key)
@@ -140,8 +158,9 @@ class BaseGenerator:
             log.exception("generating the MCO base of %s for %s failed", job.namespace, job.release)
             self._failed(job, f"{type(exc).__name__}: {exc}")
         else:
-            self._known[job.key] = text
-            self._absent.discard(job.key)
+            with self._lock:
+                self._remember(job.key, text)
+                self._absent.discard(job.key)
             self._failures.pop(job.key, None)
             self.counted("ok")
             log.info("MCO base generated for %s, release %s (%s) in %.1f s",
