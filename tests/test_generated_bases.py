@@ -108,6 +108,17 @@ def test_one_run_per_cluster_and_release_cached_across_restarts_failures_keep_th
     status, _, body = proc.get("/ignition", bearer("tok-clusters-a-p0"))
     assert status == 200 and body == served["clusters-a-p0"]
 
+    # A change of one cluster's configuration generates again for that cluster only.
+    objs = cluster("clusters-b", registry.pull_secret(), registry.ca_file.read_text())
+    objs.append(secret_obj("ConfigMap", "clusters-b", "machine-config-server", cluster_config("infra-b-renamed")))
+    write_manifests(source / "clusters-b.yaml", *objs)
+    for n in range(3):
+        wait_for(lambda n=n: "infrastructure infra-b-renamed" in payload_text(proc.get("/ignition", bearer(f"tok-clusters-b-p{n}"))[2]),
+                 timeout=60, what=f"clusters-b-p{n} on its regenerated base")
+    assert sorted((s, i) for _p, s, v, i in runs(counter)[4:] if v == "4.17.3") == [
+        ("controller", "infra-b-renamed"), ("operator", "infra-b-renamed")]
+    assert proc.get("/ignition", bearer("tok-clusters-a-p1"))[2] == served["clusters-a-p1"]
+
 
 def test_a_step_past_its_time_limit_is_killed(world, tmp_path: Path) -> None:  # noqa: F811
     registry = world(Registry, tmp_path / "registry").start()
