@@ -191,3 +191,15 @@ async def test_a_step_over_its_memory_limit_fails_with_its_output(tmp_path: Path
     assert "allocating" in await run_step(hog, tmp_path, Limits(timeout=30, memory_bytes=4 << 30), env)
     with pytest.raises(StepFailed, match=r"(?s)python3 exited with 1; its output:\nallocating.*MemoryError"):
         await run_step(hog, tmp_path, Limits(timeout=30, memory_bytes=256 << 20), env)
+
+
+def test_bases_bench_runs_once_per_cluster_and_release(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from bench import bases
+
+    code = bases.main(["--clusters", "3", "--pools", "4", "--releases", "2", "--work", str(tmp_path / "work")])
+    out = capsys.readouterr().out
+    summary = json.loads(out)
+    assert summary["served"] == 12 and summary["failed"] == 0, out
+    assert summary["pairs"] == 6 and summary["operator_runs"] == 6 and summary["pairs_run_exactly_once"], out
+    assert summary["generations_metric"] == 6 and summary["renders"] == 12, out
+    assert code == 0, out
