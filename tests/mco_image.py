@@ -41,6 +41,9 @@ for flag in ("root-ca", "infra-config-file", "network-config-file", "proxy-confi
 if MODE == "sleep":
     print("rendering...", flush=True)
     time.sleep(3600)
+if MODE == "fail-once" and not os.path.exists(COUNTER + ".failed"):
+    open(COUNTER + ".failed", "w").close()
+    sys.exit("error: the first run fails (a transient fault)")
 if MODE == "fail":
     for i in range(2000):
         print(f"I1123 noise line {i:05d} of the bootstrap render")

@@ -203,3 +203,59 @@ def test_bases_bench_runs_once_per_cluster_and_release(tmp_path: Path, capsys: p
     assert summary["pairs"] == 6 and summary["operator_runs"] == 6 and summary["pairs_run_exactly_once"], out
     assert summary["generations_metric"] == 6 and summary["renders"] == 12, out
     assert code == 0, out
+
+
+async def test_generator_single_flight_back_off_and_retry(tmp_path: Path) -> None:
+    """The generator on its own, against the real registry: concurrent requests for one pair are
+    one run; a failed run is not retried before its back-off, then is, and succeeds."""
+    import asyncio
+    import ssl
+
+    import aiohttp
+
+    from ignition_server.basegen.generator import BaseGenerator, BaseJob, GeneratorSettings
+    from ignition_server.registry.client import RegistryClient
+    from ignition_server.registry.image_files import ImageFiles
+    from ignition_server.registry.mirrors import Mirrors
+
+    registry = Registry(tmp_path / "registry").start()
+    counter = tmp_path / "runs.log"
+    try:
+        mco = push_mco_image(registry, "ocp/mco", counter, mode="fail-once")
+        async with aiohttp.ClientSession() as session:
+            client = RegistryClient(session, ssl.create_default_context(cafile=str(registry.ca_file)))
+            store: dict[str, bytes] = {}
+            done: asyncio.Queue[str] = asyncio.Queue()
+            now = [1000.0]  # the back-off's clock, moved by the test
+            (tmp_path / "work").mkdir()
+            generator = BaseGenerator(
+                files=ImageFiles(client, Mirrors(), work_dir=tmp_path / "work"), load=store.get, save=store.__setitem__,
+                work_dir=tmp_path / "work", settings=GeneratorSettings(retry_min=60.0), on_done=done.put_nowait,
+                clock=lambda: now[0])
+            job = BaseJob(key="k1", namespace="clusters-a", release="example/release@sha256:" + "1" * 64,
+                          release_digest="sha256:" + "1" * 64, version="4.17.3",
+                          images={"machine-config-operator": mco}, cluster_files=cluster_config("infra-a"),
+                          pull_secret=registry.pull_secret())
+            for _ in range(5):
+                generator.request(job)  # one run however many ask
+            assert await asyncio.wait_for(done.get(), 30) == "k1"
+            assert "the first run fails (a transient fault)" in (generator.failure("k1") or "")
+            assert generator.known("k1") is None and not generator.due("k1")
+            generator.request(job)  # backing off: ignored
+            assert not generator.pending("k1")
+            now[0] += 59.0
+            assert not generator.due("k1")
+            now[0] += 1.0
+            assert generator.due("k1")
+            generator.request(job)
+            assert await asyncio.wait_for(done.get(), 30) == "k1"
+            assert generator.failure("k1") is None
+            text = generator.known("k1")
+            assert text is not None and "infrastructure infra-a payload 4.17.3" in text.replace("%20", " ")
+            assert store["mco-base-k1"] == text.encode()
+            assert [s for _p, s, _v, _i in runs(counter)] == ["operator", "operator", "controller"]
+            # Another generator over the same store: known without a run.
+            again = BaseGenerator(files=generator.files, load=store.get, save=store.__setitem__, work_dir=tmp_path / "work")
+            assert again.known("k1") == text
+    finally:
+        registry.stop()
