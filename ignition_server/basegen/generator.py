@@ -121,6 +121,14 @@ class BaseGenerator:
             self._remember(key, data.decode())
             return self._known[key]
 
+    def adopt(self, key: str, text: str) -> None:
+        """A base generated elsewhere (the writer replica): checked, stored and known. Raises ValueError."""
+        parse_machineconfigs(text)
+        self.save(STATE_PREFIX + key, text.encode())
+        with self._lock:
+            self._remember(key, text)
+            self._absent.discard(key)
+
     def _remember(self, key: str, text: str) -> None:
         # A real base is a few hundred KiB and 440 clusters have 440: memory keeps the
         # recently used ones, the encrypted store all of them.

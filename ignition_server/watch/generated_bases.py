@@ -9,7 +9,9 @@ slim objects (a large value's digest stands in for it), so deciding costs no rea
 
 Until the base is known the NodePool's render waits (the last good payload keeps serving);
 a failed run is `InvalidConfig` with the run's output tail, retried with back-off. Only the
-writer generates (workers never render; other replicas wait).
+writer generates (workers never render); with several replicas it publishes each generated
+base as a ConfigMap `ignition-server-base-<key>` in its own namespace, which the others keep
+like one they generated.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from typing import Any, Callable, Mapping
 
 from ..basegen.generator import BaseGenerator, BaseJob, cluster_key
 from ..render.inputs import NodePoolInputs
-from ..sources.manifests import LargeValue, ObjectKey, TokenSecret, data_text
-from .bases import BaseIndex, base_key
+from ..sources.manifests import LargeValue, ObjectKey, TokenSecret, annotations, data_text
+from .bases import BASE_KEY, BaseIndex, base_key
 from .gather import JOIN_INPUTS, InputObject, Lookup, input_key
 from .release_waits import WAIT
 from .releases import Releases, release_key
@@ -32,6 +34,11 @@ from .status import Status
 log = logging.getLogger("ignition_server.watch")
 
 CLUSTER_CONFIG = InputObject("ConfigMap", "machine-config-server", None)
+ANNOTATION_GENERATED_BASE = "ignition-server.openshift.io/generated-base"  # its value: the pair's key
+
+
+def is_generated_base(obj: Mapping[str, Any] | None) -> bool:
+    return bool(obj) and obj.get("kind") == "ConfigMap" and bool(annotations(obj).get(ANNOTATION_GENERATED_BASE))  # type: ignore[union-attr]
 
 
 def fingerprint(obj: Mapping[str, Any] | None) -> str:
@@ -80,8 +87,40 @@ class GeneratedBases:
 
     def base_generated(self, key: str) -> None:
         """The generator finished `key` (generated, or failed): its NodePools look again."""
+        generator = self.generator
+        if generator is not None and self.share_namespace and self.writer():
+            text = generator.known(key)
+            if text is not None:
+                asyncio.create_task(self._share_base(key, text), name=f"share mco base {key[:16]}")
         for dependency in self._base_waiters.pop(key, set()):
             self._inputs_changed(dependency)
+
+    async def _share_base(self, key: str, text: str) -> None:
+        """Publish a generated base for the other replicas (Kubernetes mode), as releases are."""
+        name = "ignition-server-base-" + key[:16]
+        obj = {
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": self.share_namespace, "annotations": {ANNOTATION_GENERATED_BASE: key}},
+            "data": {BASE_KEY: text},
+        }
+        try:
+            await self.source.put(obj, beside=ObjectKey("ConfigMap", str(self.share_namespace), name))
+        except Exception as exc:  # the others keep waiting; the next run (or restart) publishes again
+            log.error("could not publish the generated MCO base %s for the other replicas: %s", key[:16], exc)
+
+    def shared_base_changed(self, obj: Mapping[str, Any]) -> None:
+        """A base the writer generated and published: kept like one generated here."""
+        generator = self.generator
+        key = str(annotations(obj).get(ANNOTATION_GENERATED_BASE, ""))
+        text = data_text(obj).get(BASE_KEY)
+        if generator is None or not key or not text or generator.known(key) is not None:
+            return
+        try:
+            generator.adopt(key, text)
+        except ValueError as exc:
+            log.error("the published MCO base %s is not usable: %s", key[:16], exc)
+            return
+        self.base_generated(key)
 
     def base_blocked(self, secret: TokenSecret, inputs: NodePoolInputs) -> Status | str | None:
         """None: render. WAIT: the base is being generated. A Status: why it cannot be."""
@@ -94,9 +133,9 @@ class GeneratedBases:
         release = self.releases.get(secret.release)
         if key is None or release is None:
             return None  # no cluster configuration (no base), or the release waits (release_waits.py)
-        if self.share_namespace and not self.writer():
-            return WAIT
         self._base_waiters.setdefault(key, set()).add(base_key(secret.key.namespace, "generated:" + secret.release))
+        if self.share_namespace and not self.writer():
+            return WAIT  # the writer generates it and publishes it (shared_base_changed)
         failure = generator.failure(key)
         if generator.due(key) and not generator.pending(key) and key not in self._base_asking:
             self._base_asking.add(key)

@@ -33,7 +33,7 @@ from ..sources.manifests import (
 from .bases import BaseIndex, is_base
 from .faults import Faults, ObjectWork, backoff
 from .gather import gather
-from .generated_bases import GeneratedBases
+from .generated_bases import GeneratedBases, is_generated_base
 from ..basegen.generator import BaseGenerator
 from .outputs import TokenOutputs
 from ..registry.mirrors import is_mirror_set
@@ -147,7 +147,7 @@ class Reconciler(WriterDuties, ReleaseWaits, GeneratedBases):
         """Apply one change; the NodePool of a token Secret it added or changed."""
         key = change.key
         touched = None
-        if change.type != "DELETED" and has_large_values(change.obj) and (is_catalog(change.obj) or is_trust_object(change.obj)):
+        if change.type != "DELETED" and has_large_values(change.obj) and (is_catalog(change.obj) or is_trust_object(change.obj) or is_generated_base(change.obj)):
             full = await asyncio.to_thread(self.source.get_full, key)
             change = Change(change.type, key, full if full is not None else change.obj)
         if self.trust is not None:
@@ -158,6 +158,8 @@ class Reconciler(WriterDuties, ReleaseWaits, GeneratedBases):
         if key.kind == "ConfigMap" and (is_base(change.obj) or self.bases.knows(key)):
             for dependency in self.bases.update(key, None if change.type == "DELETED" else change.obj):
                 self._inputs_changed(dependency)
+        if key.kind == "ConfigMap" and change.type != "DELETED" and is_generated_base(change.obj):
+            self.shared_base_changed(change.obj)
         if is_mirror_set(change.obj) or (key.kind in ("ImageDigestMirrorSet", "ImageTagMirrorSet")):
             self.mirror_set_changed(key, None if change.type == "DELETED" else change.obj)
         if key.kind == "Secret":
