@@ -193,10 +193,10 @@ class IgnitionHandlers:
 
 def _payload_response(body: bytes, version: str, piece: int) -> web.Response:
     content_type = f"{IGNITION_MEDIA_TYPE};version={version}"
-    return web.Response(
-        body=PiecewiseBody(body, piece=piece, content_type=content_type),
-        headers={"Content-Type": content_type, "Cache-Control": "no-store"},
-    )
+    headers = {"Content-Type": content_type, "Cache-Control": "no-store"}
+    if len(body) <= piece:  # one write: aiohttp's own path for a bytes body is the shortest
+        return web.Response(body=body, headers=headers)
+    return web.Response(body=PiecewiseBody(body, piece=piece, content_type=content_type), headers=headers)
 
 
 def _refusal_response(refusal: Refusal) -> web.Response:
