@@ -126,19 +126,9 @@ class IgnitionServer:
             generator=self._generator(releases, cache),
         )
         authenticator = TokenAuthenticator(cache, self.clock, verifier=verifier, directory=reconciler)
-        handlers = IgnitionHandlers(
-            cache=cache,
-            authenticator=authenticator,
-            metrics=self.metrics,
-            state=self.state,
-            on_served=reconciler.note_served,
-            on_missing=reconciler.payload_missing,
-            max_in_flight=settings.max_in_flight,
-            limiter=FailedAuthLimiter(settings.auth_failure_burst, settings.auth_failure_window),
-            access=AccessLog(settings.log_format),
-        )
         runners: list[web.AppRunner] = []
         pool: WorkerPool | None = None
+        handlers: IgnitionHandlers | None = None
         if settings.workers:
             assert self.tls_files is not None
             reserved = reserve_port(settings.listen)
@@ -153,7 +143,8 @@ class IgnitionServer:
                 self.metrics, pool.gather_reports if pool is not None else None), settings.metrics_listen, None, "metrics"))
         if pool is not None:
             await pool.start()
-        else:
+        else:  # one process: the owner serves too
+            handlers = self._handlers(authenticator, reconciler)
             guard = ConnectionGuard(settings.header_timeout, settings.connections_per_source, settings.connections_total)
             runners.append(await self._start(build_app(handlers), settings.listen, ssl_context, "serving", guard))
         self.state.ready = True
@@ -171,7 +162,7 @@ class IgnitionServer:
             asyncio.create_task(self._run_source(source, reconciler), name="source"),
             asyncio.create_task(reconciler.run_periodic(), name="housekeeping"),
         ]
-        if ssl_context is not None and self.tls_files is not None:
+        if pool is None and ssl_context is not None and self.tls_files is not None:  # workers reload their own
             tasks.append(asyncio.create_task(reload_on_change(ssl_context, self.tls_files), name="tls-reload"))
         if cluster is not None:
             tasks.append(asyncio.create_task(cluster.elector.run(), name="lease"))
@@ -200,7 +191,8 @@ class IgnitionServer:
             await reconciler.drain(self.settings.shutdown_timeout)
             await asyncio.to_thread(cache.flush)
             await source.flush()
-            handlers.close()
+            if handlers is not None:
+                handlers.close()
             if registry_session is not None:
                 await registry_session.close()
 
@@ -242,6 +234,20 @@ class IgnitionServer:
             settings=GeneratorSettings(Limits(registry.base_timeout, registry.base_memory_bytes)),
             on_done=done, counted=lambda result: self.metrics.base_generations.labels(result=result).inc(),
             tls=resolver.tls,
+        )
+
+    def _handlers(self, authenticator: TokenAuthenticator, reconciler: Reconciler) -> IgnitionHandlers:
+        settings = self.settings
+        return IgnitionHandlers(
+            cache=reconciler.cache,
+            authenticator=authenticator,
+            metrics=self.metrics,
+            state=self.state,
+            on_served=reconciler.note_served,
+            on_missing=reconciler.payload_missing,
+            max_in_flight=settings.max_in_flight,
+            limiter=FailedAuthLimiter(settings.auth_failure_burst, settings.auth_failure_window),
+            access=AccessLog(settings.log_format),
         )
 
     def _edge_writer(self, verifier: ServiceAccountVerifier) -> Callable[[], None]:

@@ -29,6 +29,8 @@ from typing import Any
 
 import yaml
 
+from ignition_server import bounded_yaml
+
 MODES = ("passthrough", "terminate")
 _HOST = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
 _PATH = re.compile(r"^/[A-Za-z0-9._/+@=~-]*$")
@@ -170,7 +172,7 @@ def _route(item: Any, index: int) -> Route:
 def load_table(text: str) -> Table:
     """Parse and check a routing table (YAML). Pure."""
     try:
-        data = yaml.safe_load(text)
+        data = bounded_yaml.load(text)
     except yaml.YAMLError as error:
         raise TableError(f"not YAML: {error}") from None
     if not isinstance(data, dict):

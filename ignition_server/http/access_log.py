@@ -26,6 +26,8 @@ FLUSH_LINES = 256
 class AccessLog:
     def __init__(self, log_format: str, stream: TextIO | None = None) -> None:
         self._json = resolve_format(log_format) == "json"
+        self._logger = logging.getLogger(LOGGER)  # getLogger takes the logging module's lock: once, not per request
+        self._stamp_format = "%Y-%m-%dT%H:%M:%S" if self._json else "%Y-%m-%d %H:%M:%S"
         self._stream = stream
         self._lines: list[str] = []
         self._scheduled: asyncio.Handle | None = None
@@ -34,7 +36,7 @@ class AccessLog:
 
     @property
     def enabled(self) -> bool:
-        return logging.getLogger(LOGGER).isEnabledFor(logging.INFO)
+        return self._logger.isEnabledFor(logging.INFO)
 
     def record(self, method: str, path: str, status: int, *, request_id: str, nodepool: str, size: int,
                duration_ms: float, client: str) -> None:
@@ -42,12 +44,12 @@ class AccessLog:
         path = redact(path)
         request_id = redact(request_id)
         if self._json:
-            line = (f'{{"time": "{self._time(now, "T")}.{int(now * 1000) % 1000:03d}Z", "level": "info", '
+            line = (f'{{"time": "{self._time(now)}.{int(now * 1000) % 1000:03d}Z", "level": "info", '
                     f'"logger": "{LOGGER}", "msg": {json.dumps(f"{method} {path} {status}")}, '
                     f'"request_id": {json.dumps(request_id)}, "nodepool": {json.dumps(nodepool)}, "status": {status}, '
                     f'"bytes": {size}, "duration_ms": {duration_ms}, "client": {json.dumps(client)}}}')
         else:
-            line = (f"{self._time(now, ' ')},{int(now * 1000) % 1000:03d} INFO    {LOGGER}: {method} {path} {status} "
+            line = (f"{self._time(now)},{int(now * 1000) % 1000:03d} INFO    {LOGGER}: {method} {path} {status} "
                     f"request_id={request_id} nodepool={nodepool} status={status} bytes={size} "
                     f"duration_ms={duration_ms} client={client}")
         self._lines.append(line)
@@ -56,12 +58,12 @@ class AccessLog:
         elif self._scheduled is None:
             self._scheduled = asyncio.get_running_loop().call_soon(self.flush)
 
-    def _time(self, now: float, sep: str) -> str:
+    def _time(self, now: float) -> str:
         second = int(now)
         if second != self._second:  # formatted once a second, not once a request
             self._second = second
-            self._stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(second))
-        return self._stamp.replace(" ", sep) if sep != " " else self._stamp
+            self._stamp = time.strftime(self._stamp_format, time.gmtime(second))
+        return self._stamp
 
     def flush(self) -> None:
         if self._scheduled is not None:

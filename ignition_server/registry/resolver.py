@@ -85,16 +85,8 @@ class ReleaseResolver:
     _contexts: dict[str, ssl.SSLContext] = field(default_factory=dict)
 
     def known(self, pull_spec: str) -> ReleaseContent | None:
-        try:
-            ref = parse(pull_spec)
-        except ReferenceError:
-            return None
-        if ref.digest:
-            return self._by_digest.get(ref.digest)
-        tagged = self._tags.get(str(ref))
-        if tagged and tagged[1] > self.clock():
-            return self._by_digest.get(tagged[0])
-        return None
+        digest = self.digest_of(pull_spec)
+        return self._by_digest.get(digest) if digest else None
 
     def digest_of(self, pull_spec: str) -> str | None:
         """The digest a release pull spec names now (a tag's, while it is fresh); None: not known."""

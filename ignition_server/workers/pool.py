@@ -160,7 +160,7 @@ class WorkerPool:
                     return
                 self._workers.pop(worker.number, None)
                 worker.channel.close()
-                self._metrics.workers_serving.set(sum(w.ready.is_set() for w in self._workers.values()))
+                self._count_serving()
                 delay = RESTART_DELAYS[min(failures, len(RESTART_DELAYS) - 1)]
                 log.error("worker %d (pid %d) exited with %s; starting it again in %.1fs",
                           worker.number, worker.process.pid, worker.process.returncode, delay)
@@ -190,6 +190,9 @@ class WorkerPool:
             worker.channel.close()
         self._metrics.workers_serving.set(0)
 
+    def _count_serving(self) -> None:
+        self._metrics.workers_serving.set(sum(w.ready.is_set() for w in self._workers.values()))
+
     # -- what workers say ----------------------------------------------------------
     async def _listen(self, worker: _Worker) -> None:
         with contextlib.suppress(EOFError):
@@ -208,7 +211,7 @@ class WorkerPool:
                 elif kind == "ready":
                     log.info("worker %d (pid %d) is serving", worker.number, rest[0])
                     worker.ready.set()
-                    self._metrics.workers_serving.set(sum(w.ready.is_set() for w in self._workers.values()))
+                    self._count_serving()
 
     async def gather_reports(self, timeout: float = 1.0) -> None:
         """Have every serving worker report now, so a scrape sees each request already answered."""

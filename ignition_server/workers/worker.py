@@ -68,7 +68,7 @@ class Worker:
         self._ids = itertools.count(1)
         self._served: set[str] = set()
         self._owner_gone = False
-        self._reported: dict[str, Counter[str]] = {"nodepools": Counter(), "codes": Counter()}
+        self._reported: dict[str, Counter[str]] = {}  # what the last report counted, by kind
         self.limiter = FailedAuthLimiter(settings.auth_failure_burst, settings.auth_failure_window)
         self.handlers = IgnitionHandlers(
             cache=self.cache,
