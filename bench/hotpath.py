@@ -28,7 +28,7 @@ from aiohttp import ClientSession, TCPConnector, web
 from ignition_server.auth.presented import Presented, admit
 from ignition_server.auth.tokens import TokenAuthenticator
 from ignition_server.http.access_log import AccessLog
-from ignition_server.http.app import IgnitionHandlers, ServingState, build_app
+from ignition_server.http.app import IgnitionHandlers, ServingState, build_dispatch
 from ignition_server.http.ready import ReadyBodies
 from ignition_server.metrics import ServerMetrics
 from ignition_server.render.spec import encode, negotiate
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         headers = {"Authorization": bearer, "Accept": ACCEPT}
         ours = baseline = 0.0
         for _ in range(3):  # interleaved, best of three: the machine's other work moves both
-            ours = max(ours, asyncio.run(requests_per_second(build_app(handlers), args.seconds, headers)))
+            ours = max(ours, asyncio.run(requests_per_second(build_dispatch(handlers), args.seconds, headers)))
             baseline = max(baseline, asyncio.run(requests_per_second(bare, args.seconds, headers)))
         handlers.close()
         say(f"whole requests, plain HTTP, 8 in flight, client in this process, best of 3: server handler {ours:.0f} req/s, "

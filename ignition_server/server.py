@@ -30,7 +30,7 @@ from .http.access_log import AccessLog
 from .http.guard import ConnectionGuard
 from .http.listen import reserve_port, start_site
 from .http.limits import FailedAuthLimiter
-from .http.app import IgnitionHandlers, ServingState, build_app, build_metrics_app
+from .http.app import IgnitionHandlers, ServingState, build_metrics_app, build_dispatch
 from .http.ca_rotation import CARotation, DirectoryStore
 from .http.tls import TLSFiles, ensure_self_signed, make_ca, reload_on_change, server_context
 from .metrics import ServerMetrics
@@ -146,7 +146,7 @@ class IgnitionServer:
         else:  # one process: the owner serves too
             handlers = self._handlers(authenticator, reconciler)
             guard = ConnectionGuard(settings.header_timeout, settings.connections_per_source, settings.connections_total)
-            runners.append(await self._start(build_app(handlers), settings.listen, ssl_context, "serving", guard))
+            runners.append(await self._start(build_dispatch(handlers), settings.listen, ssl_context, "serving", guard))
         self.state.ready = True
         log.info(
             "ready in %.3fs with %d payloads from the cache; serving on %s:%d%s",
@@ -288,8 +288,8 @@ class IgnitionServer:
             log.info("TLS: self-made CA at %s (put it in pointer configs' certificateAuthorities)", self.tls_files.ca)
         return server_context(self.tls_files, tls.profile)
 
-    async def _start(self, app: web.Application, listen: tuple[str, int], ssl_context: ssl.SSLContext | None, name: str,
-                     guard: ConnectionGuard | None = None) -> web.AppRunner:
+    async def _start(self, app: web.Application | web.Server, listen: tuple[str, int], ssl_context: ssl.SSLContext | None, name: str,
+                     guard: ConnectionGuard | None = None) -> web.BaseRunner:
         runner, self.ports[name] = await start_site(app, listen, ssl_context, guard=guard,
                                                     shutdown_timeout=self.settings.shutdown_timeout,
                                                     proxy_from=self.settings.proxy_protocol_from)

@@ -15,3 +15,14 @@ def _no_server_left_behind() -> Iterator[None]:
     yield
     while harness.STARTED:
         harness.STARTED.pop().kill()
+
+
+@pytest.fixture
+def serving_client(aiohttp_raw_server, aiohttp_client):
+    """connect(handlers): an aiohttp test client on the serving port's dispatch, as served."""
+    from ignition_server.http.app import IgnitionHandlers, build_dispatch
+
+    async def connect(handlers: IgnitionHandlers):
+        return await aiohttp_client(await aiohttp_raw_server(build_dispatch(handlers)))
+
+    return connect

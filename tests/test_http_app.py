@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from ignition_server.auth.tokens import TokenAuthenticator
-from ignition_server.http.app import IgnitionHandlers, ServingState, build_app
+from ignition_server.http.app import IgnitionHandlers, ServingState
 from ignition_server.metrics import ServerMetrics
 from ignition_server.render.spec import encode
 from payload_cache import CacheConfig, PayloadCache, RenderRecord, TokenRecord, TokenState
@@ -26,11 +26,11 @@ def served_cache(tmp_path: Path) -> PayloadCache:
     return cache
 
 
-async def test_overload_answers_503_with_retry_after_never_4xx(tmp_path: Path, aiohttp_client) -> None:
+async def test_overload_answers_503_with_retry_after_never_4xx(tmp_path: Path, serving_client) -> None:
     cache = served_cache(tmp_path)
     handlers = IgnitionHandlers(cache=cache, authenticator=TokenAuthenticator(cache), metrics=ServerMetrics(),
                                 state=ServingState(ready=True), max_in_flight=1)
-    client = await aiohttp_client(build_app(handlers))
+    client = await serving_client(handlers)
     headers = {"Authorization": "Bearer " + base64.b64encode(b"tok").decode()}
     responses = await asyncio.gather(*(client.get("/ignition", headers=headers) for _ in range(40)))
     statuses = [r.status for r in responses]
@@ -46,11 +46,11 @@ async def test_overload_answers_503_with_retry_after_never_4xx(tmp_path: Path, a
     handlers.close()
 
 
-async def test_not_ready_is_503_and_head_is_allowed(tmp_path: Path, aiohttp_client) -> None:
+async def test_not_ready_is_503_and_head_is_allowed(tmp_path: Path, serving_client) -> None:
     cache = served_cache(tmp_path)
     state = ServingState(ready=False)
     handlers = IgnitionHandlers(cache=cache, authenticator=TokenAuthenticator(cache), metrics=ServerMetrics(), state=state)
-    client = await aiohttp_client(build_app(handlers))
+    client = await serving_client(handlers)
     headers = {"Authorization": "Bearer " + base64.b64encode(b"tok").decode()}
     assert (await client.get("/ignition", headers=headers)).status == 503
     assert (await client.get("/readyz")).status == 503
@@ -61,11 +61,27 @@ async def test_not_ready_is_503_and_head_is_allowed(tmp_path: Path, aiohttp_clie
     handlers.close()
 
 
-async def test_a_payload_is_kept_ready_per_version_and_a_new_render_replaces_it(tmp_path: Path, aiohttp_client) -> None:
+async def test_routes_answer_404_and_405_as_a_router_would(tmp_path: Path, serving_client) -> None:
+    cache = served_cache(tmp_path)
+    handlers = IgnitionHandlers(cache=cache, authenticator=TokenAuthenticator(cache), metrics=ServerMetrics(),
+                                state=ServingState(ready=True))
+    client = await serving_client(handlers)
+    for path in ("/", "/ignition/", "/config/", "/config/p/extra", "/configs/p", "/metrics"):
+        response = await client.get(path)
+        assert response.status == 404, path
+    refused = await client.post("/config/p?token=tok")
+    assert refused.status == 405 and refused.headers["Allow"] == "GET,HEAD"
+    # The MCS shape reaches its handler with the NodePool from the path.
+    assert (await client.get("/config/p?token=tok")).status == 200
+    assert (await client.get("/healthz")).status == 200
+    handlers.close()
+
+
+async def test_a_payload_is_kept_ready_per_version_and_a_new_render_replaces_it(tmp_path: Path, serving_client) -> None:
     cache = served_cache(tmp_path)  # no memory tier: a body not kept ready costs a disk read
     handlers = IgnitionHandlers(cache=cache, authenticator=TokenAuthenticator(cache), metrics=ServerMetrics(),
                                 state=ServingState(ready=True))
-    client = await aiohttp_client(build_app(handlers))
+    client = await serving_client(handlers)
     bearer = {"Authorization": "Bearer " + base64.b64encode(b"tok").decode()}
 
     async def fetch(version: str) -> dict:

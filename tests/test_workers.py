@@ -21,7 +21,7 @@ import yaml
 from harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for, write_manifests
 from ignition_server.auth.presented import Presented
 from ignition_server.auth.tokens import Grant, Refusal, TokenAuthenticator
-from ignition_server.http.app import IgnitionHandlers, ServingState, build_app
+from ignition_server.http.app import IgnitionHandlers, ServingState
 from ignition_server.metrics import ServerMetrics
 from ignition_server.render.spec import encode
 from ignition_server.sources.manifests import build_token_secret, parse_token_secret
@@ -78,7 +78,7 @@ def alive(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
 
 
-async def test_a_worker_asks_the_owner_before_it_refuses(tmp_path: Path, aiohttp_client) -> None:
+async def test_a_worker_asks_the_owner_before_it_refuses(tmp_path: Path, serving_client) -> None:
     """The mechanism behind "no stale window": a worker whose replica lacks a token (or holds
     it as rotated out) serves it if the owner grants it, and refuses only with the owner's answer."""
     owner = PayloadCache.open(CacheConfig(cache_dir=tmp_path / "cache"))
@@ -97,7 +97,7 @@ async def test_a_worker_asks_the_owner_before_it_refuses(tmp_path: Path, aiohttp
 
     handlers = IgnitionHandlers(cache=replica, authenticator=TokenAuthenticator(replica), metrics=ServerMetrics(),
                                 state=ServingState(ready=True), second_opinion=owner_says)
-    client = await client_for(aiohttp_client, handlers)
+    client = await serving_client(handlers)
     assert (await client.get("/ignition", headers=bearer("new-to-the-worker"))).status == 200
     assert (await client.get("/ignition", headers=bearer("stale"))).status == 200
     refused = await client.get("/ignition", headers=bearer("refused"))
@@ -106,13 +106,9 @@ async def test_a_worker_asks_the_owner_before_it_refuses(tmp_path: Path, aiohttp
     # Without an owner to ask (one process), the replica's own answer stands.
     alone = IgnitionHandlers(cache=replica, authenticator=TokenAuthenticator(replica), metrics=ServerMetrics(),
                              state=ServingState(ready=True))
-    client = await client_for(aiohttp_client, alone)
+    client = await serving_client(alone)
     assert (await client.get("/ignition", headers=bearer("new-to-the-worker"))).status == 511
     assert (await client.get("/ignition", headers=bearer("stale"))).status == 403
-
-
-async def client_for(aiohttp_client, handlers: IgnitionHandlers):
-    return await aiohttp_client(build_app(handlers))
 
 
 def test_replica_follows_the_owners_index_change_by_change(tmp_path: Path) -> None:

@@ -8,21 +8,29 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
+from .app import Handler
+
 from .guard import ConnectionGuard, GuardedSite, IPNetwork, bound_socket
 
 KEEPALIVE_TIMEOUT = 75.0  # an idle kept-alive connection is closed after this (aiohttp's default is an hour)
 
 
-async def start_site(app: web.Application, listen: tuple[str, int], ssl_context: ssl.SSLContext | None, *,
+async def start_site(app: web.Application | Handler, listen: tuple[str, int], ssl_context: ssl.SSLContext | None, *,
                      shutdown_timeout: float, guard: ConnectionGuard | None = None, reuse_port: bool = False,
-                     proxy_from: Sequence[IPNetwork] = ()) -> tuple[web.AppRunner, int]:
-    """Start serving `app`; returns its runner (clean it up to drain) and the bound port."""
-    runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=shutdown_timeout,
-                           keepalive_timeout=KEEPALIVE_TIMEOUT)
+                     proxy_from: Sequence[IPNetwork] = ()) -> tuple[web.BaseRunner, int]:
+    """Start serving `app` (an Application, or a bare request handler: the serving port's
+    dispatch); returns its runner (clean it up to drain) and the bound port."""
+    runner: web.BaseRunner
+    if isinstance(app, web.Application):
+        runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=shutdown_timeout,
+                               keepalive_timeout=KEEPALIVE_TIMEOUT)
+    else:  # the low-level server takes the connection options itself
+        runner = web.ServerRunner(web.Server(app, access_log=None, keepalive_timeout=KEEPALIVE_TIMEOUT),
+                                  handle_signals=False, shutdown_timeout=shutdown_timeout)
     await runner.setup()
-    options = {"ssl_context": ssl_context, "reuse_address": True, "reuse_port": reuse_port or None}
-    site = (GuardedSite(runner, listen[0], listen[1], guard=guard, proxy_from=proxy_from, **options)
-            if guard is not None else web.TCPSite(runner, listen[0], listen[1], **options))
+    site_options = {"ssl_context": ssl_context, "reuse_address": True, "reuse_port": reuse_port or None}
+    site = (GuardedSite(runner, listen[0], listen[1], guard=guard, proxy_from=proxy_from, **site_options)
+            if guard is not None else web.TCPSite(runner, listen[0], listen[1], **site_options))
     await site.start()
     server = site._server  # aiohttp exposes the bound port only here; needed for port 0
     port = listen[1]

@@ -26,7 +26,7 @@ from .. import logs, memory
 from ..auth.presented import Presented
 from ..auth.tokens import Grant, Refusal, TokenAuthenticator
 from ..config import ServeSettings
-from ..http.app import IgnitionHandlers, ServingState, build_app
+from ..http.app import IgnitionHandlers, ServingState, build_dispatch
 from ..http.access_log import AccessLog
 from ..http.guard import ConnectionGuard
 from ..http.limits import FailedAuthLimiter
@@ -109,7 +109,7 @@ class Worker:
         settings = self.spec.settings
         ssl_context = server_context(self.spec.tls_files, settings.tls.profile)
         guard = ConnectionGuard(settings.header_timeout, settings.connections_per_source, settings.connections_total)
-        runner, _port = await start_site(build_app(self.handlers), (settings.listen[0], self.spec.port), ssl_context,
+        runner, _port = await start_site(build_dispatch(self.handlers), (settings.listen[0], self.spec.port), ssl_context,
                                          guard=guard, shutdown_timeout=settings.shutdown_timeout, reuse_port=True,
                                          proxy_from=settings.proxy_protocol_from)
         self.state.ready = True
