@@ -32,7 +32,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ignition_server.auth.jwt import DEFAULT_ALLOWED_ACCOUNTS, LEGACY_ISSUER
+from ignition_server.auth.claims import DEFAULT_ALLOWED_ACCOUNTS, LEGACY_ISSUER
 # The server publishes its key files (ignition_server.watch.edge); the proxy reads them.
 from ignition_server.watch.edge import PublishedKey as EdgeKey
 from ignition_server.watch.edge import write_key_files

@@ -13,16 +13,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from ignition_server.auth.jwks import PrivateKeyRefused, kube_key_id, load_public_keys, public_key_pem
-from ignition_server.auth.jwt import (
-    DEFAULT_CHECKS,
-    LEGACY_ISSUER,
-    JwtRefused,
-    JwtUnknownKey,
-    ServiceAccountVerifier,
-    TokenSecretRef,
-    decode_transport_token,
-    is_transport_jwt,
-)
+from ignition_server.auth.claims import DEFAULT_CHECKS, LEGACY_ISSUER, JwtRefused, TokenSecretRef
+from ignition_server.auth.jwt import JwtUnknownKey, ServiceAccountVerifier
+from ignition_server.auth.tokens import decode_transport_token, is_transport_jwt
 
 T0 = 1_900_000_000.0
 BOUND_ISSUER = "https://kubernetes.default.svc"

@@ -169,7 +169,7 @@ def _bad_configs():
 @pytest.mark.parametrize("name, config", list(_bad_configs()))
 def test_own_checks_match_the_client(name, config, tmp_path):
     from ignition_server.render.inputs import InvalidConfig
-    from ignition_server.render.spec import validate
+    from ignition_server.render.validation import validate
 
     claimed = config["ignition"]["version"]
     with pytest.raises(InvalidConfig):

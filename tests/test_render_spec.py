@@ -17,9 +17,9 @@ from ignition_server.render.spec import (
     minimum_version,
     minimum_version_reason,
     negotiate,
-    validate,
     with_version,
 )
+from ignition_server.render.validation import validate
 
 SHA512 = "sha512-" + "ab" * 64
 SHA256 = "sha256-" + "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"

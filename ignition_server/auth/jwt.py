@@ -1,7 +1,8 @@
 """Offline verification of Kubernetes service-account JWTs (the IBM / MCS token shape).
 
 A node sends the hosted cluster's ``node-bootstrapper`` service-account token, a JWT
-(``GET /config/<pool>?token=<base64(jwt)>`` or ``Authorization: Bearer <base64(jwt)>``).
+(``GET /config/<pool>?token=<base64(jwt)>`` or ``Authorization: Bearer <base64(jwt)>``;
+:mod:`.tokens` takes it out of the request).
 :class:`ServiceAccountVerifier` checks it with no API call per request:
 
 1. the JOSE header: ``alg`` must be RS256 or ES256 (never ``none``/HS*), ``kid`` selects keys;
@@ -9,8 +10,9 @@ A node sends the hosted cluster's ``node-bootstrapper`` service-account token, a
    signing keys of each hosted cluster whose keys carry that ``kid`` (current keys, and keys
    replaced less than ``overlap_seconds`` ago). Tokens that verify under the keys of two
    clusters are ambiguous and refused;
-3. a list of named claim checks (:data:`DEFAULT_CHECKS`): issuer, namespace, service
-   account, subject consistency, expiry, not-before, audience, accepted token Secret.
+3. the named claim checks of :mod:`.claims` (issuer, namespace, service account, subject,
+   expiry, not-before, audience, accepted token Secret), against the trust configuration
+   of the cluster whose key verified the signature.
 
 Verified tokens are cached (bounded LRU keyed by sha256 of the token). A cached entry is
 used only while ``now`` is before the earliest deadline it relied on (token ``exp`` plus
@@ -23,8 +25,6 @@ Refusal reasons (:class:`JwtRefused.reason`) never contain the token.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import math
 import threading
@@ -36,44 +36,33 @@ from typing import Any
 import jwt as pyjwt
 from cachetools import LRUCache
 
+from .claims import (
+    DEFAULT_ALLOWED_ACCOUNTS,
+    DEFAULT_CHECKS,
+    ClaimCheck,
+    JwtRefused,
+    TokenContext,
+    TokenSecretRef,
+    account_table,
+    read_account,
+)
 from .jwks import KeySource, PrivateKeyRefused, PublicKey, TrustedKey, load_public_keys
 
 __all__ = [
     "ALGORITHMS",
-    "DEFAULT_ALLOWED_ACCOUNTS",
-    "DEFAULT_CHECKS",
-    "LEGACY_ISSUER",
-    "ClaimCheck",
-    "JwtRefused",
     "JwtUnknownKey",
     "PrivateKeyRefused",
     "PublicKey",
     "ServiceAccountVerifier",
-    "TokenContext",
-    "TokenSecretRef",
     "VerifiedToken",
     "VerifierStats",
-    "decode_transport_token",
-    "is_transport_jwt",
-    "looks_like_jwt",
 ]
 
 ALGORITHMS: tuple[str, ...] = ("RS256", "ES256")
-LEGACY_ISSUER = "kubernetes/serviceaccount"
-DEFAULT_ALLOWED_ACCOUNTS: tuple[tuple[str, str], ...] = (
-    ("openshift-machine-config-operator", "node-bootstrapper"),
-    ("openshift-infra", "node-bootstrapper"),
-)
 MAX_TOKEN_BYTES = 16 * 1024
 
-_LEGACY_NS = "kubernetes.io/serviceaccount/namespace"
-_LEGACY_SA = "kubernetes.io/serviceaccount/service-account.name"
-_LEGACY_SECRET = "kubernetes.io/serviceaccount/secret.name"
-_LEGACY_UID = "kubernetes.io/serviceaccount/service-account.uid"
-_SUB_PREFIX = "system:serviceaccount:"
-
 # PyJWT checks only the signature (and the alg against the allowed list); every claim is
-# checked by the named checks below so each one can be shown to matter on its own.
+# checked by the named checks of .claims so each one can be shown to matter on its own.
 _PYJWT_OPTIONS: dict[str, Any] = {
     "verify_signature": True,
     "verify_exp": False,
@@ -85,18 +74,6 @@ _PYJWT_OPTIONS: dict[str, Any] = {
     "verify_jti": False,
     "require": [],
 }
-
-
-class JwtRefused(Exception):
-    """The token is not accepted. ``status`` is 401 (unverifiable) or 403 (verified, not allowed).
-
-    ``reason`` is safe to show to the client and to log: it never contains the token.
-    """
-
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(f"{status}: {reason}")
-        self.status = status
-        self.reason = reason
 
 
 class JwtUnknownKey(JwtRefused):
@@ -116,24 +93,6 @@ class VerifiedToken:
     bound: bool = False  # True for a TokenRequest (bound) token, False for a legacy Secret token
 
 
-@dataclass(frozen=True)
-class TokenSecretRef:
-    """An accepted token Secret: by name (legacy ``secret.name`` claim, or the bound token's
-    ``kubernetes.io.secret.name``) and/or by the sha256 (hex) of the token it holds."""
-
-    name: str | None = None
-    token_sha256: str | None = None
-
-    @classmethod
-    def from_token(cls, token: str, name: str | None = None) -> TokenSecretRef:
-        return cls(name=name, token_sha256=hashlib.sha256(token.encode()).hexdigest())
-
-    def matches(self, secret_name: str | None, token_sha256: str) -> bool:
-        if self.name is not None and secret_name is not None and self.name == secret_name:
-            return True
-        return self.token_sha256 is not None and self.token_sha256 == token_sha256
-
-
 @dataclass
 class _ClusterState:
     name: str
@@ -146,139 +105,6 @@ class _ClusterState:
     secret_current: TokenSecretRef | None = None
     secret_previous: list[tuple[TokenSecretRef, float]] = field(default_factory=list)
     generation: int = 0
-
-
-@dataclass(frozen=True)
-class TokenContext:
-    """What a claim check sees: the verified claims, their service-account reading, the
-    trust configuration of the cluster whose key verified the signature, and the time."""
-
-    cluster: str
-    claims: Mapping[str, Any]
-    bound: bool
-    namespace: str
-    service_account: str
-    secret_name: str | None
-    uid: str | None
-    token_sha256: str
-    now: float
-    leeway: float
-    issuers: frozenset[str]
-    audiences: frozenset[str]
-    accounts: Mapping[str, frozenset[str]]
-    secrets_configured: bool
-    secret_current: TokenSecretRef | None
-    secret_previous: tuple[tuple[TokenSecretRef, float], ...]
-
-
-@dataclass(frozen=True)
-class ClaimCheck:
-    """A named check. ``fn`` raises :class:`JwtRefused` or returns the time until which its
-    acceptance holds (``None``: no limit of its own); the cache honours the earliest."""
-
-    name: str
-    fn: Callable[[TokenContext], float | None]
-
-
-def _refuse(reason: str, status: int = 403) -> JwtRefused:
-    return JwtRefused(status, reason)
-
-
-def _check_issuer(ctx: TokenContext) -> float | None:
-    iss = ctx.claims.get("iss")
-    if ctx.bound:
-        if not isinstance(iss, str) or iss not in ctx.issuers:
-            raise _refuse("token issuer is not an issuer of this cluster")
-    elif iss != LEGACY_ISSUER:
-        raise _refuse("legacy token issuer is not kubernetes/serviceaccount")
-    return None
-
-
-def _check_namespace(ctx: TokenContext) -> float | None:
-    if ctx.namespace not in ctx.accounts:
-        raise _refuse("service account namespace not allowed")
-    return None
-
-
-def _check_service_account(ctx: TokenContext) -> float | None:
-    # The namespace check refuses namespaces absent from the table; this one refuses names
-    # not allowed in the token's namespace, so together they enforce (namespace, name) pairs.
-    names = ctx.accounts.get(ctx.namespace)
-    if names is not None and ctx.service_account not in names:
-        raise _refuse("service account not allowed")
-    return None
-
-
-def _check_subject(ctx: TokenContext) -> float | None:
-    sub = ctx.claims.get("sub")
-    expected = f"{_SUB_PREFIX}{ctx.namespace}:{ctx.service_account}"
-    if sub is None and not ctx.bound:
-        return None  # very old legacy tokens may lack sub
-    if sub != expected:
-        raise _refuse("token subject does not match its service-account claims")
-    return None
-
-
-def _number(ctx: TokenContext, name: str) -> float | None:
-    value = ctx.claims.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise _refuse(f"token claim {name} is not a number", 401)
-    return float(value)
-
-
-def _check_expiry(ctx: TokenContext) -> float | None:
-    exp = _number(ctx, "exp")
-    if exp is None:
-        return None
-    if ctx.now >= exp + ctx.leeway:
-        raise _refuse("token expired")
-    return exp + ctx.leeway
-
-
-def _check_not_before(ctx: TokenContext) -> float | None:
-    nbf = _number(ctx, "nbf")
-    if nbf is not None and ctx.now < nbf - ctx.leeway:
-        raise _refuse("token not valid yet")
-    return None
-
-
-def _check_audience(ctx: TokenContext) -> float | None:
-    if not ctx.audiences:
-        return None
-    aud = ctx.claims.get("aud")
-    if aud is None and not ctx.bound:
-        return None  # legacy Secret tokens carry no audience
-    auds = [aud] if isinstance(aud, str) else aud if isinstance(aud, list) else []
-    if not any(isinstance(a, str) and a in ctx.audiences for a in auds):
-        raise _refuse("token audience not accepted")
-    return None
-
-
-def _check_token_secret(ctx: TokenContext) -> float | None:
-    if not ctx.secrets_configured:
-        return None
-    if ctx.secret_current is not None and ctx.secret_current.matches(ctx.secret_name, ctx.token_sha256):
-        return None
-    for ref, until in ctx.secret_previous:
-        if ref.matches(ctx.secret_name, ctx.token_sha256):
-            if ctx.now < until:
-                return until
-            raise _refuse("token Secret was rotated out")
-    raise _refuse("token is not from an accepted token Secret")
-
-
-DEFAULT_CHECKS: tuple[ClaimCheck, ...] = (
-    ClaimCheck("issuer", _check_issuer),
-    ClaimCheck("namespace", _check_namespace),
-    ClaimCheck("service_account", _check_service_account),
-    ClaimCheck("subject", _check_subject),
-    ClaimCheck("expiry", _check_expiry),
-    ClaimCheck("not_before", _check_not_before),
-    ClaimCheck("audience", _check_audience),
-    ClaimCheck("token_secret", _check_token_secret),
-)
 
 
 @dataclass
@@ -294,70 +120,6 @@ class _CacheEntry:
     token: VerifiedToken
     generation: int
     valid_until: float
-
-
-def looks_like_jwt(text: str) -> bool:
-    """Compact JWS shape: three base64url segments, header starting ``{"`` (``eyJ``)."""
-    return text.startswith("eyJ") and text.count(".") == 2 and len(text) <= MAX_TOKEN_BYTES
-
-
-def is_transport_jwt(value: str) -> bool:
-    """Whether a ``token=`` / Bearer value is base64 of a JWT (base64 of ``eyJ`` is ``ZXlK``)
-    rather than an opaque HyperShift token: how the HTTP layer picks the verifier."""
-    return value.lstrip().startswith("ZXlK")
-
-
-def decode_transport_token(value: str) -> str:
-    """The JWT inside a ``token=`` parameter or Bearer value (base64, standard or url-safe,
-    padding optional; URL decoding is the HTTP layer's job). Refuses (401) anything else."""
-    # A query parser may have turned base64's '+' into ' ' (form decoding); base64 has no spaces.
-    value = value.strip().replace(" ", "+")
-    if not value or len(value) > MAX_TOKEN_BYTES * 2:
-        raise JwtRefused(401, "token missing or too long")
-    if looks_like_jwt(value):
-        raise JwtRefused(401, "token must be base64 of the JWT")
-    try:
-        padded = value + "=" * (-len(value) % 4)
-        raw = base64.b64decode(padded.replace("-", "+").replace("_", "/"), validate=True)
-        text = raw.decode("ascii")
-    except (binascii.Error, ValueError):
-        raise JwtRefused(401, "token is not base64 of a JWT") from None
-    if not looks_like_jwt(text):
-        raise JwtRefused(401, "token is not base64 of a JWT")
-    return text
-
-
-def _read_account(claims: Mapping[str, Any]) -> tuple[bool, str, str, str | None, str | None]:
-    """(bound, namespace, name, secret name, uid) from either token form; 401 otherwise."""
-    kube = claims.get("kubernetes.io")
-    if isinstance(kube, Mapping):
-        sa = kube.get("serviceaccount")
-        ns = kube.get("namespace")
-        if not isinstance(sa, Mapping) or not isinstance(ns, str) or not isinstance(sa.get("name"), str):
-            raise JwtRefused(401, "bound token lacks kubernetes.io namespace/serviceaccount")
-        secret = kube.get("secret")
-        secret_name = secret.get("name") if isinstance(secret, Mapping) else None
-        uid = sa.get("uid")
-        return (
-            True,
-            ns,
-            sa["name"],
-            secret_name if isinstance(secret_name, str) else None,
-            uid if isinstance(uid, str) else None,
-        )
-    ns = claims.get(_LEGACY_NS)
-    name = claims.get(_LEGACY_SA)
-    if isinstance(ns, str) and isinstance(name, str):
-        secret_name = claims.get(_LEGACY_SECRET)
-        uid = claims.get(_LEGACY_UID)
-        return (
-            False,
-            ns,
-            name,
-            secret_name if isinstance(secret_name, str) else None,
-            uid if isinstance(uid, str) else None,
-        )
-    raise JwtRefused(401, "not a Kubernetes service-account token")
 
 
 class ServiceAccountVerifier:
@@ -378,7 +140,7 @@ class ServiceAccountVerifier:
         self._clock = clock
         self._overlap = float(overlap_seconds)
         self._leeway = float(leeway_seconds)
-        self._default_accounts = _account_table(allowed_accounts)
+        self._default_accounts = account_table(allowed_accounts)
         self._max_untargeted = max_untargeted_keys
         self._checks = tuple(checks)
         self._clusters: dict[str, _ClusterState] = {}
@@ -413,7 +175,7 @@ class ServiceAccountVerifier:
             st = self._state(cluster)
             st.issuers = frozenset(issuers)
             st.audiences = frozenset(audiences)
-            st.accounts = None if allowed_accounts is None else _account_table(allowed_accounts)
+            st.accounts = None if allowed_accounts is None else account_table(allowed_accounts)
             self._bump(st)
 
     def set_keys(self, cluster: str, keys: KeySource | Iterable[KeySource], *, now: float | None = None) -> list[TrustedKey]:
@@ -546,7 +308,7 @@ class ServiceAccountVerifier:
             raise JwtRefused(403, "token verifies under keys of more than one cluster")
         st, key_until, claims, generation = max(verified, key=lambda v: v[1])
 
-        bound, namespace, name, secret_name, uid = _read_account(claims)
+        bound, namespace, name, secret_name, uid = read_account(claims)
         with self._lock:
             ctx = TokenContext(
                 cluster=st.name,
@@ -646,12 +408,3 @@ class ServiceAccountVerifier:
             for fp, (key, _) in st.retired_keys.items():
                 index.setdefault(key.kid, []).append((name, fp))
         self._kid_index = index
-
-
-def _account_table(pairs: Iterable[tuple[str, str]]) -> dict[str, frozenset[str]]:
-    table: dict[str, set[str]] = {}
-    for ns, name in pairs:
-        if not ns or not name:
-            raise ValueError("allowed accounts are (namespace, service account name) pairs")
-        table.setdefault(ns, set()).add(name)
-    return {ns: frozenset(names) for ns, names in table.items()}

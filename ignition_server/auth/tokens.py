@@ -15,7 +15,8 @@ from typing import Callable, Protocol
 
 from payload_cache import PayloadCache, TokenRecord, TokenState
 
-from .jwt import JwtRefused, ServiceAccountVerifier, decode_transport_token, is_transport_jwt, looks_like_jwt
+from .claims import JwtRefused
+from .jwt import MAX_TOKEN_BYTES, ServiceAccountVerifier
 
 
 class Refusal(Exception):
@@ -75,6 +76,37 @@ def query_token(value: str | None) -> str:
     if not value or not value.isprintable():
         raise Refusal(401, "missing or malformed token parameter")
     return value
+
+
+def looks_like_jwt(text: str) -> bool:
+    """Compact JWS shape: three base64url segments, header starting ``{"`` (``eyJ``)."""
+    return text.startswith("eyJ") and text.count(".") == 2 and len(text) <= MAX_TOKEN_BYTES
+
+
+def is_transport_jwt(value: str) -> bool:
+    """Whether a ``token=`` / Bearer value is base64 of a JWT (base64 of ``eyJ`` is ``ZXlK``)
+    rather than an opaque HyperShift token: how the HTTP layer picks the verifier."""
+    return value.lstrip().startswith("ZXlK")
+
+
+def decode_transport_token(value: str) -> str:
+    """The JWT inside a ``token=`` parameter or Bearer value (base64, standard or url-safe,
+    padding optional; URL decoding is the HTTP layer's job). Refuses (401) anything else."""
+    # A query parser may have turned base64's '+' into ' ' (form decoding); base64 has no spaces.
+    value = value.strip().replace(" ", "+")
+    if not value or len(value) > MAX_TOKEN_BYTES * 2:
+        raise JwtRefused(401, "token missing or too long")
+    if looks_like_jwt(value):
+        raise JwtRefused(401, "token must be base64 of the JWT")
+    try:
+        padded = value + "=" * (-len(value) % 4)
+        raw = base64.b64decode(padded.replace("-", "+").replace("_", "/"), validate=True)
+        text = raw.decode("ascii")
+    except (binascii.Error, ValueError):
+        raise JwtRefused(401, "token is not base64 of a JWT") from None
+    if not looks_like_jwt(text):
+        raise JwtRefused(401, "token is not base64 of a JWT")
+    return text
 
 
 class NodePoolDirectory(Protocol):

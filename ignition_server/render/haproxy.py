@@ -26,23 +26,19 @@ start-up fails on a name that does not resolve yet, plus a ``resolvers`` section
 node's resolv.conf) so addresses are re-resolved at run time, and ``check-sni`` so TLS
 health checks reach SNI-routed endpoints.
 
-Also home of the small Ignition fragment helpers the other renderers use
-(:func:`data_url`, :func:`file_entry`, :func:`unit_entry`, :func:`fragment`).
+The entries themselves (files, units) are made by :mod:`.fragments`, like every renderer's.
 """
 
 from __future__ import annotations
 
-import base64
-import functools
-import importlib.resources
 import ipaddress
 import re
 from dataclasses import dataclass, field
 from string import Template
-from urllib.parse import quote
 
 import yaml
 
+from .fragments import boot_step_unit, file_entry, fragment, load_template, unit_entry
 from .inputs import InvalidConfig
 
 __all__ = [
@@ -61,12 +57,6 @@ __all__ = [
     "render_apiserver_ip_unit",
     "render_haproxy_fragment",
     "parse_backends",
-    "data_url",
-    "file_entry",
-    "unit_entry",
-    "dropin_entry",
-    "fragment",
-    "load_template",
 ]
 
 HEALTH_CHECK_VERSION = "GET /version"
@@ -81,61 +71,6 @@ APISERVER_IP_UNIT = "apiserver-ip.service"
 RESOLVERS_NAME = "node"
 # Where the container sees the config directory (haproxy -f <dir> reads every *.cfg in it).
 CONTAINER_CONFIG_DIR = "/usr/local/etc/haproxy"
-
-
-# --- Ignition fragment helpers ------------------------------------------------------------
-
-
-def data_url(data: bytes | str) -> str:
-    """RFC 2397 ``data:`` URL for file contents: percent-encoded when that is shorter
-    (plain text: readable in the payload), else base64."""
-    raw = data.encode() if isinstance(data, str) else bytes(data)
-    b64 = "data:;base64," + base64.b64encode(raw).decode("ascii")
-    # Only RFC 2396 "uric" characters stay unescaped.
-    pct = "data:," + quote(raw, safe="/:=,.-_~@;")
-    return pct if len(pct) <= len(b64) else b64
-
-
-def file_entry(path: str, data: bytes | str, mode: int = 0o644, *, overwrite: bool = True) -> dict:
-    """One ``storage.files`` entry (Ignition 3.x), owned by root."""
-    if not path.startswith("/"):
-        raise InvalidConfig(f"file path must be absolute: {path!r}")
-    return {"path": path, "mode": mode, "overwrite": overwrite, "contents": {"source": data_url(data)}}
-
-
-def unit_entry(name: str, contents: str | None = None, *, enabled: bool | None = True,
-               dropins: list[dict] | None = None) -> dict:
-    """One ``systemd.units`` entry."""
-    unit: dict = {"name": name}
-    if enabled is not None:
-        unit["enabled"] = enabled
-    if contents is not None:
-        unit["contents"] = contents
-    if dropins:
-        unit["dropins"] = dropins
-    return unit
-
-
-def dropin_entry(name: str, contents: str) -> dict:
-    return {"name": name, "contents": contents}
-
-
-def fragment(files: list[dict] | None = None, units: list[dict] | None = None) -> dict:
-    """An Ignition config fragment: ``storage.files`` and ``systemd.units`` (no version)."""
-    out: dict = {}
-    if files:
-        out["storage"] = {"files": list(files)}
-    if units:
-        out["systemd"] = {"units": list(units)}
-    return out
-
-
-@functools.cache
-def load_template(name: str) -> str:
-    """A bundled template from ``ignition_server/render/templates`` (read once)."""
-    return (importlib.resources.files("ignition_server.render") / "templates" / name).read_text(
-        encoding="utf-8"
-    )
 
 
 # --- inputs -------------------------------------------------------------------------------
@@ -409,27 +344,6 @@ def render_teardown_script(access: ApiServerAccess) -> str:
         "#!/usr/bin/env bash\nset -x\n"
         f"ip {fam}route del {prefix} dev lo scope link src {access.listen_ip} || true\n"
         f"ip {fam}addr del {prefix} dev lo || true\n"
-    )
-
-
-def boot_step_unit(description: str, exec_start: str, *, exec_stop: str | None = None, extra_service: str = "") -> str:
-    """A oneshot unit that must finish before the kubelet starts (it runs after the network is up)."""
-    return (
-        "[Unit]\n"
-        f"Description={description}\n"
-        "Wants=network-online.target\n"
-        "After=network-online.target\n"
-        "Before=kubelet.service kubelet-dependencies.target\n"
-        "\n"
-        "[Service]\n"
-        "Type=oneshot\n"
-        f"ExecStart={exec_start}\n"
-        + (f"ExecStop={exec_stop}\n" if exec_stop else "")
-        + "RemainAfterExit=yes\n"
-        + extra_service
-        + "\n"
-        "[Install]\n"
-        "WantedBy=multi-user.target kubelet.service\n"
     )
 
 

@@ -26,19 +26,8 @@ import re
 from dataclasses import dataclass, field
 from string import Template
 
-from .haproxy import (
-    boot_step_unit,
-    HEALTH_CHECK_LIVEZ,
-    ApiServerAccess,
-    Backend,
-    dropin_entry,
-    file_entry,
-    fragment,
-    load_template,
-    parse_backends,
-    render_haproxy_fragment,
-    unit_entry,
-)
+from .fragments import boot_step_unit, dropin_entry, file_entry, fragment, load_template, unit_entry
+from .haproxy import HEALTH_CHECK_LIVEZ, ApiServerAccess, Backend, parse_backends, render_haproxy_fragment
 from .inputs import InvalidConfig
 
 __all__ = [

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from .. import bounded_yaml
-from .haproxy import file_entry, fragment
+from .fragments import file_entry, fragment
 from .inputs import InvalidConfig
 
 __all__ = [

@@ -34,7 +34,8 @@ _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 from .. import bounded_yaml
 from .inputs import InvalidConfig
-from .spec import SUPPORTED_VERSIONS, minimum_version, validate
+from .spec import SUPPORTED_VERSIONS, minimum_version
+from .validation import validate
 from .spec2 import is_spec2, translate
 
 API_VERSION = "machineconfiguration.openshift.io/v1"

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import yaml
 
-from .haproxy import file_entry
+from .fragments import file_entry
 
 POOL = "worker"
 ENCAPSULATED_PATH = "/etc/ignition-machine-config-encapsulated.json"

@@ -17,7 +17,8 @@ from .mco import (
 )
 from .proxy import render_proxy_fragment, proxy_settings
 from .settings import HAPROXY_TEMPLATE_KEY, apiserver_access, ibmcloud_settings
-from .spec import encode, minimum_version_reason, validate
+from .spec import encode, minimum_version_reason
+from .validation import validate
 
 # Server-made parts merge first, as MachineConfigs named so that the NodePool's own
 # MachineConfigs (conventionally "50-..." and up) can still override any file.

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Mapping
 from urllib.parse import urlsplit
 
-from .haproxy import dropin_entry, file_entry, fragment, unit_entry
+from .fragments import dropin_entry, file_entry, fragment, unit_entry
 from .inputs import InvalidConfig
 
 PROXY_ENV_PATH = "/etc/mco/proxy.env"

@@ -28,8 +28,9 @@ from pathlib import Path
 
 from payload_cache.fsio import atomic_write, make_dir
 
+from ..auth.claims import LEGACY_ISSUER
 from ..auth.jwks import KeySource, TrustedKey, load_public_keys
-from ..auth.jwt import LEGACY_ISSUER, ServiceAccountVerifier
+from ..auth.jwt import ServiceAccountVerifier
 
 log = logging.getLogger("ignition_server.watch.edge")
 

@@ -1,8 +1,10 @@
 """The watcher: turns source changes into token index entries, renders and write-backs.
 
 It owns every side effect between the source and the cache: the HTTP app only reads the
-index and the blobs this keeps up to date. Renders run off the event loop with bounded
-concurrency, and identical inputs render once (single-flight), so serving never stalls.
+index and the blobs this keeps up to date. This module keeps the token index, which
+NodePools read which objects, and the housekeeping tick; the renders (renders.py), the
+writer's duties (writes.py), waiting on releases (release_waits.py) and on generated bases
+(generated_bases.py) are mixed in.
 """
 
 from __future__ import annotations
@@ -13,13 +15,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from payload_cache import PayloadCache, RenderRecord, TokenRecord, TokenState
+from payload_cache import PayloadCache, TokenRecord, TokenState
 
 from ..auth.tokens import Grant
 from ..auth.rotation import RotationPolicy
 from .. import memory
 from ..metrics import ServerMetrics
-from ..render.inputs import InvalidConfig, NodePoolInputs, RenderedPayload
+from ..render.inputs import RenderedPayload
 from ..sources.events import Change, Source
 from ..sources.manifests import (
     ManifestError,
@@ -28,24 +30,22 @@ from ..sources.manifests import (
     is_token_secret,
     parse_token_secret,
     has_large_values,
-    token_secret_config,
 )
 from .bases import BaseIndex, is_base
-from .faults import Faults, ObjectWork, backoff
-from .gather import gather
+from .faults import Faults, ObjectWork
 from .generated_bases import GeneratedBases, is_generated_base
 from ..basegen.generator import BaseGenerator
 from .outputs import TokenOutputs
 from ..registry.mirrors import is_mirror_set
-from .release_waits import WAIT, ReleaseWaits
+from .release_waits import ReleaseWaits
 from .releases import ReleaseCatalog, Releases, is_catalog, release_key
+from .renders import PendingRender, Renderer, Renders
 from .status import Status
 from .writes import WriterDuties
 from .trust import TrustWatcher, is_trust_object
 
 log = logging.getLogger("ignition_server.watch")
 
-Renderer = Callable[[NodePoolInputs], RenderedPayload]
 GC_INTERVAL = 600.0
 
 
@@ -54,13 +54,7 @@ def _pool_of(secret: TokenSecret) -> tuple[str, str]:
 
 
 @dataclass
-class _Pending:
-    task: asyncio.Task[None]
-    digest: str
-
-
-@dataclass
-class Reconciler(WriterDuties, ReleaseWaits, GeneratedBases):
+class Reconciler(Renders, WriterDuties, ReleaseWaits, GeneratedBases):
     source: Source
     cache: PayloadCache
     renderer: Renderer
@@ -83,7 +77,7 @@ class Reconciler(WriterDuties, ReleaseWaits, GeneratedBases):
     secrets: dict[ObjectKey, TokenSecret] = field(default_factory=dict)
     _order: dict[ObjectKey, int] = field(default_factory=dict)  # first-seen order, for ties
     _renders: dict[str, asyncio.Task[RenderedPayload]] = field(default_factory=dict)  # by inputs digest
-    _pending: dict[ObjectKey, _Pending] = field(default_factory=dict)
+    _pending: dict[ObjectKey, PendingRender] = field(default_factory=dict)
     _failures: dict[ObjectKey, tuple[str, int, float]] = field(default_factory=dict)  # digest, attempts, retry at
     _reached_written: set[ObjectKey] = field(default_factory=set)
     _source_tokens: dict[ObjectKey, str | None] = field(default_factory=dict)  # token as the source holds it
@@ -288,148 +282,7 @@ class Reconciler(WriterDuties, ReleaseWaits, GeneratedBases):
                 namespace, _, name = record.secret.partition("/")
                 self._forget_secret(ObjectKey("Secret", namespace, name), "deleted while the server was down")
 
-    # -- renders ----------------------------------------------------------------------
-
-    def inputs_for(self, secret: TokenSecret) -> NodePoolInputs:
-        try:
-            inputs, deps = gather(secret, secret.annotations, self.source.get, self.releases, bases=self.bases,
-                                 generated=self._generated)
-        except ManifestError as exc:
-            raise InvalidConfig(str(exc)) from None
-        self._track(secret.key, deps)
-        return inputs
-
-    def _generated(self, key: str) -> str | None:
-        return self.generator.known(key) if self.generator is not None else None
-
-    def _schedule_render(self, secret: TokenSecret) -> None:
-        try:
-            inputs = self.inputs_for(secret)
-        except InvalidConfig as exc:
-            self._render_failed(secret, "", str(exc))
-            return
-        except Exception as exc:  # a bug in reading one NodePool's inputs must not stop the others
-            self._render_failed(secret, "", f"cannot gather the inputs: {type(exc).__name__}: {exc}")
-            return
-        digest = inputs.digest()
-        based = self.base_blocked(secret, inputs)  # a base still to generate: the payload is not current
-        record = self.cache.get_render(secret.ref)
-        if record is not None and record.inputs_digest == digest and self.cache.has_blob(record.blob_id) \
-                and secret.reason in (None, "", "AsExpected") and based is None:
-            self._failures.pop(secret.key, None)
-            return
-        # (A Secret that says a render failed although its payload is current, as after its
-        # config was broken and then put back, renders once more so its status says so.)
-        blocked = self.release_blocked(secret, inputs)
-        if blocked is None:
-            blocked = based
-        if blocked == WAIT:
-            return  # release_resolved (base_generated) brings it back
-        if isinstance(blocked, Status):
-            self._render_failed(secret, digest, blocked.message, blocked.reason)
-            return
-        pending = self._pending.get(secret.key)
-        if pending is not None:
-            if pending.digest == digest:
-                return
-            pending.task.cancel()
-        failure = self._failures.get(secret.key)
-        if failure is not None and failure[0] == digest and failure[2] > self.clock():
-            return  # the retry timer will come back to it
-        task = asyncio.create_task(self._render_and_store(secret, digest), name=f"render {secret.ref}")
-        self._pending[secret.key] = _Pending(task, digest)
-        self.metrics.render_queue.set(len(self._pending))
-
-    async def _render_and_store(self, secret: TokenSecret, digest: str) -> None:
-        try:
-            await asyncio.sleep(self.debounce)  # a newer change in the meantime cancels this one
-            try:
-                rendered = await self._render_once(secret, digest)
-                blob_id = await asyncio.to_thread(self.cache.put_blob, rendered.body)
-            except InvalidConfig as exc:
-                self._render_failed(secret, digest, str(exc))
-                return
-            except Exception as exc:  # a renderer bug must not take the watcher down
-                log.debug("render of %s failed", secret.ref, exc_info=True)
-                self._render_failed(secret, digest, f"render failed: {type(exc).__name__}: {exc}")
-                return
-            self.cache.put_render(
-                RenderRecord(secret.ref, secret.nodepool, digest, blob_id, rendered.min_version, self.clock())
-            )
-            self.metrics.payloads_cached.set(self.cache.render_count())
-            self._failures.pop(secret.key, None)
-            self.faults.succeeded("render", secret.ref)
-            # Durable before we say so: a crash after "AsExpected" must not cost a render.
-            await self.persist_index()
-            log.info("payload ready for %s (%s, %d bytes)", secret.nodepool, secret.ref, len(rendered.body))
-            message = "; ".join(rendered.notes)
-            # Queued, not awaited: the write-back re-enters the handler, and a render must
-            # not wait on (or fail with) what that does to other objects.
-            self._write_status_later(secret.key, None, Status("AsExpected", message))
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # e.g. the index flush: the next housekeeping tick flushes again
-            self.faults.failed("render", secret.ref, exc)
-        finally:
-            current = self._pending.get(secret.key)
-            if current is not None and current.task is asyncio.current_task():
-                del self._pending[secret.key]
-            self.metrics.render_queue.set(len(self._pending))
-            if not self._pending:
-                await asyncio.to_thread(memory.release)  # a burst of renders is over
-
-    async def _render_once(self, secret: TokenSecret, digest: str) -> RenderedPayload:
-        running = self._renders.get(digest)
-        if running is None:
-            running = asyncio.ensure_future(self._render(secret))
-            self._renders[digest] = running
-            running.add_done_callback(lambda _t: self._renders.pop(digest, None))
-        return await asyncio.shield(running)
-
-    async def _render(self, secret: TokenSecret) -> RenderedPayload:
-        if self._semaphore is None:
-            self._semaphore = asyncio.Semaphore(self.render_concurrency)
-        async with self._semaphore:
-            self.metrics.payload_cache_miss.inc()
-            started = time.perf_counter()
-            try:
-                return await asyncio.to_thread(self._render_full, secret)
-            finally:
-                self.metrics.payload_generation.observe(time.perf_counter() - started)
-
-    def _render_full(self, secret: TokenSecret) -> RenderedPayload:
-        """Read what the render needs in full (the config, large inputs) and render. Runs in a thread."""
-        obj = self.source.get_full(secret.key)
-        if obj is None:
-            raise InvalidConfig(f"{secret.ref} is no longer in the source")
-        try:
-            inputs, _deps = gather(
-                secret, secret.annotations, self.source.get_full, self.releases, token_secret_config(obj), self.bases,
-                self._generated,
-            )
-        except ManifestError as exc:
-            raise InvalidConfig(str(exc)) from None
-        return self.renderer(inputs)
-
-    def _render_failed(self, secret: TokenSecret, digest: str, message: str, reason: str = "InvalidConfig") -> None:
-        self.metrics.render_failures.inc()
-        previous = self._failures.get(secret.key)
-        attempts = previous[1] + 1 if previous and previous[0] == digest else 1
-        delay = backoff(attempts)
-        self._failures[secret.key] = (digest, attempts, self.clock() + delay)
-        serving = "the last good payload keeps serving" if self.cache.get_render(secret.ref) else "no payload yet"
-        self.faults.failed("render", secret.ref, f"{message} ({serving})")  # logged once, counted
-        self._write_status_later(secret.key, None, Status(reason, message))
-
-    async def retry_failed(self) -> None:
-        now = self.clock()
-        for key, (_digest, _attempts, retry_at) in list(self._failures.items()):
-            secret = self.secrets.get(key)
-            if secret is None:
-                self._failures.pop(key, None)
-            elif retry_at <= now and key not in self._pending:
-                self._failures[key] = (_digest, _attempts, 0.0)
-                self._schedule_render(secret)
+    # -- the index on disk, shutdown, what the HTTP app asks -----------------------------
 
     async def persist_index(self) -> None:
         """Flush the index soon; callers arriving together share one flush."""
@@ -468,13 +321,6 @@ class Reconciler(WriterDuties, ReleaseWaits, GeneratedBases):
             return None
         newest = max(candidates, key=lambda s: (s.creation_time or 0.0, self._order.get(s.key, 0)))
         return Grant(nodepool=newest.nodepool, secret=newest.ref)
-
-    def payload_missing(self, secret_ref: str) -> None:
-        """The stored payload is gone or failed its integrity check: render it again."""
-        namespace, _, name = secret_ref.partition("/")
-        secret = self.secrets.get(ObjectKey("Secret", namespace, name))
-        if secret is not None:
-            self._schedule_render(secret)  # has_blob is False now, so this renders
 
     def rotation_overdue(self, now: float) -> int:
         """Live token Secrets whose current token has outlived the TTL: rotation (due at TTL/2) is not happening."""

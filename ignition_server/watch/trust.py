@@ -19,7 +19,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Mapping
 
-from ..auth.jwt import ServiceAccountVerifier, TokenSecretRef
+from ..auth.claims import TokenSecretRef
+from ..auth.jwt import ServiceAccountVerifier
 from ..sources.events import Change
 from ..sources.manifests import ManifestError, ObjectKey, annotations, data_text
 

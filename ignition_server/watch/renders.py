@@ -1,0 +1,218 @@
+"""The watcher's renders: a NodePool's inputs to its payload in the cache, off the event loop.
+
+Mixed into the Reconciler (like WriterDuties): the Reconciler indexes tokens and tracks what
+each token Secret reads; this decides when a NodePool renders and stores the result. Renders
+run in threads with bounded concurrency, a burst of changes to one NodePool's inputs renders
+once (debounce), and identical inputs render once (single-flight, by inputs digest), so
+serving never stalls. A failed render keeps the last good payload serving, says why in the
+Secret's status and is retried with back-off; a render waits (no status churn) while its
+release or generated base is not known yet (release_waits.py, generated_bases.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from payload_cache import PayloadCache, RenderRecord
+
+from .. import memory
+from ..metrics import ServerMetrics
+from ..render.inputs import InvalidConfig, NodePoolInputs, RenderedPayload
+from ..sources.manifests import ManifestError, ObjectKey, TokenSecret, token_secret_config
+from ..basegen.generator import BaseGenerator
+from .bases import BaseIndex
+from .faults import Faults, backoff
+from .gather import gather
+from .release_waits import WAIT
+from .releases import Releases
+from .status import Status
+
+log = logging.getLogger("ignition_server.watch")
+
+Renderer = Callable[[NodePoolInputs], RenderedPayload]
+
+
+@dataclass
+class PendingRender:
+    task: asyncio.Task[None]
+    digest: str
+
+
+class Renders:
+    """Mixed into the Reconciler, whose state it uses: the render queue is its fields."""
+
+    source: Any
+    cache: PayloadCache
+    renderer: Renderer
+    metrics: ServerMetrics
+    clock: Callable[[], float]
+    debounce: float
+    render_concurrency: int
+    releases: Releases
+    bases: BaseIndex
+    generator: BaseGenerator | None
+    secrets: dict[ObjectKey, TokenSecret]
+    faults: Faults
+    _renders: dict[str, asyncio.Task[RenderedPayload]]
+    _pending: dict[ObjectKey, PendingRender]
+    _failures: dict[ObjectKey, tuple[str, int, float]]
+    _semaphore: asyncio.Semaphore | None
+
+    # The Reconciler's own methods (they come first, so these only declare them). Those of
+    # its other mixins (release_blocked, base_blocked, _write_status_later) are not declared:
+    # Renders precedes them, and a stub here would hide them.
+    def _track(self, key: ObjectKey, deps: frozenset[ObjectKey]) -> None: ...
+
+    async def persist_index(self) -> None: ...
+
+    def inputs_for(self, secret: TokenSecret) -> NodePoolInputs:
+        try:
+            inputs, deps = gather(secret, secret.annotations, self.source.get, self.releases, bases=self.bases,
+                                 generated=self._generated)
+        except ManifestError as exc:
+            raise InvalidConfig(str(exc)) from None
+        self._track(secret.key, deps)
+        return inputs
+
+    def _generated(self, key: str) -> str | None:
+        return self.generator.known(key) if self.generator is not None else None
+
+    def _schedule_render(self, secret: TokenSecret) -> None:
+        try:
+            inputs = self.inputs_for(secret)
+        except InvalidConfig as exc:
+            self._render_failed(secret, "", str(exc))
+            return
+        except Exception as exc:  # a bug in reading one NodePool's inputs must not stop the others
+            self._render_failed(secret, "", f"cannot gather the inputs: {type(exc).__name__}: {exc}")
+            return
+        digest = inputs.digest()
+        based = self.base_blocked(secret, inputs)  # a base still to generate: the payload is not current
+        record = self.cache.get_render(secret.ref)
+        if record is not None and record.inputs_digest == digest and self.cache.has_blob(record.blob_id) \
+                and secret.reason in (None, "", "AsExpected") and based is None:
+            self._failures.pop(secret.key, None)
+            return
+        # (A Secret that says a render failed although its payload is current, as after its
+        # config was broken and then put back, renders once more so its status says so.)
+        blocked = self.release_blocked(secret, inputs)
+        if blocked is None:
+            blocked = based
+        if blocked == WAIT:
+            return  # release_resolved (base_generated) brings it back
+        if isinstance(blocked, Status):
+            self._render_failed(secret, digest, blocked.message, blocked.reason)
+            return
+        pending = self._pending.get(secret.key)
+        if pending is not None:
+            if pending.digest == digest:
+                return
+            pending.task.cancel()
+        failure = self._failures.get(secret.key)
+        if failure is not None and failure[0] == digest and failure[2] > self.clock():
+            return  # the retry timer will come back to it
+        task = asyncio.create_task(self._render_and_store(secret, digest), name=f"render {secret.ref}")
+        self._pending[secret.key] = PendingRender(task, digest)
+        self.metrics.render_queue.set(len(self._pending))
+
+    async def _render_and_store(self, secret: TokenSecret, digest: str) -> None:
+        try:
+            await asyncio.sleep(self.debounce)  # a newer change in the meantime cancels this one
+            try:
+                rendered = await self._render_once(secret, digest)
+                blob_id = await asyncio.to_thread(self.cache.put_blob, rendered.body)
+            except InvalidConfig as exc:
+                self._render_failed(secret, digest, str(exc))
+                return
+            except Exception as exc:  # a renderer bug must not take the watcher down
+                log.debug("render of %s failed", secret.ref, exc_info=True)
+                self._render_failed(secret, digest, f"render failed: {type(exc).__name__}: {exc}")
+                return
+            self.cache.put_render(
+                RenderRecord(secret.ref, secret.nodepool, digest, blob_id, rendered.min_version, self.clock())
+            )
+            self.metrics.payloads_cached.set(self.cache.render_count())
+            self._failures.pop(secret.key, None)
+            self.faults.succeeded("render", secret.ref)
+            # Durable before we say so: a crash after "AsExpected" must not cost a render.
+            await self.persist_index()
+            log.info("payload ready for %s (%s, %d bytes)", secret.nodepool, secret.ref, len(rendered.body))
+            message = "; ".join(rendered.notes)
+            # Queued, not awaited: the write-back re-enters the handler, and a render must
+            # not wait on (or fail with) what that does to other objects.
+            self._write_status_later(secret.key, None, Status("AsExpected", message))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # e.g. the index flush: the next housekeeping tick flushes again
+            self.faults.failed("render", secret.ref, exc)
+        finally:
+            current = self._pending.get(secret.key)
+            if current is not None and current.task is asyncio.current_task():
+                del self._pending[secret.key]
+            self.metrics.render_queue.set(len(self._pending))
+            if not self._pending:
+                await asyncio.to_thread(memory.release)  # a burst of renders is over
+
+    async def _render_once(self, secret: TokenSecret, digest: str) -> RenderedPayload:
+        running = self._renders.get(digest)
+        if running is None:
+            running = asyncio.ensure_future(self._render(secret))
+            self._renders[digest] = running
+            running.add_done_callback(lambda _t: self._renders.pop(digest, None))
+        return await asyncio.shield(running)
+
+    async def _render(self, secret: TokenSecret) -> RenderedPayload:
+        if self._semaphore is None:
+            self._semaphore = asyncio.Semaphore(self.render_concurrency)
+        async with self._semaphore:
+            self.metrics.payload_cache_miss.inc()
+            started = time.perf_counter()
+            try:
+                return await asyncio.to_thread(self._render_full, secret)
+            finally:
+                self.metrics.payload_generation.observe(time.perf_counter() - started)
+
+    def _render_full(self, secret: TokenSecret) -> RenderedPayload:
+        """Read what the render needs in full (the config, large inputs) and render. Runs in a thread."""
+        obj = self.source.get_full(secret.key)
+        if obj is None:
+            raise InvalidConfig(f"{secret.ref} is no longer in the source")
+        try:
+            inputs, _deps = gather(
+                secret, secret.annotations, self.source.get_full, self.releases, token_secret_config(obj), self.bases,
+                self._generated,
+            )
+        except ManifestError as exc:
+            raise InvalidConfig(str(exc)) from None
+        return self.renderer(inputs)
+
+    def _render_failed(self, secret: TokenSecret, digest: str, message: str, reason: str = "InvalidConfig") -> None:
+        self.metrics.render_failures.inc()
+        previous = self._failures.get(secret.key)
+        attempts = previous[1] + 1 if previous and previous[0] == digest else 1
+        delay = backoff(attempts)
+        self._failures[secret.key] = (digest, attempts, self.clock() + delay)
+        serving = "the last good payload keeps serving" if self.cache.get_render(secret.ref) else "no payload yet"
+        self.faults.failed("render", secret.ref, f"{message} ({serving})")  # logged once, counted
+        self._write_status_later(secret.key, None, Status(reason, message))
+
+    async def retry_failed(self) -> None:
+        now = self.clock()
+        for key, (_digest, _attempts, retry_at) in list(self._failures.items()):
+            secret = self.secrets.get(key)
+            if secret is None:
+                self._failures.pop(key, None)
+            elif retry_at <= now and key not in self._pending:
+                self._failures[key] = (_digest, _attempts, 0.0)
+                self._schedule_render(secret)
+
+    def payload_missing(self, secret_ref: str) -> None:
+        """The stored payload is gone or failed its integrity check: render it again."""
+        namespace, _, name = secret_ref.partition("/")
+        secret = self.secrets.get(ObjectKey("Secret", namespace, name))
+        if secret is not None:
+            self._schedule_render(secret)  # has_blob is False now, so this renders
