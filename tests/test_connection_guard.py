@@ -4,12 +4,14 @@ and across worker processes, whose limits are the server's, not each worker's.""
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import re
 import signal
 import socket
 import ssl
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for, worker_pids, write_manifests
@@ -155,50 +157,49 @@ def fill_on_both_workers(proc: ServerProcess, source_ip: str) -> tuple[list[ssl.
     raise AssertionError("the kernel never spread the connections over both workers")
 
 
-def test_the_per_source_limit_holds_across_workers(tmp_path: Path) -> None:
-    proc = server(tmp_path, "--workers", "2", "--connections-per-source", "4", "--header-timeout", "60s")
+@contextlib.contextmanager
+def two_workers(tmp_path: Path, *flags: str) -> Iterator[tuple[ServerProcess, list[ssl.SSLSocket]]]:
+    """A server with two workers and no connection open yet; the list's connections are closed after."""
+    proc = server(tmp_path, "--workers", "2", "--header-timeout", "60s", *flags)
     held: list[ssl.SSLSocket] = []
     try:
         wait_for(lambda: sum(connections(proc)[0].values()) == 0, what="the start-up request's connection closed")
-        held, by_worker = fill_on_both_workers(proc, "127.0.0.1")
-        assert len(held) == 4 and set(by_worker) == {"w0", "w1"} and sum(by_worker.values()) == 4
-        other = fill(proc, "127.0.0.2")  # another address has its own four
-        held += other
-        assert len(other) == 4
-        assert sum(connections(proc)[0].values()) == 8
-        assert all(served(conn) for conn in held)  # each one held is live and served
+        yield proc, held
     finally:
         for conn in held:
             conn.close()
         proc.kill()
 
 
+def test_the_per_source_limit_holds_across_workers(tmp_path: Path) -> None:
+    with two_workers(tmp_path, "--connections-per-source", "4") as (proc, held):
+        first, by_worker = fill_on_both_workers(proc, "127.0.0.1")
+        held += first
+        assert len(first) == 4 and set(by_worker) == {"w0", "w1"} and sum(by_worker.values()) == 4
+        other = fill(proc, "127.0.0.2")  # another address has its own four
+        held += other
+        assert len(other) == 4
+        assert sum(connections(proc)[0].values()) == 8
+        assert all(served(conn) for conn in held)  # each one held is live and served
+
+
 def test_the_total_limit_holds_across_workers(tmp_path: Path) -> None:
-    proc = server(tmp_path, "--workers", "2", "--connections-per-source", "4", "--connections-total", "6",
-                  "--header-timeout", "60s")
-    held: list[ssl.SSLSocket] = []
-    try:
-        wait_for(lambda: sum(connections(proc)[0].values()) == 0, what="the start-up request's connection closed")
-        held, _by_worker = fill_on_both_workers(proc, "127.0.0.1")
-        assert len(held) == 4
+    with two_workers(tmp_path, "--connections-per-source", "4", "--connections-total", "6") as (proc, held):
+        first, _by_worker = fill_on_both_workers(proc, "127.0.0.1")
+        held += first
+        assert len(first) == 4
         second = fill(proc, "127.0.0.2")
         held += second
         assert len(second) == 2  # the server's six, not each worker's
         assert hold(proc, "127.0.0.3") is None
         by_worker = connections(proc)[0]
         assert sum(by_worker.values()) == 6 and all(by_worker.values())
-    finally:
-        for conn in held:
-            conn.close()
-        proc.kill()
 
 
 def test_a_killed_workers_connections_are_not_counted_after_its_restart(tmp_path: Path) -> None:
-    proc = server(tmp_path, "--workers", "2", "--connections-per-source", "4", "--header-timeout", "60s")
-    held: list[ssl.SSLSocket] = []
-    try:
-        wait_for(lambda: sum(connections(proc)[0].values()) == 0, what="the start-up request's connection closed")
-        held, by_worker = fill_on_both_workers(proc, "127.0.0.1")
+    with two_workers(tmp_path, "--connections-per-source", "4") as (proc, held):
+        first, by_worker = fill_on_both_workers(proc, "127.0.0.1")
+        held += first
         refused_before = connections(proc)[1]
         victim_number = 0
         victim = worker_pids(proc)[victim_number]
@@ -212,7 +213,3 @@ def test_a_killed_workers_connections_are_not_counted_after_its_restart(tmp_path
         assert len(more) == by_worker["w0"]  # the places the dead worker's connections held are free again
         held += more
         assert sum(connections(proc)[0].values()) == 4
-    finally:
-        for conn in held:
-            conn.close()
-        proc.kill()
