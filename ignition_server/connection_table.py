@@ -4,7 +4,8 @@
 worker's: SO_REUSEPORT spreads one address's connections over the workers by a hash of
 the 4-tuple, so a per-worker share of a limit would refuse an address on one worker while
 another had room. So the count lives in one table in shared memory (a memfd the owner
-creates and each worker maps), with one row per serving process. A row is written only by
+creates and each worker maps; private memory when one process serves alone), with one row
+per serving process. A row is written only by
 its own process, so no locks or atomics are needed; a check sums one column over the rows
 (a handful of reads: well under a microsecond beside a TLS handshake's milliseconds).
 
@@ -65,11 +66,16 @@ class ConnectionTable:
         self._retired_timed_out = 0
 
     @classmethod
-    def create(cls, rows: int, buckets: int = BUCKETS) -> ConnectionTable:
+    def create(cls, rows: int, buckets: int = BUCKETS, *, shared: bool = True) -> ConnectionTable:
+        """A zeroed table; `shared`: in a memfd (`fd`) other processes can map, else private memory."""
         if rows < 1 or buckets < 1 or buckets & (buckets - 1):
             raise ValueError("a connection table needs at least one row and a power-of-two bucket count")
-        fd = os.memfd_create("ignition-server-connections")  # close-on-exec: pass_fds hands it on
         size = _HEADER_BYTES + rows * (_SLOT_BYTES + 4 * buckets)
+        if not shared:
+            memory = mmap.mmap(-1, size)
+            _HEADER.pack_into(memory, 0, _MAGIC, rows, buckets)
+            return cls(-1, memory)
+        fd = os.memfd_create("ignition-server-connections")  # close-on-exec: pass_fds hands it on
         try:
             os.ftruncate(fd, size)
             memory = mmap.mmap(fd, size)
@@ -121,7 +127,8 @@ class ConnectionTable:
         self._int32.release()
         self._int64 = self._int32 = None  # type: ignore[assignment]
         self._memory.close()
-        os.close(self.fd)
+        if self.fd >= 0:
+            os.close(self.fd)
 
 
 def source_bucket(source: str, mask: int) -> int:

@@ -147,7 +147,7 @@ class IgnitionServer:
             await pool.start()
         else:  # one process: the owner serves too
             handlers = self._handlers(authenticator, reconciler)
-            connections = ConnectionTable.create(1)
+            connections = ConnectionTable.create(1, shared=False)
             self.metrics.watch_connections(connections.counts, ["main"])
             guard = ConnectionGuard(settings.header_timeout, settings.connections_per_source, settings.connections_total,
                                     connections.row(0))

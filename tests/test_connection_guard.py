@@ -109,10 +109,14 @@ def hold(proc: ServerProcess, source_ip: str) -> ssl.SSLSocket | None:
         conn: ssl.SSLSocket | None = tls(proc, source_ip)
     except (ConnectionError, ssl.SSLError, OSError):
         conn = None  # refused before our side of the handshake finished
-    outcome = wait_for(lambda: (lambda now: "held" if sum(now[0].values()) > sum(before.values())
-                                else "refused" if now[1] > refused else None)(connections(proc)),
-                       what=f"the server to count the connection from {source_ip}")
-    if outcome == "refused":
+
+    def outcome() -> str | None:
+        now, refused_now = connections(proc)
+        if sum(now.values()) > sum(before.values()):
+            return "held"
+        return "refused" if refused_now > refused else None
+
+    if wait_for(outcome, what=f"the server to count the connection from {source_ip}") == "refused":
         if conn is not None:
             conn.settimeout(5)
             assert closed(conn)

@@ -88,6 +88,17 @@ assert row.admit("192.0.2.1", 2, 100) == -1
     assert table.row(0).admit("192.0.2.1", 2, 100) == -1  # the other process's two count here
 
 
+def test_a_private_table_counts_alike() -> None:
+    """One process serving alone: the same checks in memory no other process maps."""
+    alone = ConnectionTable.create(1, shared=False)
+    try:
+        row = alone.row(0)
+        assert alone.fd == -1 and row.admit("192.0.2.1", 1, 10) >= 0 and row.admit("192.0.2.1", 1, 10) == -1
+        assert alone.counts().open == (1,) and alone.counts().refused == 1
+    finally:
+        alone.close()
+
+
 def test_attach_refuses_what_is_not_a_table(tmp_path) -> None:
     path = tmp_path / "junk"
     path.write_bytes(b"\0" * 4096)

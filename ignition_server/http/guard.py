@@ -38,7 +38,7 @@ class ConnectionGuard:
     header_timeout: float = 10.0
     per_source: int = 256
     total: int = 10_000
-    row: ConnectionRow = field(default_factory=lambda: ConnectionTable.create(1).row(0))
+    row: ConnectionRow = field(default_factory=lambda: ConnectionTable.create(1, shared=False).row(0))
 
     def wrap(self, factory: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
         return lambda: _Guarded(self, factory())
