@@ -5,9 +5,9 @@ worker's: SO_REUSEPORT spreads one address's connections over the workers by a h
 the 4-tuple, so a per-worker share of a limit would refuse an address on one worker while
 another had room. So the count lives in one table in shared memory (a memfd the owner
 creates and each worker maps; private memory when one process serves alone), with one row
-per serving process. A row is written only by
-its own process, so no locks or atomics are needed; a check sums one column over the rows
-(a handful of reads: well under a microsecond beside a TLS handshake's milliseconds).
+per serving process. A row is written only by its own process, so no locks or atomics are
+needed; a check sums one column over the rows (a handful of reads: under a microsecond
+beside a TLS handshake's milliseconds).
 
 A row holds its process's open connections in all, and per source address hashed into
 `buckets` buckets (IPv4 and IPv6 addresses alike, as text), plus the connections it refused
@@ -15,9 +15,10 @@ and the ones it closed for slow headers. Addresses that share a bucket share a c
 a collision only ever over-counts (refuses early), never lets an address past its limit.
 
 A process counts a connection in its own row first and sums afterwards, so two processes
-admitting at the same moment each see the other's connection and the race refuses rather
-than over-admits. (Strictly, without a memory fence x86 may let both reads miss the other's
-write within the same few nanoseconds; then one connection per other process can slip past.)
+admitting at the same moment each see the other's connection and the race refuses (the
+client retries) rather than over-admits. Strictly, with no memory fence between the write
+and the reads, a CPU may let both reads miss the other's write if they fall within a few
+nanoseconds of each other; then one connection per other process can slip past.
 
 A process that dies (SIGKILL) leaves its row as it was: its connections are gone, so the
 owner clears the row (`clear`) before it starts the replacement.
