@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import threading
 from collections import Counter as Tally
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from payload_cache import CacheStats
+
+if TYPE_CHECKING:  # the table is the serving side's; metrics only read its counts
+    from .http.connection_table import ConnectionCounts
+
 
 # The reference's buckets (5-60 s renders) plus fast ones for our own renderer.
 GENERATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 40, 50, 60)
@@ -70,6 +74,31 @@ class _CacheCollector(Collector):
         gc_runs = Metric("ign_server_cache_gc_runs", "Garbage collections of unreferenced blobs", "counter")
         gc_runs.add_sample("ign_server_cache_gc_runs_total", {}, float(getattr(stats, "gc_runs", 0)))
         yield gc_runs
+
+
+class _ConnectionCollector(Collector):
+    """Read from the shared connection table at scrape time: every serving process's row."""
+
+    def __init__(self, counts: Callable[[], ConnectionCounts], processes: Sequence[str]) -> None:
+        self._counts = counts
+        self._processes = tuple(processes)
+
+    def collect(self) -> Iterable[Metric]:
+        counts = self._counts()
+        held = GaugeMetricFamily("ign_server_connections_open", "Open connections, by serving process",
+                                 labels=["process"])
+        for process, count in zip(self._processes, counts.open):
+            held.add_metric([process], float(count))
+        yield held
+        refused = Metric("ign_server_connections_refused",
+                         "Connections closed on arrival: their address or the server was at its limit", "counter")
+        refused.add_sample("ign_server_connections_refused_total", {}, float(counts.refused))
+        yield refused
+        slow = Metric("ign_server_connections_timed_out",
+                      "Connections closed because their first request's headers took longer than --header-timeout",
+                      "counter")
+        slow.add_sample("ign_server_connections_timed_out_total", {}, float(counts.timed_out))
+        yield slow
 
 
 class ServerMetrics:
@@ -153,3 +182,7 @@ class ServerMetrics:
 
     def watch_cache(self, stats: Callable[[], CacheStats]) -> None:
         self.registry.register(_CacheCollector(stats, self.worker_cache))
+
+    def watch_connections(self, counts: Callable[[], ConnectionCounts], processes: Sequence[str]) -> None:
+        """`processes` names the table's rows, in order (the request-id prefixes' `w0`, `w1`, ...)."""
+        self.registry.register(_ConnectionCollector(counts, processes))

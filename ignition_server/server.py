@@ -25,6 +25,7 @@ from .auth.rotation import RotationPolicy
 from .auth.jwt import ServiceAccountVerifier
 from .auth.tokens import TokenAuthenticator
 from .config import ServeSettings
+from .http.connection_table import ConnectionTable
 from .http.fips import describe as fips_describe
 from .http.access_log import AccessLog
 from .http.guard import ConnectionGuard
@@ -129,6 +130,7 @@ class IgnitionServer:
         runners: list[web.AppRunner] = []
         pool: WorkerPool | None = None
         handlers: IgnitionHandlers | None = None
+        connections: ConnectionTable | None = None
         if settings.workers:
             assert self.tls_files is not None
             reserved = reserve_port(settings.listen)
@@ -145,7 +147,10 @@ class IgnitionServer:
             await pool.start()
         else:  # one process: the owner serves too
             handlers = self._handlers(authenticator, reconciler)
-            guard = ConnectionGuard(settings.header_timeout, settings.connections_per_source, settings.connections_total)
+            connections = ConnectionTable.create(1, shared=False)
+            self.metrics.watch_connections(connections.counts, ["main"])
+            guard = ConnectionGuard(settings.header_timeout, settings.connections_per_source, settings.connections_total,
+                                    connections.row(0))
             runners.append(await self._start(build_dispatch(handlers), settings.listen, ssl_context, "serving", guard))
         self.state.ready = True
         log.info(
@@ -193,6 +198,8 @@ class IgnitionServer:
             await source.flush()
             if handlers is not None:
                 handlers.close()
+            if connections is not None:
+                connections.close()
             if registry_session is not None:
                 await registry_session.close()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import ssl
@@ -192,6 +193,14 @@ class ServerProcess:
                 name, _, value = line.rpartition(" ")
                 values[name] = float(value)
         return values
+
+
+def worker_pids(proc: ServerProcess) -> dict[int, int]:
+    """Worker number -> pid of the newest process of that number, from the owner's log."""
+    found: dict[int, int] = {}
+    for number, pid in re.findall(r"worker (\d+) \(pid (\d+)\) is serving", proc.logs()):
+        found[int(number)] = int(pid)
+    return found
 
 
 @dataclass

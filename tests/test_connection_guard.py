@@ -1,14 +1,20 @@
-"""Slow clients cannot hold connections, and one address cannot hold them all."""
+"""Slow clients cannot hold connections, and one address cannot hold them all: in one process,
+and across worker processes, whose limits are the server's, not each worker's."""
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import os
+import re
+import signal
 import socket
 import ssl
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-from harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for, write_manifests
+from harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for, worker_pids, write_manifests
 from ignition_server.sources.manifests import build_token_secret
 
 
@@ -61,14 +67,14 @@ def test_a_client_dribbling_its_headers_is_cut_off(tmp_path: Path) -> None:
         assert cut or closed(slow)
         assert time.monotonic() - started < 10  # closed near the 2 s header timeout, not whenever it liked
         assert boot(proc).startswith(b"HTTP/1.1 200")  # others are served meanwhile
+        # Counted by the worker that cut it, reported by the owner (workers: one per CPU by default).
+        wait_for(lambda: proc.metrics().get("ign_server_connections_timed_out_total") == 1, what="the cut counted")
     finally:
         proc.kill()
 
 
 def test_one_address_cannot_hold_every_connection(tmp_path: Path) -> None:
-    # The limits hold per serving process (each worker counts its own connections): one
-    # worker makes the count exact.
-    proc = server(tmp_path, "--connections-per-source", "3", "--header-timeout", "30s", "--workers", "1")
+    proc = server(tmp_path, "--connections-per-source", "3", "--header-timeout", "30s", "--workers", "0")
     held = []
     try:
         held = [tls(proc) for _ in range(3)]  # idle, handshake done: each counts
@@ -83,3 +89,131 @@ def test_one_address_cannot_hold_every_connection(tmp_path: Path) -> None:
         for conn in held:
             conn.close()
         proc.kill()
+
+
+# -- with worker processes: the limits are the whole server's --------------------------
+
+def connections(proc: ServerProcess) -> tuple[dict[str, int], int]:
+    """Open connections by serving process, and connections refused, from the owner's /metrics."""
+    metrics = proc.metrics()
+    held = {re.search(r'process="(\w+)"', name).group(1): int(value)  # type: ignore[union-attr]
+            for name, value in metrics.items() if name.startswith("ign_server_connections_open{")}
+    return held, int(metrics["ign_server_connections_refused_total"])
+
+
+def hold(proc: ServerProcess, source_ip: str) -> ssl.SSLSocket | None:
+    """Open a connection from `source_ip` and keep it: the connection, or None when the server
+    closed it on arrival (decided by the server's own counts, not a read timing out)."""
+    before, refused = connections(proc)
+    try:
+        conn: ssl.SSLSocket | None = tls(proc, source_ip)
+    except (ConnectionError, ssl.SSLError, OSError):
+        conn = None  # refused before our side of the handshake finished
+
+    def outcome() -> str | None:
+        now, refused_now = connections(proc)
+        if sum(now.values()) > sum(before.values()):
+            return "held"
+        return "refused" if refused_now > refused else None
+
+    if wait_for(outcome, what=f"the server to count the connection from {source_ip}") == "refused":
+        if conn is not None:
+            conn.settimeout(5)
+            assert closed(conn)
+        return None
+    assert conn is not None
+    return conn
+
+
+def fill(proc: ServerProcess, source_ip: str, at_most: int = 50) -> list[ssl.SSLSocket]:
+    """Connections from `source_ip`, held, opened until the server refuses one."""
+    held: list[ssl.SSLSocket] = []
+    while (conn := hold(proc, source_ip)) is not None:
+        held.append(conn)
+        assert len(held) <= at_most
+    return held
+
+
+def served(conn: ssl.SSLSocket) -> bool:
+    """A held connection is a live one: a request on it is answered."""
+    token = base64.b64encode(b"tok-good").decode()
+    conn.settimeout(10)
+    conn.sendall(f"GET /ignition HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\r\n".encode())
+    return conn.recv(64).startswith(b"HTTP/1.1 200")
+
+
+def close_all(proc: ServerProcess, conns: list[ssl.SSLSocket]) -> None:
+    for conn in conns:
+        conn.close()
+    conns.clear()
+    wait_for(lambda: sum(connections(proc)[0].values()) == 0, what="every connection closed")
+
+
+def fill_on_both_workers(proc: ServerProcess, source_ip: str) -> tuple[list[ssl.SSLSocket], dict[str, int]]:
+    """Fill `source_ip`'s share, again until the kernel has spread it over both workers (it
+    hashes each connection's 4-tuple: all on one worker happens one time in eight for four)."""
+    for _ in range(20):
+        held = fill(proc, source_ip)
+        by_worker = connections(proc)[0]
+        if all(by_worker.values()):
+            return held, by_worker
+        close_all(proc, held)
+    raise AssertionError("the kernel never spread the connections over both workers")
+
+
+@contextlib.contextmanager
+def two_workers(tmp_path: Path, *flags: str) -> Iterator[tuple[ServerProcess, list[ssl.SSLSocket]]]:
+    """A server with two workers and no connection open yet; the list's connections are closed after."""
+    proc = server(tmp_path, "--workers", "2", "--header-timeout", "60s", *flags)
+    held: list[ssl.SSLSocket] = []
+    try:
+        wait_for(lambda: sum(connections(proc)[0].values()) == 0, what="the start-up request's connection closed")
+        yield proc, held
+    finally:
+        for conn in held:
+            conn.close()
+        proc.kill()
+
+
+def test_the_per_source_limit_holds_across_workers(tmp_path: Path) -> None:
+    with two_workers(tmp_path, "--connections-per-source", "4") as (proc, held):
+        first, by_worker = fill_on_both_workers(proc, "127.0.0.1")
+        held += first
+        assert len(first) == 4 and set(by_worker) == {"w0", "w1"} and sum(by_worker.values()) == 4
+        other = fill(proc, "127.0.0.2")  # another address has its own four
+        held += other
+        assert len(other) == 4
+        assert sum(connections(proc)[0].values()) == 8
+        assert all(served(conn) for conn in held)  # each one held is live and served
+
+
+def test_the_total_limit_holds_across_workers(tmp_path: Path) -> None:
+    with two_workers(tmp_path, "--connections-per-source", "4", "--connections-total", "6") as (proc, held):
+        first, _by_worker = fill_on_both_workers(proc, "127.0.0.1")
+        held += first
+        assert len(first) == 4
+        second = fill(proc, "127.0.0.2")
+        held += second
+        assert len(second) == 2  # the server's six, not each worker's
+        assert hold(proc, "127.0.0.3") is None
+        by_worker = connections(proc)[0]
+        assert sum(by_worker.values()) == 6 and all(by_worker.values())
+
+
+def test_a_killed_workers_connections_are_not_counted_after_its_restart(tmp_path: Path) -> None:
+    with two_workers(tmp_path, "--connections-per-source", "4") as (proc, held):
+        first, by_worker = fill_on_both_workers(proc, "127.0.0.1")
+        held += first
+        refused_before = connections(proc)[1]
+        victim_number = 0
+        victim = worker_pids(proc)[victim_number]
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: worker_pids(proc).get(victim_number, victim) != victim, what="worker 0 started again")
+        wait_for(lambda: proc.metrics().get("ign_server_workers_serving") == 2, what="both workers serving")
+        after, refused_after = connections(proc)
+        assert after == {"w0": 0, "w1": by_worker["w1"]}  # the dead row was cleared; the survivor's stand
+        assert refused_after >= refused_before  # the dead worker's refusals are still counted
+        more = fill(proc, "127.0.0.1")
+        assert len(more) == by_worker["w0"]  # the places the dead worker's connections held are free again
+        held += more
+        assert sum(connections(proc)[0].values()) == 4

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for, write_manifests
+from harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for, worker_pids, write_manifests
 from ignition_server.auth.presented import Presented
 from ignition_server.auth.tokens import Grant, Refusal, TokenAuthenticator
 from ignition_server.http.app import IgnitionHandlers, ServingState
@@ -59,14 +59,6 @@ def start(tmp_path: Path, *objects: dict, workers: int = 2, token_ttl: str = "11
 
 def manifests(proc: ServerProcess) -> list[dict]:
     return [d for d in yaml.safe_load_all((proc.source / "pools.yaml").read_text()) if d]
-
-
-def worker_pids(proc: ServerProcess) -> dict[int, int]:
-    """Worker number -> pid of the newest process of that number, from the owner's log."""
-    found: dict[int, int] = {}
-    for number, pid in re.findall(r"worker (\d+) \(pid (\d+)\) is serving", proc.logs()):
-        found[int(number)] = int(pid)
-    return found
 
 
 def alive(pid: int) -> bool:

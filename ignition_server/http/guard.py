@@ -6,12 +6,13 @@ The guard sits between the TLS layer and aiohttp's protocol: a connection whose 
 headers are not complete within `header_timeout` is closed, and connections beyond
 `per_source` from one address, or `total` in all, are closed as they arrive. A node that is
 refused that way retries (the Ignition client treats a failed connection like a 5xx).
+The limits are the whole server's: every serving process counts in its row of one shared
+connection table (`connection_table`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import ipaddress
 import logging
 import socket
@@ -21,6 +22,7 @@ from typing import Any, Callable
 
 from aiohttp import web
 
+from .connection_table import ConnectionRow, ConnectionTable
 from .proxy_protocol import serve_connections
 
 log = logging.getLogger("ignition_server.http")
@@ -30,13 +32,13 @@ _HEADERS_END = b"\r\n\r\n"
 
 @dataclass
 class ConnectionGuard:
+    """The limits, and where this process counts its connections: its row of the server's
+    connection table (one row of a table of its own when it serves alone)."""
+
     header_timeout: float = 10.0
     per_source: int = 256
     total: int = 10_000
-    open_by_source: collections.Counter[str] = field(default_factory=collections.Counter)
-    open_total: int = 0
-    refused: int = 0
-    timed_out: int = 0
+    row: ConnectionRow = field(default_factory=lambda: ConnectionTable.create(1, shared=False).row(0))
 
     def wrap(self, factory: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
         return lambda: _Guarded(self, factory())
@@ -45,7 +47,7 @@ class ConnectionGuard:
 class _Guarded(asyncio.Protocol):
     def __init__(self, guard: ConnectionGuard, inner: asyncio.Protocol) -> None:
         self.guard, self.inner = guard, inner
-        self.source: str | None = None
+        self.bucket = -1  # the source's bucket in the connection table once counted
         self.transport: asyncio.BaseTransport | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.tail = b""
@@ -53,20 +55,17 @@ class _Guarded(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         guard = self.guard
         peer = transport.get_extra_info("peername")
-        source = str(peer[0]) if peer else ""
-        if guard.open_total >= guard.total or guard.open_by_source[source] >= guard.per_source:
-            guard.refused += 1
+        bucket = guard.row.admit(str(peer[0]) if peer else "", guard.per_source, guard.total)
+        if bucket < 0:
             transport.abort()  # before aiohttp sees it: nothing else to clean up
             return
-        self.source, self.transport = source, transport
-        guard.open_total += 1
-        guard.open_by_source[source] += 1
+        self.bucket, self.transport = bucket, transport
         self.timer = asyncio.get_running_loop().call_later(guard.header_timeout, self._too_slow)
         self.inner.connection_made(transport)
 
     def _too_slow(self) -> None:
         self.timer = None
-        self.guard.timed_out += 1
+        self.guard.row.timed_out()
         if self.transport is not None:
             self.transport.abort()
 
@@ -89,14 +88,12 @@ class _Guarded(asyncio.Protocol):
         self.inner.resume_writing()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.source is None:
+        if self.bucket < 0:
             return  # refused: aiohttp never saw it
         if self.timer is not None:
             self.timer.cancel()
-        self.guard.open_total -= 1
-        self.guard.open_by_source[self.source] -= 1
-        if self.guard.open_by_source[self.source] <= 0:
-            del self.guard.open_by_source[self.source]
+        self.guard.row.release(self.bucket)
+        self.bucket = -1
         self.inner.connection_lost(exc)
 
     def __getattr__(self, name: str) -> Any:  # anything else aiohttp asks of its protocol

@@ -26,11 +26,12 @@ from payload_cache import PayloadCache
 from ..auth.presented import admit
 from ..auth.tokens import Refusal, TokenAuthenticator
 from ..config import ServeSettings
+from ..http.connection_table import ConnectionTable
 from ..http.limits import FAILED_STATUSES, FailedAuthLimiter
 from ..http.tls import TLSFiles
 from ..metrics import ServerMetrics
 from .channel import Channel
-from .worker import WorkerSpec
+from .worker import WorkerSpec, process_name
 
 log = logging.getLogger("ignition_server.workers")
 RESTART_DELAYS = (0.1, 0.5, 1.0, 2.0, 5.0)  # a worker that keeps dying is started again ever more slowly
@@ -65,6 +66,9 @@ class WorkerPool:
         # Each worker keeps its own memory tier: together they stay within --cache-memory.
         self._memory_bytes = settings.cache_memory_bytes // max(count, 1)
         self._workers: dict[int, _Worker] = {}
+        # The connection limits are the server's: every worker counts in its row of one table.
+        self._connections = ConnectionTable.create(count)
+        metrics.watch_connections(self._connections.counts, [process_name(n) for n in range(count)])
         self._limiter = FailedAuthLimiter(settings.auth_failure_burst, settings.auth_failure_window)
         self._pending: list[tuple[int, Any]] = []
         self._pending_lock = threading.Lock()
@@ -107,8 +111,8 @@ class WorkerPool:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "ignition_server.workers.worker", str(theirs.fileno()),
-                pass_fds=(theirs.fileno(),),
+                sys.executable, "-m", "ignition_server.workers.worker", str(theirs.fileno()), str(self._connections.fd),
+                pass_fds=(theirs.fileno(), self._connections.fd),
             )
         finally:
             theirs.close()
@@ -160,6 +164,8 @@ class WorkerPool:
                     return
                 self._workers.pop(worker.number, None)
                 worker.channel.close()
+                # Its connections died with it; what its row still counts would hold their places.
+                self._connections.clear(worker.number)
                 self._count_serving()
                 delay = RESTART_DELAYS[min(failures, len(RESTART_DELAYS) - 1)]
                 log.error("worker %d (pid %d) exited with %s; starting it again in %.1fs",
@@ -188,6 +194,7 @@ class WorkerPool:
             await asyncio.gather(*(p.wait() for p in processes))
         for worker in self._workers.values():
             worker.channel.close()
+        self._connections.close()
         self._metrics.workers_serving.set(0)
 
     def _count_serving(self) -> None:

@@ -1,4 +1,5 @@
-"""A serving worker: `python -m ignition_server.workers.worker FD`, started by the owner.
+"""A serving worker: `python -m ignition_server.workers.worker FD TABLE_FD`, started by the owner
+(FD: its channel; TABLE_FD: the server's connection table, `connection_table`).
 
 It serves from a replica of the owner's token index (fed over the channel) and the
 encrypted blobs on disk, never renders or writes, and asks the owner before refusing a
@@ -26,6 +27,7 @@ from .. import logs, memory
 from ..auth.presented import Presented
 from ..auth.tokens import Grant, Refusal, TokenAuthenticator
 from ..config import ServeSettings
+from ..http.connection_table import ConnectionTable
 from ..http.app import IgnitionHandlers, ServingState, build_dispatch
 from ..http.access_log import AccessLog
 from ..http.guard import ConnectionGuard
@@ -37,6 +39,11 @@ from ..metrics import ServerMetrics
 log = logging.getLogger("ignition_server.worker")
 REPORT_INTERVAL = 1.0  # served NodePools and counters go to the owner this often
 TRIM_EVERY = 10  # reports between heap trims
+
+
+def process_name(number: int) -> str:
+    """How logs, request ids and metrics name worker `number`."""
+    return f"w{number}"
 
 
 @dataclass(frozen=True)
@@ -54,9 +61,10 @@ class WorkerSpec:
 
 
 class Worker:
-    def __init__(self, spec: WorkerSpec, channel: Any) -> None:
+    def __init__(self, spec: WorkerSpec, channel: Any, connections: ConnectionTable) -> None:
         self.spec = spec
         self.channel = channel
+        self.connections = connections
         settings = spec.settings
         self.cache = PayloadCache.replica(
             CacheConfig(settings.cache_dir, settings.cache_key_file, spec.memory_bytes), spec.tokens, spec.renders)
@@ -82,7 +90,7 @@ class Worker:
             max_in_flight=settings.max_in_flight,
             limiter=self.limiter,
             second_opinion=self.ask_owner,
-            request_id_prefix=f"w{spec.number}-",
+            request_id_prefix=f"{process_name(spec.number)}-",
             access=AccessLog(settings.log_format),
             write_piece=memory.SERVING_MMAP_THRESHOLD,
         )
@@ -108,7 +116,8 @@ class Worker:
     async def run(self, stop: asyncio.Event) -> None:
         settings = self.spec.settings
         ssl_context = server_context(self.spec.tls_files, settings.tls.profile)
-        guard = ConnectionGuard(settings.header_timeout, settings.connections_per_source, settings.connections_total)
+        guard = ConnectionGuard(settings.header_timeout, settings.connections_per_source, settings.connections_total,
+                                self.connections.row(self.spec.number))
         runner, _port = await start_site(build_dispatch(self.handlers), (settings.listen[0], self.spec.port), ssl_context,
                                          guard=guard, shutdown_timeout=settings.shutdown_timeout, reuse_port=True,
                                          proxy_from=settings.proxy_protocol_from)
@@ -195,7 +204,7 @@ class Worker:
             self._served.clear()
 
 
-async def _main(fd: int) -> None:
+async def _main(fd: int, connections_fd: int) -> None:
     from .channel import Channel
 
     channel = await Channel.open(socket.socket(fileno=fd))
@@ -209,7 +218,7 @@ async def _main(fd: int) -> None:
     # Ctrl-C reaches the whole process group: the owner decides when workers drain.
     loop.add_signal_handler(signal.SIGINT, lambda: None)
     started = time.perf_counter()
-    worker = Worker(spec, channel)
+    worker = Worker(spec, channel, ConnectionTable.attach(connections_fd))
     log.info("worker %d (pid %d) serving %d payloads after %.3fs", spec.number, os.getpid(),
              worker.cache.render_count(), time.perf_counter() - started)
     await worker.run(stop)
@@ -217,13 +226,13 @@ async def _main(fd: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    fd = int(args[0])
+    fd, connections_fd = int(args[0]), int(args[1])
     try:
         import uvloop
 
-        uvloop.run(_main(fd))
+        uvloop.run(_main(fd, connections_fd))
     except ImportError:
-        asyncio.run(_main(fd))
+        asyncio.run(_main(fd, connections_fd))
     return 0
 
 
