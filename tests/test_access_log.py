@@ -45,3 +45,23 @@ async def test_text_lines_read_like_the_other_text_logs() -> None:
     line = stream.getvalue().strip()
     assert " INFO    ignition_server.access: GET /ignition 503 " in line, line
     assert line.endswith("request_id=7 nodepool=- status=503 bytes=12 duration_ms=0.2 client=10.0.0.9"), line
+
+
+async def test_text_stamps_are_in_the_same_zone_as_the_other_text_logs(monkeypatch) -> None:
+    import logging
+    import time
+
+    from ignition_server.logs import TextFormatter
+
+    monkeypatch.setenv("TZ", "Asia/Kolkata")  # +05:30: a stamp in UTC could not match
+    time.tzset()
+    try:
+        stream = io.StringIO()
+        log = AccessLog("text", stream=stream)
+        log.record("GET", "/healthz", 200, request_id="1", nodepool="-", size=3, duration_ms=0.1, client="-")
+        log.flush()
+        other = TextFormatter().format(logging.makeLogRecord({"msg": "x", "levelname": "INFO", "name": "n"}))
+        assert stream.getvalue()[:16] == other[:16]  # YYYY-mm-dd HH:MM (a minute boundary could part them)
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()

@@ -28,6 +28,8 @@ class AccessLog:
         self._json = resolve_format(log_format) == "json"
         self._logger = logging.getLogger(LOGGER)  # getLogger takes the logging module's lock: once, not per request
         self._stamp_format = "%Y-%m-%dT%H:%M:%S" if self._json else "%Y-%m-%d %H:%M:%S"
+        # As the other logs stamp theirs: JSON in UTC (with a Z), text in local time (logging's asctime).
+        self._clock = time.gmtime if self._json else time.localtime
         self._stream = stream
         self._lines: list[str] = []
         self._scheduled: asyncio.Handle | None = None
@@ -62,7 +64,7 @@ class AccessLog:
         second = int(now)
         if second != self._second:  # formatted once a second, not once a request
             self._second = second
-            self._stamp = time.strftime(self._stamp_format, time.gmtime(second))
+            self._stamp = time.strftime(self._stamp_format, self._clock(second))
         return self._stamp
 
     def flush(self) -> None:
