@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             ("body made: disk read + AES-GCM + version rewrite (a miss)",
              per_call_us(lambda: ReadyBodies().make(blob, "3.4.0", cache.get_blob(blob)), max(n // 20, 10))),
             ("metrics (two counters)", per_call_us(lambda: (metrics.get_requests.inc("clusters/p"),
-                                                            metrics.responses.labels("200").inc()), n)),
+                                                            metrics.responses.inc(200)), n)),
             ("access log line (formatted, buffered)", asyncio.run(log_lines())),
         ]
         say(f"payload {len(body) / 1024:.0f} KiB; per call, median of 5 x {n}:")

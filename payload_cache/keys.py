@@ -61,7 +61,7 @@ def key_id(key: bytes) -> bytes:
 class KeyRing:
     """Immutable view of one key file's contents, with ready-made ciphers."""
 
-    __slots__ = ("index_key", "aes_keys", "_ciphers", "newest_id")
+    __slots__ = ("index_key", "_index_mac", "aes_keys", "_ciphers", "newest_id")
 
     def __init__(self, index_key: bytes, aes_keys: tuple[bytes, ...]) -> None:
         if len(index_key) != KEY_BYTES:
@@ -72,6 +72,9 @@ class KeyRing:
             if len(key) != KEY_BYTES:
                 raise CacheKeyError(f"aes keys must be {KEY_BYTES} bytes (AES-256), got {len(key)}")
         self.index_key = index_key
+        # Keyed once: each lookup copies it (a token check per request; copying is read-only,
+        # so threads may share it).
+        self._index_mac = hmac.new(index_key, digestmod=hashlib.sha256)
         self.aes_keys = aes_keys
         self._ciphers = {key_id(key): AESGCM(key) for key in aes_keys}
         self.newest_id = key_id(aes_keys[0])
@@ -81,7 +84,9 @@ class KeyRing:
         return cls(os.urandom(KEY_BYTES), (AESGCM.generate_key(bit_length=256),))
 
     def hmac(self, data: bytes) -> bytes:
-        return hmac.new(self.index_key, data, hashlib.sha256).digest()
+        mac = self._index_mac.copy()
+        mac.update(data)
+        return mac.digest()
 
     def cipher(self, kid: bytes) -> AESGCM | None:
         return self._ciphers.get(kid)

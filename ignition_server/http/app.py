@@ -11,7 +11,7 @@ import concurrent.futures
 import itertools
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Awaitable, Callable
 
 from aiohttp import web
 from aiohttp.payload import Payload
@@ -70,7 +70,6 @@ class IgnitionHandlers:
         self._access = access or AccessLog("auto")
         self._write_piece = write_piece  # below the process's mmap threshold (memory.py)
         self._versions: dict[tuple[str | None, str], str] = {}
-        self._by_status: dict[int, Any] = {}  # the responses counter's child per status
         self._in_flight = 0  # payload requests being answered now (one event loop: no lock)
         self._ids = itertools.count(1)
         self._id_prefix = request_id_prefix  # request ids stay unique across worker processes
@@ -146,10 +145,7 @@ class IgnitionHandlers:
             if admitted:
                 self._in_flight -= 1
         response.headers["X-Request-Id"] = request_id
-        counter = self._by_status.get(response.status)
-        if counter is None:
-            counter = self._by_status[response.status] = self._metrics.responses.labels(str(response.status))
-        counter.inc()
+        self._metrics.responses.inc(response.status)
         if self._access.enabled:
             # request.path never carries the query string, so `token=` cannot reach the log.
             self._access.record(request.method, request.path, response.status, request_id=request_id,

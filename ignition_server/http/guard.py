@@ -76,6 +76,9 @@ class _Guarded(asyncio.Protocol):
                 self.timer.cancel()
                 self.timer = None
                 self.tail = b""
+                # From here the TLS layer hands data straight to aiohttp: the instance attribute
+                # wins over this method, so a kept-alive request costs no call through the guard.
+                self.data_received = self.inner.data_received  # type: ignore[attr-defined,method-assign]
         self.inner.data_received(data)  # type: ignore[attr-defined]
 
     def eof_received(self) -> bool | None:

@@ -257,7 +257,7 @@ class WorkerPool:
         for nodepool, count in deltas.get("nodepools", {}).items():
             self._metrics.get_requests.inc(nodepool, count)
         for code, count in deltas.get("codes", {}).items():
-            self._metrics.responses.labels(code).inc(count)
+            self._metrics.responses.inc(code, count)
         self._metrics.worker_cache.update(deltas.get("cache", {}))
         for secret in served:
             self._on_served(secret)

@@ -187,8 +187,7 @@ class Worker:
     def _report(self) -> None:
         """What the owner's /metrics and status writes need: deltas since the last report."""
         nodepools = Counter(self.metrics.get_requests.counts())
-        codes = Counter({sample.labels["code"]: int(sample.value) for metric in self.metrics.responses.collect()
-                         for sample in metric.samples if sample.name.endswith("_total")})
+        codes = Counter(self.metrics.responses.counts())
         stats = self.cache.stats()
         cache = Counter({"memory_hits": stats.memory_hits, "disk_hits": stats.disk_hits, "misses": stats.misses,
                          "quarantined": stats.quarantined})
