@@ -46,3 +46,25 @@ def test_a_flood_from_one_address_is_held_off_and_boots_elsewhere_go_on(tmp_path
                  what="the address let through after its window")
     finally:
         proc.kill()
+
+
+def test_the_limiter_holds_a_source_for_its_window_and_stays_bounded() -> None:
+    from ignition_server.http.limits import FailedAuthLimiter
+
+    now = [100.0]
+    limiter = FailedAuthLimiter(burst=3, window=10.0, max_sources=4, clock=lambda: now[0])
+    for _ in range(3):
+        limiter.failed("10.0.0.1")
+    assert limiter.retry_after("10.0.0.1") is None  # at the burst, not over it
+    now[0] += 2.0
+    limiter.failed("10.0.0.1")  # over: held until 10 s after the first failure
+    assert limiter.retry_after("10.0.0.1") == 8
+    assert limiter.retry_after("10.0.0.2") is None
+    limiter.hold("10.0.0.3", 2.5)  # another process's verdict
+    assert limiter.retry_after("10.0.0.3") == 3
+    now[0] += 8.0
+    assert limiter.retry_after("10.0.0.1") is None and limiter.retry_after("10.0.0.3") is None
+    for i in range(10):  # more held sources than the bound: the oldest make room
+        limiter.hold(f"192.0.2.{i}", 60)
+    assert len(limiter._held) <= 4
+    assert limiter.retry_after("192.0.2.9") is not None and limiter.retry_after("192.0.2.0") is None

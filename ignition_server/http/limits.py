@@ -25,21 +25,28 @@ class FailedAuthLimiter:
     window: float = 10.0
     max_sources: int = 100_000
     clock: Callable[[], float] = time.monotonic
-    _table: TTLCache = field(init=False, repr=False)
+    _table: TTLCache = field(init=False, repr=False)  # source -> [failures, first failure's time]
+    # Sources over the burst -> when their wait ends: what every request asks about, kept in a
+    # plain dict (the TTL table's lookup was a microsecond per request, for the few held).
+    _held: dict[str, float] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self._table = TTLCache(maxsize=self.max_sources, ttl=self.window, timer=self.clock)
 
     def retry_after(self, source: str | None) -> int | None:
         """Seconds this source must wait, or None when it may try."""
-        entry = self._table.get(source or "")
-        if entry is None or entry[0] <= self.burst:
+        until = self._held.get(source or "")
+        if until is None:
             return None
-        return max(1, math.ceil(entry[1] + self.window - self.clock()))
+        remaining = until - self.clock()
+        if remaining <= 0:
+            self._held.pop(source or "", None)
+            return None
+        return max(1, math.ceil(remaining))
 
     def hold(self, source: str | None, seconds: float) -> None:
         """Refuse `source` for `seconds` (another process's limiter found it over the burst)."""
-        self._table[source or ""] = [self.burst + 1, self.clock() - self.window + seconds]
+        self._hold(source or "", self.clock() + seconds)
 
     def failed(self, source: str | None) -> None:
         key = source or ""
@@ -48,3 +55,14 @@ class FailedAuthLimiter:
             self._table[key] = [1, self.clock()]  # the window starts at the first failure
         else:
             entry[0] += 1
+            if entry[0] > self.burst:
+                self._hold(key, entry[1] + self.window)
+
+    def _hold(self, key: str, until: float) -> None:
+        if key not in self._held and len(self._held) >= self.max_sources:
+            now = self.clock()
+            for stale in [source for source, ends in self._held.items() if ends <= now]:
+                del self._held[stale]
+            if len(self._held) >= self.max_sources:  # all still held: the longest-held goes first
+                del self._held[next(iter(self._held))]
+        self._held[key] = until
