@@ -16,7 +16,7 @@ from typing import Awaitable, Callable
 from aiohttp import web
 from aiohttp.payload import Payload
 
-from payload_cache import PayloadCache
+from payload_cache import PayloadCache, RenderRecord
 
 from ..auth.presented import Presented, admit
 from ..auth.tokens import Grant, Refusal, TokenAuthenticator
@@ -78,12 +78,16 @@ class IgnitionHandlers:
         # in the shared default pool, a disk read would wait for background work.
         self._readers = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="payload-read")
 
-    def _negotiate(self, accept: str | None, min_version: str) -> str:
+    def _negotiate(self, accept: str | None, min_version: str) -> str | None:
+        """The spec version to answer at, or None when the client accepts none we can serve."""
         # A fleet sends a handful of Accept headers; parsing one costs more than the lookup.
         key = (accept, min_version)
         version = self._versions.get(key)
         if version is None:
-            version = negotiate(accept, min_version)  # raises UnsatisfiableVersion: not kept
+            try:
+                version = negotiate(accept, min_version)
+            except UnsatisfiableVersion:
+                return None  # answered with a 406 that says which feature needs the newer spec; not kept
             if len(self._versions) >= 256:
                 self._versions.clear()
             self._versions[key] = version
@@ -93,23 +97,15 @@ class IgnitionHandlers:
         self._access.flush()
         self._readers.shutdown(wait=False, cancel_futures=True)
 
-    async def hypershift(self, request: web.BaseRequest) -> web.StreamResponse:
+    # Not coroutines themselves: a request's one coroutine is `_serve`'s (each level of await
+    # is a frame made and resumed per request, on the path every kept-alive request takes).
+    def hypershift(self, request: web.BaseRequest) -> Awaitable[web.StreamResponse]:
         headers = request.headers
-        return await self._serve(request, Presented(authorization=headers.get("Authorization"),
-                                                   nodepool_header=headers.get("NodePool")))
+        return self._serve(request, Presented(authorization=headers.get("Authorization"),
+                                              nodepool_header=headers.get("NodePool")))
 
-    async def mcs(self, request: web.BaseRequest, nodepool: str) -> web.StreamResponse:
-        return await self._serve(request, Presented(path_pool=nodepool, query_token=request.query.get("token", "")))
-
-    async def _admit(self, presented: Presented, remote: str | None) -> Grant:
-        try:
-            return admit(presented, self._auth)
-        except Refusal:
-            if self._second_opinion is None:
-                raise
-        # A serving worker's view of the tokens trails the owner's by a moment: before
-        # refusing, ask the owner, so no node is turned away for a token it already accepts.
-        return await self._second_opinion(presented, remote)
+    def mcs(self, request: web.BaseRequest, nodepool: str) -> Awaitable[web.StreamResponse]:
+        return self._serve(request, Presented(path_pool=nodepool, query_token=request.query.get("token", "")))
 
     async def _serve(self, request: web.BaseRequest, presented: Presented) -> web.StreamResponse:
         started = time.perf_counter()
@@ -130,13 +126,29 @@ class IgnitionHandlers:
             self._in_flight += 1
             admitted = True
             try:
-                grant = await self._admit(presented, remote)
+                try:
+                    grant = admit(presented, self._auth)
+                except Refusal:
+                    if self._second_opinion is None:
+                        raise
+                    # A serving worker's view of the tokens trails the owner's by a moment: before
+                    # refusing, ask the owner, so no node is turned away for a token it already accepts.
+                    grant = await self._second_opinion(presented, remote)
             except Refusal as refusal:
                 if refusal.status in FAILED_STATUSES:
                     self._limiter.failed(remote)
                 raise
             nodepool = grant.nodepool
-            response = await self._payload(request, grant)
+            record = self._cache.get_render(grant.secret)
+            if record is None:
+                raise Refusal(503, "payload is still rendering", retry_after=5)
+            accept = request.headers.get("Accept")
+            version = self._negotiate(accept, record.min_version)
+            ready = self._ready.get(record.blob_id, version) if version is not None else None
+            if ready is not None and version is not None:
+                response = _payload_response(ready, version, self._write_piece)
+            else:
+                response = await self._payload(grant, record, accept, version)
             self._metrics.get_requests.inc(grant.nodepool)
             self._on_served(grant.secret)
         except Refusal as refusal:
@@ -154,18 +166,8 @@ class IgnitionHandlers:
                                 client=remote or "-")
         return response
 
-    async def _payload(self, request: web.BaseRequest, grant: Grant) -> web.Response:
-        record = self._cache.get_render(grant.secret)
-        if record is None:
-            raise Refusal(503, "payload is still rendering", retry_after=5)
-        accept = request.headers.get("Accept")
-        try:
-            version: str | None = self._negotiate(accept, record.min_version)
-        except UnsatisfiableVersion:
-            version = None  # answered below, where the body says which feature needs the newer spec
-        ready = self._ready.get(record.blob_id, version) if version is not None else None
-        if ready is not None and version is not None:
-            return _payload_response(ready, version, self._write_piece)
+    async def _payload(self, grant: Grant, record: RenderRecord, accept: str | None, version: str | None) -> web.Response:
+        """A body not kept ready at `version`: from the memory tier or disk, then kept."""
         body = self._cache.get_blob_from_memory(record.blob_id)
         if body is None:
             body = await asyncio.get_running_loop().run_in_executor(self._readers, self._cache.get_blob, record.blob_id)
