@@ -405,9 +405,11 @@ def scenario_cold_warm_memory(fleet_dir: Path, work: Path, scenarios: set[str], 
                 ok_rss = rss / 1024 <= RSS_TARGET_MIB
                 summary["memory"] = {"rss_mib": round(rss / 1024, 1), "pss_mib": round(pss / 1024, 1),
                                      "per_process_rss_mib": [round(r / 1024, 1) for r, _ in tree.values()],
+                                     "per_process_pss_mib": [round(p / 1024, 1) for _, p in tree.values()],
                                      "peak_rss_mib_main": round(peak / 1024, 1), "processes": procs, "pass": ok_rss}
                 say(f"memory: RSS {rss / 1024:.0f} MiB summed over {procs} server process(es) "
-                    f"({' + '.join(f'{r / 1024:.0f}' for r, _ in tree.values())}; PSS {pss / 1024:.0f} MiB) after every "
+                    f"({' + '.join(f'{r / 1024:.0f}' for r, _ in tree.values())}; PSS {pss / 1024:.0f} MiB: "
+                    f"{' + '.join(f'{p / 1024:.0f}' for _, p in tree.values())}) after every "
                     f"NodePool was served once (target <= {RSS_TARGET_MIB:g} MiB; peak {peak / 1024:.0f} MiB)  {verdict(ok_rss)}")
     finally:
         if server.proc is not None and server.proc.poll() is None:
