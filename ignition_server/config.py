@@ -73,6 +73,30 @@ def parse_hostport(text: str, default_port: int) -> tuple[str, int]:
 
 
 @dataclass(frozen=True)
+class PayloadMemory:
+    """One serving process's share of --cache-memory, in bytes: its memory tier (payloads as
+    stored) and its ready bodies (payloads at the version asked for, http/ready.py)."""
+
+    tier: int
+    ready: int
+
+
+# The share of each serving process's payload memory kept as ready bodies. A fleet's nodes
+# ask one version per boot image, so the ready bodies hold the hot NodePools and the memory
+# tier mostly holds the same payloads again at their stored version: what it adds is a hit
+# without a disk read + AES-GCM for a NodePool the ready bodies have just dropped.
+READY_SHARE = 0.5
+
+
+def payload_memory(total: int, processes: int) -> PayloadMemory:
+    """Split `total` (--cache-memory, for the whole server) among `processes` serving
+    processes: together their memory tiers and ready bodies stay within it."""
+    share = max(total, 0) // max(processes, 1)
+    ready = int(share * READY_SHARE)
+    return PayloadMemory(tier=share - ready, ready=ready)
+
+
+@dataclass(frozen=True)
 class TLSSettings:
     cert_file: Path | None = None
     key_file: Path | None = None
@@ -147,6 +171,11 @@ class ServeSettings:
     ca_check_interval: float = 60.0
     watch_timeout: float = 300.0
     registry: RegistrySettings = RegistrySettings()
+
+    @property
+    def serving_memory(self) -> PayloadMemory:
+        """What each serving process may hold of payloads: the owner alone, or each worker."""
+        return payload_memory(self.cache_memory_bytes, max(self.workers, 1))
 
     @property
     def rotation_interval(self) -> float:

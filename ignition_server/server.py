@@ -15,7 +15,7 @@ import shutil
 import ssl
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from aiohttp import web
 
@@ -31,11 +31,10 @@ from .http.guard import ConnectionGuard
 from .http.listen import reserve_port, start_site
 from .http.limits import FailedAuthLimiter
 from .http.app import IgnitionHandlers, ServingState, build_app, build_metrics_app
-from .http.ca_rotation import CARotation, DirectoryStore
+from .http.ca_rotation import CARotation, CAStore, DirectoryStore
 from .http.tls import TLSFiles, ensure_self_signed, make_ca, reload_on_change, server_context
 from .metrics import ServerMetrics
 from .render.payload import render_payload
-from .cluster import Cluster, SecretStore, WatchHealth, connect as connect_cluster, shared_tls
 from .sources.events import Source
 from .sources.files import FileSource
 from .sources.manifests import is_token_secret
@@ -52,7 +51,18 @@ from .watch.outputs import PointerSettings, TokenOutputs
 from .watch.trust import TrustWatcher
 from .workers.pool import WorkerPool
 
+if TYPE_CHECKING:
+    # Imported in Kubernetes mode only: kubernetes_asyncio's generated client is ~35 MiB of
+    # RSS (930 modules) that a server with a file source would carry for nothing.
+    from .cluster import Cluster, WatchHealth
+
 log = logging.getLogger("ignition_server")
+
+
+def _secret_store(cluster: Cluster, namespace: str) -> CAStore:
+    from .cluster import SecretStore  # Kubernetes mode only (above)
+
+    return SecretStore(cluster.client, namespace)
 
 
 def open_cache(settings: ServeSettings) -> PayloadCache:
@@ -61,7 +71,7 @@ def open_cache(settings: ServeSettings) -> PayloadCache:
             cache_dir=settings.cache_dir,
             key_file=settings.cache_key_file,
             # With workers, they serve and hold the memory tier; the owner only renders.
-            memory_bytes=0 if settings.workers else settings.cache_memory_bytes,
+            memory_bytes=0 if settings.workers else settings.serving_memory.tier,
         )
     )
 
@@ -89,6 +99,8 @@ class IgnitionServer:
         cluster: Cluster | None = None
         source: Source
         if settings.kubernetes:
+            from .cluster import WatchHealth, connect as connect_cluster, shared_tls
+
             self.watch_health = health = WatchHealth(self.metrics)
             self.state.behind = lambda: [f"{kind} watch reconnecting" for kind in sorted(health.behind)]
             self.cluster = cluster = await connect_cluster(settings, self.metrics, self.watch_health)
@@ -145,6 +157,7 @@ class IgnitionServer:
             await pool.start()
         else:  # one process: the owner serves too
             handlers = self._handlers(authenticator, reconciler)
+            self.metrics.ready_held = handlers.ready_held
             guard = ConnectionGuard(settings.header_timeout, settings.connections_per_source, settings.connections_total)
             runners.append(await self._start(build_app(handlers), settings.listen, ssl_context, "serving", guard))
         self.state.ready = True
@@ -170,7 +183,7 @@ class IgnitionServer:
             tasks.append(asyncio.create_task(pool.run(), name="workers"))
         if settings.tls.cert_file is None and self.tls_files is not None:
             rotation = CARotation(
-                store=SecretStore(cluster.client, settings.pod_namespace) if cluster is not None
+                store=_secret_store(cluster, settings.pod_namespace) if cluster is not None
                 else DirectoryStore(self.tls_files.cert.parent),
                 directory=self.tls_files.cert.parent, public_url=settings.public_url, overlap=settings.token_ttl,
                 make_ca=lambda: make_ca(self._ca_validity()), is_writer=reconciler.writer,
@@ -248,6 +261,7 @@ class IgnitionServer:
             max_in_flight=settings.max_in_flight,
             limiter=FailedAuthLimiter(settings.auth_failure_burst, settings.auth_failure_window),
             access=AccessLog(settings.log_format),
+            ready_bytes=settings.serving_memory.ready,
         )
 
     def _edge_writer(self, verifier: ServiceAccountVerifier) -> Callable[[], None]:

@@ -47,7 +47,8 @@ class WorkerSpec:
     settings: ServeSettings
     port: int
     tls_files: TLSFiles
-    memory_bytes: int
+    memory_bytes: int  # this worker's memory tier and ready bodies: its share of --cache-memory
+    ready_bytes: int
     generation: int
     tokens: list[list]
     renders: list[list]
@@ -69,6 +70,7 @@ class Worker:
         self._served: set[str] = set()
         self._owner_gone = False
         self._reported: dict[str, Counter[str]] = {}  # what the last report counted, by kind
+        self._held: dict[str, int] = {}  # payload bytes held, as last reported
         self.limiter = FailedAuthLimiter(settings.auth_failure_burst, settings.auth_failure_window)
         self.handlers = IgnitionHandlers(
             cache=self.cache,
@@ -85,6 +87,7 @@ class Worker:
             request_id_prefix=f"w{spec.number}-",
             access=AccessLog(settings.log_format),
             write_piece=memory.SERVING_MMAP_THRESHOLD,
+            ready_bytes=spec.ready_bytes,
         )
 
     async def ask_owner(self, presented: Presented, remote: str | None) -> Grant:
@@ -190,9 +193,11 @@ class Worker:
             if delta:
                 deltas[name] = dict(delta)
             self._reported[name] = now
-        if deltas or self._served:
-            self.channel.send("report", deltas, sorted(self._served))
+        held = {"memory": stats.memory_bytes, "ready": self.handlers.ready_held()}
+        if deltas or self._served or held != self._held:
+            self.channel.send("report", deltas, sorted(self._served), held)
             self._served.clear()
+            self._held = held
 
 
 async def _main(fd: int) -> None:
