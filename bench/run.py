@@ -572,8 +572,11 @@ def use_server_tree(parser: argparse.ArgumentParser, tree: Path | None) -> None:
     if not (tree / "ignition_server" / "__init__.py").exists():
         parser.error(f"--server-tree {tree} holds no ignition_server package")
     # Server subprocesses (and `cache verify`) inherit the environment: PYTHONPATH wins over
-    # the editable install.
+    # the editable install. And `python -m` puts the current directory first on sys.path (the
+    # working tree, when run from the repository's root) unless PYTHONSAFEPATH is set: without
+    # it the owner and its workers ran the working tree's code, not the tree given here.
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))
+    os.environ["PYTHONSAFEPATH"] = "1"
     say(f"server code: {tree}")
 
 
