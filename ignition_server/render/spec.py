@@ -23,10 +23,11 @@ import json
 import posixpath
 import re
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote_to_bytes, urlsplit
 
-from jsonschema import Draft4Validator
+if TYPE_CHECKING:
+    from jsonschema import Draft4Validator
 
 from .inputs import InvalidConfig
 
@@ -74,6 +75,10 @@ def _schema(version: str) -> dict:
 
 @functools.cache
 def _validator(version: str) -> Draft4Validator:
+    # Imported when first validating: serving workers negotiate and rewrite versions with this
+    # module but never validate, and jsonschema is ~3 MiB of RSS in each of them.
+    from jsonschema import Draft4Validator
+
     return Draft4Validator(_schema(version))
 
 
