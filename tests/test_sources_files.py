@@ -253,3 +253,46 @@ async def test_a_restart_parses_only_files_changed_since_the_snapshot(tmp_path: 
     for file in (tmp_path / "cache").rglob("*"):
         if file.is_file():
             assert b"t1-new" not in file.read_bytes() and base64.b64encode(b"t1-new") not in file.read_bytes()
+
+
+async def test_a_damaged_snapshot_costs_only_a_parse_of_the_files_it_cannot_restore(tmp_path: Path) -> None:
+    import os
+
+    from payload_cache import CacheConfig, PayloadCache
+
+    from ignition_server.sources import listing
+
+    source_dir = tmp_path / "source"
+    source_dir.mkdir()
+    for i in range(3):
+        path = source_dir / f"p{i}.yaml"
+        path.write_text(yaml.safe_dump(build_token_secret(namespace="ns", nodepool=f"ns/p{i}", token=f"t{i}")))
+        old = time.time() - 60  # older than the racy window
+        os.utime(path, (old, old))
+    cache = PayloadCache.open(CacheConfig(cache_dir=tmp_path / "cache"))
+    await FileSource(source_dir, state=cache).run(Recorder(), iterations=0)
+    records = listing.unpack(cache.load_state(listing.SNAPSHOT_NAME) or b"", str(source_dir.resolve()))
+    assert sorted(Path(p).name for p in records) == ["p0.yaml", "p1.yaml", "p2.yaml"]
+    assert listing.unpack(cache.load_state(listing.SNAPSHOT_NAME) or b"", "/elsewhere") == {}  # another root: unused
+    # One record damaged (a bit flipped inside the encryption would fail the whole snapshot;
+    # this is a record that decrypts but does not decode).
+    records[str(source_dir / "p1.yaml")] = b"not a record"
+    cache.save_state(listing.SNAPSHOT_NAME, listing.pack(str(source_dir.resolve()), {Path(p): r for p, r in records.items()}))
+
+    parsed: list[bytes] = []
+
+    class Counting(FileSource):
+        @staticmethod
+        def _parse(raw: bytes):  # type: ignore[override]
+            parsed.append(raw)
+            return FileSource._parse(raw)
+
+    recorder = Recorder()
+    await Counting(source_dir, state=cache).run(recorder, iterations=0)
+    assert len(parsed) == 1 and b"p1" in parsed[0]
+    assert sorted(recorder.flat()) == [("ADDED", f"token-p{i}-00000000") for i in range(3)]
+    # A truncated snapshot is not used at all: every file is read again.
+    cache.save_state(listing.SNAPSHOT_NAME, (cache.load_state(listing.SNAPSHOT_NAME) or b"")[:-10])
+    parsed.clear()
+    await Counting(source_dir, state=cache).run(Recorder(), iterations=0)
+    assert len(parsed) == 3
