@@ -82,10 +82,12 @@ class PayloadMemory:
 
 
 # The share of each serving process's payload memory kept as ready bodies. A fleet's nodes
-# ask one version per boot image, so the ready bodies hold the hot NodePools and the memory
-# tier mostly holds the same payloads again at their stored version: what it adds is a hit
-# without a disk read + AES-GCM for a NodePool the ready bodies have just dropped.
-READY_SHARE = 0.5
+# ask one version per boot image, so the ready bodies hold the hot NodePools; the memory tier
+# is consulted only when they miss, and spares such a miss the disk read + AES-GCM (~35 of the
+# ~55 µs a whole miss costs for 300 KiB, bench hotpath). A ready hit spares all of it.
+READY_SHARE = 0.75
+# 64 MiB in all: ~220 payloads of 300 KiB at the version asked for, over every serving process.
+DEFAULT_CACHE_MEMORY = 64 * 1024 * 1024
 
 
 def payload_memory(total: int, processes: int) -> PayloadMemory:
@@ -141,7 +143,7 @@ class ServeSettings:
     node_https_proxy: str = ""
     node_no_proxy: tuple[str, ...] = ()
     cache_key_file: Path | None = None
-    cache_memory_bytes: int = 128 * 1024 * 1024
+    cache_memory_bytes: int = DEFAULT_CACHE_MEMORY  # payload bytes of the whole server (payload_memory)
     source_read_only: bool = False
     poll_interval: float = 1.0  # picks a change up within 2 s; inotify would make it instant
     render_concurrency: int = 2
