@@ -72,7 +72,7 @@ def has_large_values(value: Any) -> bool:
     return False
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True, order=True, slots=True)  # ~150,000 of them at 5,280 NodePools: no __dict__ each
 class ObjectKey:
     kind: str
     namespace: str
