@@ -37,7 +37,7 @@ from .metrics import ServerMetrics
 from .render.payload import render_payload
 from .sources.events import Source
 from .sources.files import FileSource
-from .sources.manifests import is_token_secret
+from .sources.manifests import is_token_secret, is_user_data_secret
 from .registry.mirrors import Mirrors, parse_overrides
 from .registry.resolver import ReleaseStore
 from .registry.setup import open_resolver
@@ -113,6 +113,7 @@ class IgnitionServer:
                 settings.source_dir, poll_interval=settings.poll_interval, read_only=settings.source_read_only,
                 # The watcher keeps what it needs of token Secrets; the source need not keep them too.
                 retain=lambda obj: not is_token_secret(obj),
+                digest_values=is_user_data_secret,  # only ever compared with what would be written
                 state=cache,
             )
         verifier = ServiceAccountVerifier(clock=self.clock, overlap_seconds=settings.service_account_overlap)

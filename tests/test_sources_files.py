@@ -296,3 +296,27 @@ async def test_a_damaged_snapshot_costs_only_a_parse_of_the_files_it_cannot_rest
     parsed.clear()
     await Counting(source_dir, state=cache).run(Recorder(), iterations=0)
     assert len(parsed) == 3
+
+
+async def test_user_data_secrets_are_kept_as_digests_and_read_in_full_when_asked(tmp_path: Path) -> None:
+    from ignition_server.sources.manifests import LargeValue, ObjectKey, is_user_data_secret, value_digest
+    from ignition_server.render.userdata import user_data_secret
+
+    source_dir = tmp_path / "source"
+    secret = user_data_secret(nodepool_name="p", namespace="ns", token_secret_name="token-p-12345678",
+                              user_data=b'{"ignition":{"version":"3.2.0"}}')
+    path = source_dir / "user-data.yaml"
+    source_dir.mkdir()
+    path.write_text(yaml.safe_dump(secret))
+    other = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "pull-secret", "namespace": "ns"},
+             "data": {".dockerconfigjson": base64.b64encode(b"{}").decode()}}
+    (source_dir / "pull.yaml").write_text(yaml.safe_dump(other))
+    source = FileSource(source_dir, digest_values=is_user_data_secret)
+    await source.run(Recorder(), iterations=0)
+    key = ObjectKey("Secret", "ns", secret["metadata"]["name"])
+    kept = source.get(key)
+    assert kept is not None and all(isinstance(v, LargeValue) for v in kept["data"].values())
+    assert all(value_digest(kept, k) == value_digest(secret, k) for k in secret["data"])  # what the watcher compares
+    assert source.get_full(key) == secret
+    pull = source.get(ObjectKey("Secret", "ns", "pull-secret"))
+    assert pull is not None and pull["data"] == other["data"]  # other Secrets keep their values

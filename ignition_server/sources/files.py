@@ -28,7 +28,7 @@ from .. import bounded_yaml
 from . import listing
 from .events import Change, ChangeHandler, Mutation
 from .listing import ListingStore
-from .manifests import ObjectKey, has_large_values, object_key, slim
+from .manifests import ObjectKey, digested, has_large_values, object_key, slim
 
 log = logging.getLogger("ignition_server.sources.files")
 
@@ -79,6 +79,10 @@ class FileSource:
     # Which objects to keep in memory (slim); the others are kept as a fingerprint only and
     # read again from their file when asked for (the watcher keeps what it needs of them).
     retain: Callable[[dict[str, Any]], bool] = lambda _obj: True
+    # Objects whose values are kept as digests only, however small (get_full reads the file):
+    # for objects only ever compared, as the user-data Secrets the watcher writes (~8 MiB of
+    # pointer configs at 5,280 NodePools, each with its token).
+    digest_values: Callable[[dict[str, Any]], bool] = lambda _obj: False
     _fingerprints: dict[ObjectKey, str] = field(default_factory=dict)
     # Where the listing is kept between runs, so a restart parses only the files that
     # changed (sources/listing.py).
@@ -298,12 +302,16 @@ class FileSource:
         old_keys = set(known.keys) if known else set()
         changes: list[Change] = []
         new_keys: list[ObjectKey] = []
+        applied: list[tuple[ObjectKey, dict[str, Any]]] = []
         for key, kept in parsed:
+            if self.digest_values(kept):
+                kept = digested(kept)
             other = self._where.get(key)
             if other is not None and other != path and other in self._files:
                 log.error("%s in %s is also defined in %s; ignoring the copy in %s", key, path, other, path)
                 continue
             new_keys.append(key)
+            applied.append((key, kept))
             previous = self._fingerprints.get(key)
             fingerprint = _fingerprint(kept)
             if previous != fingerprint:
@@ -325,7 +333,7 @@ class FileSource:
         self._files[path] = _FileState(stamp, digest, tuple(new_keys))
         if self.state is not None:
             self._records[path] = restored if restored is not None else listing.encode_record(
-                stamp, digest, time.time_ns(), [(k, o) for k, o in parsed if k in new_keys])
+                stamp, digest, time.time_ns(), applied)
         return changes
 
     def _drop(self, key: ObjectKey) -> dict[str, Any]:
