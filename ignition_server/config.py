@@ -86,8 +86,9 @@ class PayloadMemory:
 # is consulted only when they miss, and spares such a miss the disk read + AES-GCM (~35 of the
 # ~55 µs a whole miss costs for 300 KiB, bench hotpath). A ready hit spares all of it.
 READY_SHARE = 0.75
-# 64 MiB in all: ~220 payloads of 300 KiB at the version asked for, over every serving process.
-DEFAULT_CACHE_MEMORY = 64 * 1024 * 1024
+# 32 MiB in all: with 2 workers, ~40 payloads of 300 KiB ready in each (a storm's hot NodePools),
+# and the server within its RSS target at 5,280 NodePools (bench/README.md, memory).
+DEFAULT_CACHE_MEMORY = 32 * 1024 * 1024
 
 
 def payload_memory(total: int, processes: int) -> PayloadMemory:
