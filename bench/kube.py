@@ -92,7 +92,6 @@ def main(argv: list[str] | None = None) -> int:
                 "--replica-id", "bench", "--render-concurrency", "2"])
 
         proc = server("11h")
-        t0 = time.monotonic()
         proc.start(wait=False)
         ready = proc.wait_ready(timeout=args.timeout)
         listed = wait(lambda: "listed Kubernetes API" in proc.logs(), args.timeout, "first listing") + ready

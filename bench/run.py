@@ -405,9 +405,11 @@ def scenario_cold_warm_memory(fleet_dir: Path, work: Path, scenarios: set[str], 
                 ok_rss = rss / 1024 <= RSS_TARGET_MIB
                 summary["memory"] = {"rss_mib": round(rss / 1024, 1), "pss_mib": round(pss / 1024, 1),
                                      "per_process_rss_mib": [round(r / 1024, 1) for r, _ in tree.values()],
+                                     "per_process_pss_mib": [round(p / 1024, 1) for _, p in tree.values()],
                                      "peak_rss_mib_main": round(peak / 1024, 1), "processes": procs, "pass": ok_rss}
                 say(f"memory: RSS {rss / 1024:.0f} MiB summed over {procs} server process(es) "
-                    f"({' + '.join(f'{r / 1024:.0f}' for r, _ in tree.values())}; PSS {pss / 1024:.0f} MiB) after every "
+                    f"({' + '.join(f'{r / 1024:.0f}' for r, _ in tree.values())}; PSS {pss / 1024:.0f} MiB: "
+                    f"{' + '.join(f'{p / 1024:.0f}' for _, p in tree.values())}) after every "
                     f"NodePool was served once (target <= {RSS_TARGET_MIB:g} MiB; peak {peak / 1024:.0f} MiB)  {verdict(ok_rss)}")
     finally:
         if server.proc is not None and server.proc.poll() is None:
@@ -570,8 +572,11 @@ def use_server_tree(parser: argparse.ArgumentParser, tree: Path | None) -> None:
     if not (tree / "ignition_server" / "__init__.py").exists():
         parser.error(f"--server-tree {tree} holds no ignition_server package")
     # Server subprocesses (and `cache verify`) inherit the environment: PYTHONPATH wins over
-    # the editable install.
+    # the editable install. And `python -m` puts the current directory first on sys.path (the
+    # working tree, when run from the repository's root) unless PYTHONSAFEPATH is set: without
+    # it the owner and its workers ran the working tree's code, not the tree given here.
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))
+    os.environ["PYTHONSAFEPATH"] = "1"
     say(f"server code: {tree}")
 
 

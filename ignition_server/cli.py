@@ -93,7 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add(serve, "--public-url", help="URL pointer configs use (also the self-made certificate's name)")
     _add_node_proxy(serve)
     _add(serve, "--cache-key-file", help="key file outside the cache dir (default: <cache-dir>.key)")
-    _add(serve, "--cache-memory", default="128Mi", help="memory for payloads, in bytes (Ki/Mi/Gi suffixes)")
+    _add(serve, "--cache-memory", default="32Mi",
+         help="memory for payloads in the whole server, every worker's memory tier and ready bodies together, "
+              "in bytes (Ki/Mi/Gi suffixes)")
     _add(serve, "--source-read-only", action="store_true", help="never write back to the source")
     _add(serve, "--render-concurrency", default="2", help="renders running at once")
     _add(serve, "--workers", default="auto",

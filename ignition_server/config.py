@@ -73,6 +73,33 @@ def parse_hostport(text: str, default_port: int) -> tuple[str, int]:
 
 
 @dataclass(frozen=True)
+class PayloadMemory:
+    """One serving process's share of --cache-memory, in bytes: its memory tier (payloads as
+    stored) and its ready bodies (payloads at the version asked for, http/ready.py)."""
+
+    tier: int
+    ready: int
+
+
+# The share of each serving process's payload memory kept as ready bodies. A fleet's nodes
+# ask one version per boot image, so the ready bodies hold the hot NodePools; the memory tier
+# is consulted only when they miss, and spares such a miss the disk read + AES-GCM (~35 of the
+# ~55 µs a whole miss costs for 300 KiB, bench hotpath). A ready hit spares all of it.
+READY_SHARE = 0.75
+# 32 MiB in all: with 2 workers, ~40 payloads of 300 KiB ready in each (a storm's hot NodePools),
+# and the server within its RSS target at 5,280 NodePools (bench/README.md, memory).
+DEFAULT_CACHE_MEMORY = 32 * 1024 * 1024
+
+
+def payload_memory(total: int, processes: int) -> PayloadMemory:
+    """Split `total` (--cache-memory, for the whole server) among `processes` serving
+    processes: together their memory tiers and ready bodies stay within it."""
+    share = max(total, 0) // max(processes, 1)
+    ready = int(share * READY_SHARE)
+    return PayloadMemory(tier=share - ready, ready=ready)
+
+
+@dataclass(frozen=True)
 class TLSSettings:
     cert_file: Path | None = None
     key_file: Path | None = None
@@ -117,7 +144,7 @@ class ServeSettings:
     node_https_proxy: str = ""
     node_no_proxy: tuple[str, ...] = ()
     cache_key_file: Path | None = None
-    cache_memory_bytes: int = 128 * 1024 * 1024
+    cache_memory_bytes: int = DEFAULT_CACHE_MEMORY  # payload bytes of the whole server (payload_memory)
     source_read_only: bool = False
     poll_interval: float = 1.0  # picks a change up within 2 s; inotify would make it instant
     render_concurrency: int = 2
@@ -147,6 +174,11 @@ class ServeSettings:
     ca_check_interval: float = 60.0
     watch_timeout: float = 300.0
     registry: RegistrySettings = RegistrySettings()
+
+    @property
+    def serving_memory(self) -> PayloadMemory:
+        """What each serving process may hold of payloads: the owner alone, or each worker."""
+        return payload_memory(self.cache_memory_bytes, max(self.workers, 1))
 
     @property
     def rotation_interval(self) -> float:

@@ -50,13 +50,14 @@ class LabelTally(Collector):
 
 
 class _CacheCollector(Collector):
-    def __init__(self, stats: Callable[[], CacheStats], elsewhere: Tally[str]) -> None:
+    def __init__(self, stats: Callable[[], CacheStats], metrics: ServerMetrics) -> None:
         self._stats = stats
-        self._elsewhere = elsewhere  # hits and misses reported by serving workers
+        self._metrics = metrics
 
     def collect(self) -> Iterable[Metric]:
         stats = self._stats()
-        elsewhere = self._elsewhere
+        elsewhere = self._metrics.worker_cache  # hits and misses reported by serving workers
+        held = self._metrics.worker_held.values()
         hits = Metric("ign_server_cache_hits", "Payload cache hits by tier", "counter")
         for tier in ("memory", "disk"):
             count = getattr(stats, f"{tier}_hits", 0) + elsewhere[f"{tier}_hits"]
@@ -65,8 +66,11 @@ class _CacheCollector(Collector):
         misses = Metric("ign_server_cache_misses", "Payload cache misses (no blob on disk)", "counter")
         misses.add_sample("ign_server_cache_misses_total", {}, float(getattr(stats, "misses", 0) + elsewhere["misses"]))
         yield misses
-        size = GaugeMetricFamily("ign_server_cache_bytes", "Payload bytes held, by tier", labels=["tier"])
-        size.add_metric(["memory"], float(getattr(stats, "memory_bytes", 0)))
+        # memory + ready, over every serving process, stays within --cache-memory.
+        size = GaugeMetricFamily("ign_server_cache_bytes", "Payload bytes held, by tier (ready: bodies kept at the "
+                                 "version asked for)", labels=["tier"])
+        size.add_metric(["memory"], float(getattr(stats, "memory_bytes", 0) + sum(h["memory"] for h in held)))
+        size.add_metric(["ready"], float(self._metrics.ready_held() + sum(h["ready"] for h in held)))
         size.add_metric(["disk"], float(getattr(stats, "disk_bytes", 0)))
         yield size
         quarantined = Metric("ign_server_cache_quarantined_blobs", "Blobs that failed their integrity check", "counter")
@@ -183,9 +187,13 @@ class ServerMetrics:
             "ign_server_worker_restarts", "Worker processes started again after they exited", registry=self.registry,
         )
         self.worker_cache: Tally[str] = Tally()
+        # Payload bytes each worker holds now, by tier ("memory", "ready"), from its last report.
+        self.worker_held: dict[int, Tally[str]] = {}
+        # Bodies kept ready by this process, when it serves itself (one process).
+        self.ready_held: Callable[[], int] = lambda: 0
 
     def watch_cache(self, stats: Callable[[], CacheStats]) -> None:
-        self.registry.register(_CacheCollector(stats, self.worker_cache))
+        self.registry.register(_CacheCollector(stats, self))
 
     def watch_connections(self, counts: Callable[[], ConnectionCounts], processes: Sequence[str]) -> None:
         """`processes` names the table's rows, in order (the request-id prefixes' `w0`, `w1`, ...)."""

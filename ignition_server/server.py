@@ -15,7 +15,7 @@ import shutil
 import ssl
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from aiohttp import web
 
@@ -31,15 +31,14 @@ from .http.access_log import AccessLog
 from .http.guard import ConnectionGuard
 from .http.listen import reserve_port, start_site
 from .http.limits import FailedAuthLimiter
-from .http.app import IgnitionHandlers, ServingState, build_metrics_app, build_dispatch
-from .http.ca_rotation import CARotation, DirectoryStore
+from .http.app import IgnitionHandlers, ServingState, build_dispatch, build_metrics_app
+from .http.ca_rotation import CARotation, CAStore, DirectoryStore
 from .http.tls import TLSFiles, ensure_self_signed, make_ca, reload_on_change, server_context
 from .metrics import ServerMetrics
 from .render.payload import render_payload
-from .cluster import Cluster, SecretStore, WatchHealth, connect as connect_cluster, shared_tls
 from .sources.events import Source
 from .sources.files import FileSource
-from .sources.manifests import is_token_secret
+from .sources.manifests import is_token_secret, is_user_data_secret
 from .registry.mirrors import Mirrors, parse_overrides
 from .registry.resolver import ReleaseStore
 from .registry.setup import open_resolver
@@ -53,7 +52,18 @@ from .watch.outputs import PointerSettings, TokenOutputs
 from .watch.trust import TrustWatcher
 from .workers.pool import WorkerPool
 
+if TYPE_CHECKING:
+    # Imported in Kubernetes mode only: kubernetes_asyncio's generated client is ~35 MiB of
+    # RSS (930 modules) that a server with a file source would carry for nothing.
+    from .cluster import Cluster, WatchHealth
+
 log = logging.getLogger("ignition_server")
+
+
+def _secret_store(cluster: Cluster, namespace: str) -> CAStore:
+    from .cluster import SecretStore  # Kubernetes mode only (above)
+
+    return SecretStore(cluster.client, namespace)
 
 
 def open_cache(settings: ServeSettings) -> PayloadCache:
@@ -62,7 +72,7 @@ def open_cache(settings: ServeSettings) -> PayloadCache:
             cache_dir=settings.cache_dir,
             key_file=settings.cache_key_file,
             # With workers, they serve and hold the memory tier; the owner only renders.
-            memory_bytes=0 if settings.workers else settings.cache_memory_bytes,
+            memory_bytes=0 if settings.workers else settings.serving_memory.tier,
         )
     )
 
@@ -90,6 +100,8 @@ class IgnitionServer:
         cluster: Cluster | None = None
         source: Source
         if settings.kubernetes:
+            from .cluster import WatchHealth, connect as connect_cluster, shared_tls
+
             self.watch_health = health = WatchHealth(self.metrics)
             self.state.behind = lambda: [f"{kind} watch reconnecting" for kind in sorted(health.behind)]
             self.cluster = cluster = await connect_cluster(settings, self.metrics, self.watch_health)
@@ -102,6 +114,7 @@ class IgnitionServer:
                 settings.source_dir, poll_interval=settings.poll_interval, read_only=settings.source_read_only,
                 # The watcher keeps what it needs of token Secrets; the source need not keep them too.
                 retain=lambda obj: not is_token_secret(obj),
+                digest_values=is_user_data_secret,  # only ever compared with what would be written
                 state=cache,
             )
         verifier = ServiceAccountVerifier(clock=self.clock, overlap_seconds=settings.service_account_overlap)
@@ -147,6 +160,7 @@ class IgnitionServer:
             await pool.start()
         else:  # one process: the owner serves too
             handlers = self._handlers(authenticator, reconciler)
+            self.metrics.ready_held = handlers.ready_held
             connections = ConnectionTable.create(1, shared=False)
             self.metrics.watch_connections(connections.counts, ["main"])
             guard = ConnectionGuard(settings.header_timeout, settings.connections_per_source, settings.connections_total,
@@ -175,7 +189,7 @@ class IgnitionServer:
             tasks.append(asyncio.create_task(pool.run(), name="workers"))
         if settings.tls.cert_file is None and self.tls_files is not None:
             rotation = CARotation(
-                store=SecretStore(cluster.client, settings.pod_namespace) if cluster is not None
+                store=_secret_store(cluster, settings.pod_namespace) if cluster is not None
                 else DirectoryStore(self.tls_files.cert.parent),
                 directory=self.tls_files.cert.parent, public_url=settings.public_url, overlap=settings.token_ttl,
                 make_ca=lambda: make_ca(self._ca_validity()), is_writer=reconciler.writer,
@@ -255,6 +269,7 @@ class IgnitionServer:
             max_in_flight=settings.max_in_flight,
             limiter=FailedAuthLimiter(settings.auth_failure_burst, settings.auth_failure_window),
             access=AccessLog(settings.log_format),
+            ready_bytes=settings.serving_memory.ready,
         )
 
     def _edge_writer(self, verifier: ServiceAccountVerifier) -> Callable[[], None]:

@@ -24,7 +24,7 @@ from ..metrics import ServerMetrics
 from ..render.spec import UnsatisfiableVersion, negotiate, unsatisfiable_reason
 from .access_log import AccessLog
 from .limits import FAILED_STATUSES, FailedAuthLimiter
-from .ready import WRITE_PIECE, PiecewiseBody, ReadyBodies
+from .ready import DEFAULT_READY_BYTES, WRITE_PIECE, PiecewiseBody, ReadyBodies
 
 
 IGNITION_MEDIA_TYPE = "application/vnd.coreos.ignition+json"
@@ -57,6 +57,7 @@ class IgnitionHandlers:
         request_id_prefix: str = "",
         access: AccessLog | None = None,
         write_piece: int = WRITE_PIECE,
+        ready_bytes: int = DEFAULT_READY_BYTES,
     ) -> None:
         self._cache = cache
         self._auth = authenticator
@@ -73,7 +74,7 @@ class IgnitionHandlers:
         self._in_flight = 0  # payload requests being answered now (one event loop: no lock)
         self._ids = itertools.count(1)
         self._id_prefix = request_id_prefix  # request ids stay unique across worker processes
-        self._ready = ReadyBodies()
+        self._ready = ReadyBodies(ready_bytes)  # its share of --cache-memory (config.payload_memory)
         # Payload reads get threads of their own: behind renders, listings and write-backs
         # in the shared default pool, a disk read would wait for background work.
         self._readers = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="payload-read")
@@ -92,6 +93,10 @@ class IgnitionHandlers:
                 self._versions.clear()
             self._versions[key] = version
         return version
+
+    def ready_held(self) -> int:
+        """Bytes of bodies kept ready now (counted against --cache-memory)."""
+        return self._ready.held()
 
     def close(self) -> None:
         self._access.flush()

@@ -17,8 +17,8 @@ from cachetools import LRUCache
 
 from ..render.spec import with_version
 
-# Bounded apart from the memory tier (--cache-memory): ~27 bodies of ~300 KiB, the NodePools a
-# storm is hitting now, and 8 MiB at most on top of the RSS target.
+# The bound where none is given (tests, bench hotpath): ~27 bodies of ~300 KiB. A server sizes
+# its ready bodies from --cache-memory (config.payload_memory).
 DEFAULT_READY_BYTES = 8 * 1024 * 1024
 # Below the allocator's fixed mmap threshold (memory.MMAP_THRESHOLD, 128 KiB): every buffer a
 # response makes on its way out (headers joined to the first piece, the TLS records read back
@@ -33,6 +33,10 @@ class ReadyBodies:
 
     def __init__(self, max_bytes: int = DEFAULT_READY_BYTES) -> None:
         self._bodies: LRUCache[tuple[str, str], bytes] = LRUCache(maxsize=max(max_bytes, 1), getsizeof=len)
+
+    def held(self) -> int:
+        """Bytes of bodies kept now."""
+        return int(self._bodies.currsize)
 
     def get(self, blob_id: str, version: str) -> bytes | None:
         return self._bodies.get((blob_id, version))

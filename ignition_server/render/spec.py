@@ -19,9 +19,10 @@ import importlib.resources
 import json
 import re
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from jsonschema import Draft4Validator
+if TYPE_CHECKING:
+    from jsonschema import Draft4Validator
 
 from .inputs import InvalidConfig
 
@@ -63,6 +64,10 @@ def _schema(version: str) -> dict:
 
 @functools.cache
 def _validator(version: str) -> Draft4Validator:
+    # Imported when first validating: serving workers negotiate and rewrite versions with this
+    # module but never validate, and jsonschema is ~3 MiB of RSS in each of them.
+    from jsonschema import Draft4Validator
+
     return Draft4Validator(_schema(version))
 
 

@@ -18,15 +18,17 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 import yaml
 
 from payload_cache.fsio import atomic_write, fsync_dir, temp_path_for, write_exclusive
 
 from .. import bounded_yaml
+from . import listing
 from .events import Change, ChangeHandler, Mutation
-from .manifests import LargeValue, ObjectKey, has_large_values, object_key, slim
+from .listing import ListingStore
+from .manifests import ObjectKey, digested, has_large_values, object_key, slim
 
 log = logging.getLogger("ignition_server.sources.files")
 
@@ -35,12 +37,9 @@ _Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 _DOC_SEPARATOR = re.compile(r"(?m)^---[ \t]*(?:#.*)?\n?")
 _SUFFIXES = (".yaml", ".yml", ".json")
 _RACY_NS = 2_000_000_000
-SNAPSHOT_NAME = "source-listing"
-SNAPSHOT_VERSION = 2  # 2: values over 4 KiB as digests
 SNAPSHOT_INTERVAL = 10.0
 # A manifest larger than this is refused unread (a 300 KiB payload's token Secret is ~350 KiB).
 MAX_MANIFEST_BYTES = 32 * 1024 * 1024
-_LARGE_MARK = "$large"
 
 
 def split_documents(text: str) -> list[str]:
@@ -80,12 +79,16 @@ class FileSource:
     # Which objects to keep in memory (slim); the others are kept as a fingerprint only and
     # read again from their file when asked for (the watcher keeps what it needs of them).
     retain: Callable[[dict[str, Any]], bool] = lambda _obj: True
+    # Objects whose values are kept as digests only, however small (get_full reads the file):
+    # for objects only ever compared, as the user-data Secrets the watcher writes (~8 MiB of
+    # pointer configs at 5,280 NodePools, each with its token).
+    digest_values: Callable[[dict[str, Any]], bool] = lambda _obj: False
     _fingerprints: dict[ObjectKey, str] = field(default_factory=dict)
     # Where the listing is kept between runs, so a restart parses only the files that
-    # changed (at 5,280 NodePools, parsing every manifest again costs ~40 s of CPU).
+    # changed (sources/listing.py).
     state: ListingStore | None = None
-    _records: dict[Path, bytes] = field(default_factory=dict)  # per file, for the next snapshot
-    _restorable: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _records: dict[Path, bytes] = field(default_factory=dict)  # per file, for the next snapshot (listing.encode_record)
+    _restorable: dict[str, bytes] = field(default_factory=dict)  # the last snapshot's records, until listed
     _snapshot_dirty: bool = False
 
     @property
@@ -164,21 +167,16 @@ class FileSource:
 
     def _load_snapshot(self) -> None:
         assert self.state is not None
-        raw = self.state.load_state(SNAPSHOT_NAME)
+        raw = self.state.load_state(listing.SNAPSHOT_NAME)
         if raw is None:
             return
         try:
-            snapshot = json.loads(raw)
-            if snapshot.get("version") != SNAPSHOT_VERSION or snapshot.get("root") != str(self.root.resolve()):
-                return
-            self._restorable = snapshot["files"]
-        except (ValueError, KeyError, TypeError) as exc:
+            self._restorable = listing.unpack(raw, str(self.root.resolve()))
+        except ValueError as exc:
             log.warning("source listing snapshot unusable, listing from scratch: %s", exc)
 
     def _write_snapshot(self, state: ListingStore, records: dict[Path, bytes]) -> None:
-        body = b",".join(json.dumps(str(path)).encode() + b":" + record for path, record in records.items())
-        head = json.dumps({"version": SNAPSHOT_VERSION, "root": str(self.root.resolve())})[:-1].encode()
-        state.save_state(SNAPSHOT_NAME, head + b',"files":{' + body + b"}}")
+        state.save_state(listing.SNAPSHOT_NAME, listing.pack(str(self.root.resolve()), records))
 
     async def flush(self) -> None:
         """Save what a restart needs (the listing snapshot) now; for a draining shutdown."""
@@ -209,19 +207,19 @@ class FileSource:
         seen: set[Path] = set()
         changes: list[Change] = []
         now_ns = time.time_ns()
-        for path, st in self._walk():
+        for path, stamp in self._walk():
             seen.add(path)
-            stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
             known = self._files.get(path)
             # Timestamps are coarse (a few ms): a same-size rewrite within one tick keeps the
             # stamp, so a recently modified file is re-hashed until its stamp is old (as git
             # does for "racily clean" entries).
-            if known is not None and known.stamp == stamp and now_ns - st.st_mtime_ns > _RACY_NS:
+            if known is not None and known.stamp == stamp and now_ns - stamp[0] > _RACY_NS:
                 continue
-            record = self._restorable.get(str(path)) if known is None else None
-            if record is not None and tuple(record["stamp"]) == stamp and record["read_at"] - st.st_mtime_ns > _RACY_NS:
+            raw_record = self._restorable.get(str(path)) if known is None else None
+            record = _decoded(raw_record, path)
+            if record is not None and record.stamp == stamp and record.read_at - stamp[0] > _RACY_NS:
                 del self._restorable[str(path)]
-                changes.extend(self._apply_parsed(path, stamp, record["digest"], _decode_objects(record["objects"])))
+                changes.extend(self._apply_parsed(path, stamp, record.digest, record.objects, raw_record))
                 continue
             changes.extend(self._reload(path, stamp))
         for path in [p for p in self._files if p not in seen]:
@@ -229,10 +227,12 @@ class FileSource:
             self._paths.pop(str(path), None)
         return changes
 
-    def _walk(self) -> list[tuple[Path, os.stat_result]]:
-        """Every manifest under the root with its stat: one scandir pass, Path objects reused
-        (at 10,000 files a poll is a few tens of ms instead of hundreds)."""
-        found: list[tuple[Path, os.stat_result]] = []
+    def _walk(self) -> list[tuple[Path, tuple[int, int, int]]]:
+        """Every manifest under the root with its stamp: one scandir pass, Path objects reused
+        (at 10,000 files a poll is a few tens of ms instead of hundreds). Stamps, not stat
+        results: 10,560 of those are ~19 MiB of small objects, and the first listing's were
+        freed among everything it keeps, as holes the heap could not give back."""
+        found: list[tuple[Path, tuple[int, int, int]]] = []
 
         def scan(directory: str) -> None:
             with os.scandir(directory) as entries:
@@ -249,7 +249,7 @@ class FileSource:
                         path = self._paths.get(entry.path)
                         if path is None:
                             path = self._paths[entry.path] = Path(entry.path)
-                        found.append((path, st))
+                        found.append((path, (st.st_mtime_ns, st.st_size, st.st_ino)))
 
         scan(str(self.root))
         return found
@@ -282,9 +282,10 @@ class FileSource:
             # Bad input loses nothing: the objects this file held before stay as they were,
             # also across a restart (the listing snapshot remembers them).
             log.error("cannot parse %s, keeping its last good objects: %s", path, exc)
-            record = self._restorable.pop(str(path), None) if known is None else None
+            raw_record = self._restorable.pop(str(path), None) if known is None else None
+            record = _decoded(raw_record, path)
             if record is not None:
-                return self._apply_parsed(path, stamp, digest, _decode_objects(record["objects"]))
+                return self._apply_parsed(path, stamp, digest, record.objects)
             if known is not None:
                 known.stamp, known.digest = stamp, digest
             else:
@@ -293,18 +294,24 @@ class FileSource:
         return self._apply_parsed(path, stamp, digest, [(key, slim(obj)) for key, obj in parsed])
 
     def _apply_parsed(
-        self, path: Path, stamp: tuple[int, int, int], digest: str, parsed: list[tuple[ObjectKey, dict[str, Any]]]
+        self, path: Path, stamp: tuple[int, int, int], digest: str, parsed: list[tuple[ObjectKey, dict[str, Any]]],
+        restored: bytes | None = None,
     ) -> list[Change]:
+        """Apply a file's objects; `restored`: the snapshot's record they came from, kept as it is."""
         known = self._files.get(path)
         old_keys = set(known.keys) if known else set()
         changes: list[Change] = []
         new_keys: list[ObjectKey] = []
+        applied: list[tuple[ObjectKey, dict[str, Any]]] = []
         for key, kept in parsed:
+            if self.digest_values(kept):
+                kept = digested(kept)
             other = self._where.get(key)
             if other is not None and other != path and other in self._files:
                 log.error("%s in %s is also defined in %s; ignoring the copy in %s", key, path, other, path)
                 continue
             new_keys.append(key)
+            applied.append((key, kept))
             previous = self._fingerprints.get(key)
             fingerprint = _fingerprint(kept)
             if previous != fingerprint:
@@ -325,7 +332,8 @@ class FileSource:
             changes.append(Change("DELETED", key, self._drop(key)))
         self._files[path] = _FileState(stamp, digest, tuple(new_keys))
         if self.state is not None:
-            self._records[path] = _encode_record(stamp, digest, time.time_ns(), [(k, o) for k, o in parsed if k in new_keys])
+            self._records[path] = restored if restored is not None else listing.encode_record(
+                stamp, digest, time.time_ns(), applied)
         return changes
 
     def _drop(self, key: ObjectKey) -> dict[str, Any]:
@@ -507,47 +515,14 @@ def _replace_with(new: dict[str, Any]) -> Mutation:
     return mutate
 
 
-class ListingStore(Protocol):
-    """Somewhere safe for the listing snapshot: it holds Secret values (the payload cache
-    keeps it encrypted)."""
-
-    def load_state(self, name: str) -> bytes | None: ...
-
-    def save_state(self, name: str, data: bytes) -> None: ...
-
-
-def _encode_value(value: Any) -> Any:
-    if isinstance(value, LargeValue):
-        return {_LARGE_MARK: [value.sha256, value.size]}
-    raise TypeError(f"cannot encode {type(value).__name__}")
-
-
-def _decode_value(obj: dict[str, Any]) -> Any:
-    mark = obj.get(_LARGE_MARK)
-    return LargeValue(mark[0], mark[1]) if mark is not None and len(obj) == 1 else obj
-
-
-def _encode_record(stamp: tuple[int, int, int], digest: str, read_at: int, objects: list[tuple[ObjectKey, dict[str, Any]]]) -> bytes:
-    return json.dumps(
-        {"stamp": stamp, "digest": digest, "read_at": read_at,
-         "objects": [[k.kind, k.namespace, k.name, o] for k, o in objects]},
-        default=_encode_value, separators=(",", ":"),
-    ).encode()
-
-
-def _decode_objects(rows: list[list[Any]]) -> list[tuple[ObjectKey, dict[str, Any]]]:
-    return [(ObjectKey(kind, namespace, name), _revive(obj)) for kind, namespace, name, obj in rows]
-
-
-def _revive(value: Any) -> Any:
-    if isinstance(value, dict):
-        revived = _decode_value(value)
-        if isinstance(revived, LargeValue):
-            return revived
-        return {k: _revive(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_revive(v) for v in value]
-    return value
+def _decoded(raw: bytes | None, path: Path) -> listing.Record | None:
+    if raw is None:
+        return None
+    try:
+        return listing.decode_record(raw)
+    except ValueError as exc:
+        log.warning("listing snapshot record of %s unusable, reading the file: %s", path, exc)
+        return None
 
 
 def _fingerprint(obj: dict[str, Any]) -> str:

@@ -17,6 +17,7 @@ import os
 import socket
 import sys
 import threading
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -63,8 +64,8 @@ class WorkerPool:
         self._on_missing = on_missing
         self._behind = behind
         self._told_behind: list[str] = []
-        # Each worker keeps its own memory tier: together they stay within --cache-memory.
-        self._memory_bytes = settings.cache_memory_bytes // max(count, 1)
+        # Each worker keeps its own memory tier and ready bodies: together they stay within --cache-memory.
+        self._memory = settings.serving_memory
         self._workers: dict[int, _Worker] = {}
         # The connection limits are the server's: every worker counts in its row of one table.
         self._connections = ConnectionTable.create(count)
@@ -123,8 +124,8 @@ class WorkerPool:
         generation, tokens, renders = self._cache.index_rows()
         worker = _Worker(number, process, channel, generation)
         self._workers[number] = worker
-        channel.send("hello", WorkerSpec(number, self._settings, self._port, self._tls_files, self._memory_bytes,
-                                         generation, tokens, renders))
+        channel.send("hello", WorkerSpec(number, self._settings, self._port, self._tls_files, self._memory.tier,
+                                         self._memory.ready, generation, tokens, renders))
         if self._told_behind:
             channel.send("behind", self._told_behind)
         asyncio.create_task(self._listen(worker), name=f"worker-{number}")
@@ -163,6 +164,7 @@ class WorkerPool:
                 if self._stopping:
                     return
                 self._workers.pop(worker.number, None)
+                self._metrics.worker_held.pop(worker.number, None)  # what it held died with it
                 worker.channel.close()
                 # Its connections died with it; what its row still counts would hold their places.
                 self._connections.clear(worker.number)
@@ -208,7 +210,7 @@ class WorkerPool:
                 if kind == "ask":
                     worker.channel.send("answer", rest[0], *self._answer(*rest[1:]))
                 elif kind == "report":
-                    self._take_report(*rest)
+                    self._take_report(worker.number, *rest)
                 elif kind == "reported":
                     answered = worker.reported.pop(rest[0], None)
                     if answered is not None and not answered.done():
@@ -253,7 +255,9 @@ class WorkerPool:
                         worker.channel.send("hold", remote, wait)
             return ("refused", refusal.status, refusal.reason, refusal.retry_after)
 
-    def _take_report(self, deltas: dict[str, dict[str, int]], served: list[str]) -> None:
+    def _take_report(self, number: int, deltas: dict[str, dict[str, int]], served: list[str],
+                     held: dict[str, int]) -> None:
+        self._metrics.worker_held[number] = Counter(held)
         for nodepool, count in deltas.get("nodepools", {}).items():
             self._metrics.get_requests.inc(nodepool, count)
         for code, count in deltas.get("codes", {}).items():

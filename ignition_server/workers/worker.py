@@ -18,7 +18,7 @@ import socket
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from payload_cache import CacheConfig, PayloadCache
@@ -54,7 +54,8 @@ class WorkerSpec:
     settings: ServeSettings
     port: int
     tls_files: TLSFiles
-    memory_bytes: int
+    memory_bytes: int  # this worker's memory tier and ready bodies: its share of --cache-memory
+    ready_bytes: int
     generation: int
     tokens: list[list]
     renders: list[list]
@@ -62,12 +63,12 @@ class WorkerSpec:
 
 class Worker:
     def __init__(self, spec: WorkerSpec, channel: Any, connections: ConnectionTable) -> None:
-        self.spec = spec
         self.channel = channel
         self.connections = connections
         settings = spec.settings
         self.cache = PayloadCache.replica(
             CacheConfig(settings.cache_dir, settings.cache_key_file, spec.memory_bytes), spec.tokens, spec.renders)
+        self.spec = replace(spec, tokens=[], renders=[])  # the rows are in the replica now (~4 MiB at 5,280)
         self.generation = spec.generation
         self.metrics = ServerMetrics()
         self._behind: list[str] = []
@@ -77,6 +78,7 @@ class Worker:
         self._served: set[str] = set()
         self._owner_gone = False
         self._reported: dict[str, Counter[str]] = {}  # what the last report counted, by kind
+        self._held: dict[str, int] = {}  # payload bytes held, as last reported
         self.limiter = FailedAuthLimiter(settings.auth_failure_burst, settings.auth_failure_window)
         self.handlers = IgnitionHandlers(
             cache=self.cache,
@@ -93,6 +95,7 @@ class Worker:
             request_id_prefix=f"{process_name(spec.number)}-",
             access=AccessLog(settings.log_format),
             write_piece=memory.SERVING_MMAP_THRESHOLD,
+            ready_bytes=spec.ready_bytes,
         )
 
     async def ask_owner(self, presented: Presented, remote: str | None) -> Grant:
@@ -174,14 +177,21 @@ class Worker:
             stop.set()
 
     async def _report_periodically(self) -> None:
-        ticks = 0
+        ticks = answered = 0
+        served_since_trim = False
         while True:
             await asyncio.sleep(REPORT_INTERVAL)
             self._report()
+            before, answered = answered, sum(self._reported.get("codes", Counter()).values())  # so far
+            served = answered != before
+            served_since_trim |= served
             ticks += 1
-            if ticks % TRIM_EVERY == 0:
+            if ticks % TRIM_EVERY == 0 or (served_since_trim and not served):
                 # Bodies come from the heap here (memory.SERVING_MMAP_THRESHOLD); what a storm
-                # freed between live ones goes back to the OS instead of staying in RSS.
+                # freed between live ones goes back to the OS instead of staying in RSS: during
+                # a long one every TRIM_EVERY reports, and at once when it is over (a quiet
+                # second after serving; at 5,280 NodePools served once, ~40 MiB a worker).
+                served_since_trim = False
                 await asyncio.to_thread(memory.release)
 
     def _report(self) -> None:
@@ -198,9 +208,11 @@ class Worker:
             if delta:
                 deltas[name] = dict(delta)
             self._reported[name] = now
-        if deltas or self._served:
-            self.channel.send("report", deltas, sorted(self._served))
+        held = {"memory": stats.memory_bytes, "ready": self.handlers.ready_held()}
+        if deltas or self._served or held != self._held:
+            self.channel.send("report", deltas, sorted(self._served), held)
             self._served.clear()
+            self._held = held
 
 
 async def _main(fd: int, connections_fd: int) -> None:
@@ -218,7 +230,8 @@ async def _main(fd: int, connections_fd: int) -> None:
     loop.add_signal_handler(signal.SIGINT, lambda: None)
     started = time.perf_counter()
     worker = Worker(spec, channel, ConnectionTable.attach(connections_fd))
-    log.info("worker %d (pid %d) serving %d payloads after %.3fs", spec.number, os.getpid(),
+    del spec  # its rows: the worker keeps them in its index only
+    log.info("worker %d (pid %d) serving %d payloads after %.3fs", worker.spec.number, os.getpid(),
              worker.cache.render_count(), time.perf_counter() - started)
     await worker.run(stop)
 
