@@ -140,7 +140,8 @@ class IgnitionServer:
             generator=self._generator(releases, cache),
         )
         authenticator = TokenAuthenticator(cache, self.clock, verifier=verifier, directory=reconciler)
-        runners: list[web.AppRunner] = []
+        runners: list[web.BaseRunner] = []
+        guards: list[ConnectionGuard] = []
         pool: WorkerPool | None = None
         handlers: IgnitionHandlers | None = None
         connections: ConnectionTable | None = None
@@ -166,6 +167,7 @@ class IgnitionServer:
             guard = ConnectionGuard(settings.header_timeout, settings.connections_per_source, settings.connections_total,
                                     connections.row(0))
             runners.append(await self._start(build_dispatch(handlers), settings.listen, ssl_context, "serving", guard))
+            guards.append(guard)
         self.state.ready = True
         log.info(
             "ready in %.3fs with %d payloads from the cache; serving on %s:%d%s",
@@ -204,7 +206,7 @@ class IgnitionServer:
                 self.state.draining = True
                 await pool.stop(settings.shutdown_timeout + 5.0)
                 reserved.close()
-            await self._shutdown(runners, tasks, cache)
+            await self._shutdown(runners, guards, tasks, cache)
             if cluster is not None:
                 await cluster.close()
             await reconciler.drain(self.settings.shutdown_timeout)
@@ -331,7 +333,8 @@ class IgnitionServer:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 30.0)
 
-    async def _shutdown(self, runners: list[web.AppRunner], tasks: list[asyncio.Task[None]], cache: PayloadCache) -> None:
+    async def _shutdown(self, runners: list[web.BaseRunner], guards: list[ConnectionGuard], tasks: list[asyncio.Task[None]],
+                        cache: PayloadCache) -> None:
         log.info("draining: no new connections, finishing in-flight responses")
         self.state.draining = True
         for task in tasks:
@@ -341,5 +344,7 @@ class IgnitionServer:
                 await task
         for runner in runners:
             await runner.cleanup()
+        for guard in guards:  # the last responses' bytes out of the transports before we exit
+            await guard.wait_closed(self.settings.shutdown_timeout)
         await asyncio.to_thread(cache.flush)
         log.info("stopped")

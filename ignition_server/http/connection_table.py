@@ -176,5 +176,9 @@ class ConnectionRow:
         self._int64[self._open] -= 1
         self._int32[self._first_bucket + bucket] -= 1
 
+    def open_here(self) -> int:
+        """This process's open connections."""
+        return self._int64[self._open]
+
     def timed_out(self) -> None:
         self._int64[self._timed_out] += 1

@@ -39,9 +39,28 @@ class ConnectionGuard:
     per_source: int = 256
     total: int = 10_000
     row: ConnectionRow = field(default_factory=lambda: ConnectionTable.create(1, shared=False).row(0))
+    _all_closed: asyncio.Event | None = field(default=None, init=False, repr=False)
 
     def wrap(self, factory: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
         return lambda: _Guarded(self, factory())
+
+    async def wait_closed(self, timeout: float) -> bool:
+        """Once the site has stopped and aiohttp has closed its connections: wait until each
+        is really gone, up to `timeout`. A transport closes only after its last buffered bytes
+        are written, and a process that exits before that cuts the end off a response (aiohttp
+        is done with a response once it is in the transport's buffer)."""
+        if self.row.open_here() <= 0:
+            return True
+        self._all_closed = asyncio.Event()
+        try:
+            await asyncio.wait_for(self._all_closed.wait(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    def _released(self) -> None:
+        if self._all_closed is not None and self.row.open_here() <= 0:
+            self._all_closed.set()
 
 
 class _Guarded(asyncio.Protocol):
@@ -98,6 +117,7 @@ class _Guarded(asyncio.Protocol):
         self.guard.row.release(self.bucket)
         self.bucket = -1
         self.inner.connection_lost(exc)
+        self.guard._released()
 
     def __getattr__(self, name: str) -> Any:  # anything else aiohttp asks of its protocol
         return getattr(self.inner, name)

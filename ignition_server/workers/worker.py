@@ -137,6 +137,7 @@ class Worker:
             log.info("worker %d draining: no new connections, finishing in-flight responses", self.spec.number)
             self.state.draining = True
             await runner.cleanup()  # stops accepting, finishes in-flight responses
+            await guard.wait_closed(settings.shutdown_timeout)  # and their last bytes leave before we exit
             for task in tasks:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
