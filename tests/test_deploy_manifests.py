@@ -41,20 +41,31 @@ def test_kustomization_lists_every_manifest() -> None:
     assert listed == {p.name for p in DEPLOY.glob("*.yaml") if p.name != "kustomization.yaml"}
 
 
-def test_pods_run_unprivileged_with_probes_and_a_cache_per_replica() -> None:
-    sts = one("StatefulSet")
-    pod = sts["spec"]["template"]["spec"]
-    assert sts["spec"]["replicas"] == 3
+def check_unprivileged_pod(pod: dict) -> dict:
+    """What the namespace's `restricted` Pod Security level and our own standard ask of every
+    pod we ship: non-root numeric user, RuntimeDefault seccomp, spread over zones and nodes,
+    read-only root filesystem, no capabilities, no privilege escalation, resources requested.
+    Returns the pod's one container."""
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
     assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
     assert pod["topologySpreadConstraints"][0]["topologyKey"] == "topology.kubernetes.io/zone"
+    anti = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
+    assert anti["topologyKey"] == "kubernetes.io/hostname"
     (container,) = pod["containers"]
     security = container["securityContext"]
     assert security["readOnlyRootFilesystem"] is True and security["allowPrivilegeEscalation"] is False
     assert security["capabilities"]["drop"] == ["ALL"]
+    assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
+    return container
+
+
+def test_pods_run_unprivileged_with_probes_and_a_cache_per_replica() -> None:
+    sts = one("StatefulSet")
+    pod = sts["spec"]["template"]["spec"]
+    assert sts["spec"]["replicas"] == 3
+    container = check_unprivileged_pod(pod)
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert container["resources"]["requests"]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert "--kubernetes" in container["args"]
     cache_dir, key_file = env["IGNITION_SERVER_CACHE_DIR"], env["IGNITION_SERVER_CACHE_KEY_FILE"]
