@@ -21,7 +21,7 @@ from harness import ProxyProcess, ServerProcess, free_port, wait_for, write_mani
 from ignition_server.sources.manifests import build_token_secret
 from proxy.table import Table, load_table
 from realtools import require_tool
-from test_deploy_manifests import check_unprivileged_pod
+from test_deploy_manifests import check_unprivileged_pod, readme_rbac_table
 from test_deploy_manifests import one as server_object
 
 PROXY = Path(__file__).resolve().parent.parent / "deploy" / "proxy"
@@ -49,6 +49,14 @@ def pod() -> dict[str, Any]:
 def container() -> dict[str, Any]:
     (only,) = pod()["containers"]
     return only
+
+
+def role_rules() -> set[tuple[str, str, str]]:
+    return {(g, r, v) for rule in one("Role")["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+
+
+def test_the_readme_rbac_table_is_the_role() -> None:
+    assert readme_rbac_table("### Deploying the proxy") == role_rules()
 
 
 def port_of(listen: str) -> int:
@@ -213,9 +221,7 @@ def test_the_shipped_table_routes_a_node_and_the_role_is_exactly_what_it_asks(tm
             server.stop()
         asked = {("discovery.k8s.io" if plural == "endpointslices" else "", plural, verb)
                  for verb, plural in api.server.requests}
-    granted = {(g, r, v) for rule in one("Role")["rules"]
-               for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
-    assert asked == granted
+    assert asked == role_rules()
     binding = one("RoleBinding")
     assert binding["roleRef"]["name"] == one("Role")["metadata"]["name"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": one("ServiceAccount")["metadata"]["name"],
