@@ -82,7 +82,7 @@ def test_kustomize_renders_the_proxy_apart_from_the_server() -> None:
     rendered = [d for d in yaml.safe_load_all(out.stdout) if d]
     kinds = sorted(d["kind"] for d in rendered)
     assert kinds == sorted(["ConfigMap", "Deployment", "PodDisruptionBudget", "Role", "RoleBinding",
-                            "Service", "Service", "ServiceAccount"])
+                            "Service", "Service", "ServiceAccount", "ServiceMonitor"])
     namespace = server_object("Namespace")["metadata"]["name"]
     assert {d["metadata"]["namespace"] for d in rendered} == {namespace}
     # `kubectl apply -k deploy/` stays the server alone.
@@ -132,6 +132,11 @@ def test_the_pod_is_unprivileged_and_its_probes_ask_what_the_proxy_serves() -> N
     assert nodeport["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
     assert {p["targetPort"] for p in nodeport["spec"]["ports"]} == {"https"}
     assert 0 < one("PodDisruptionBudget")["spec"]["minAvailable"] < deployment["spec"]["replicas"]
+    # The ServiceMonitor scrapes both exporters through the metrics Service.
+    monitored = {e["port"] for e in one("ServiceMonitor")["spec"]["endpoints"]}
+    metrics = next(s for s in documents() if s["kind"] == "Service" and s["spec"].get("type") != "NodePort")
+    assert monitored == {p["name"] for p in metrics["spec"]["ports"]} == {"metrics", "haproxy-metrics"}
+    assert metrics["metadata"]["labels"] == one("ServiceMonitor")["spec"]["selector"]["matchLabels"]
     # The uid is the image's (tests/test_container.py checks the image's user).
     from test_container import named_stage
 
