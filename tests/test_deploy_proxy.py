@@ -21,6 +21,7 @@ from harness import ProxyProcess, ServerProcess, free_port, wait_for, write_mani
 from ignition_server.sources.manifests import build_token_secret
 from proxy.table import Table, load_table
 from realtools import require_tool
+from test_container import named_stage
 from test_deploy_manifests import check_unprivileged_pod, readme_rbac_table
 from test_deploy_manifests import one as server_object
 
@@ -138,8 +139,6 @@ def test_the_pod_is_unprivileged_and_its_probes_ask_what_the_proxy_serves() -> N
     assert monitored == {p["name"] for p in metrics["spec"]["ports"]} == {"metrics", "haproxy-metrics"}
     assert metrics["metadata"]["labels"] == one("ServiceMonitor")["spec"]["selector"]["matchLabels"]
     # The uid is the image's (tests/test_container.py checks the image's user).
-    from test_container import named_stage
-
     user = next(line.split()[1] for line in reversed(named_stage("proxy")) if line.upper().startswith("USER "))
     assert spec["securityContext"]["runAsUser"] == int(user.split(":")[0])
 
