@@ -6,6 +6,7 @@ state directory."""
 from __future__ import annotations
 
 import re
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,7 @@ def named_stage(name: str) -> list[str]:
     """The lines of `FROM ... AS <name>` up to the next FROM."""
     lines = _lines()
     starts = [i for i, line in enumerate(lines) if line.upper().startswith("FROM ")] + [len(lines)]
-    for begin, end in zip(starts, starts[1:]):
+    for begin, end in pairwise(starts):
         if lines[begin].split()[-1] == name and lines[begin].upper().split()[-2] == "AS":
             return lines[begin:end]
     raise AssertionError(f"no stage {name!r} in the Dockerfile")
@@ -50,7 +51,7 @@ def test_the_image_runs_as_a_numeric_non_root_user(image: str) -> None:
 def test_the_image_has_no_compilers_and_its_command(image: str) -> None:
     stage = "\n".join(SHIPPED[image]())
     assert not re.search(r"\b(gcc|g\+\+|clang|build-essential|libc6-dev|make)\b", stage), stage
-    entry = re.search(r"^ENTRYPOINT (\[.*\])$", stage, re.M)
+    entry = re.search(r"^ENTRYPOINT (\[.*\])$", stage, re.MULTILINE)
     assert entry and yaml.safe_load(entry.group(1)) == [f"ignition-{image}"]
 
 

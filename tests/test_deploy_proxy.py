@@ -16,14 +16,14 @@ from typing import Any
 
 import pytest
 import yaml
-
 from harness import ProxyProcess, ServerProcess, free_port, wait_for, write_manifests
-from ignition_server.sources.manifests import build_token_secret
-from proxy.table import Table, load_table
 from realtools import require_tool
 from test_container import named_stage
 from test_deploy_manifests import check_unprivileged_pod, readme_rbac_table
 from test_deploy_manifests import one as server_object
+
+from ignition_server.sources.manifests import build_token_secret
+from proxy.table import Table, load_table
 
 PROXY = Path(__file__).resolve().parent.parent / "deploy" / "proxy"
 
@@ -171,13 +171,13 @@ def via_proxy(port: int, host: str, path: str, token: str, ca: Path) -> int:
     passthrough: the server's certificate, whose names are the test server's, so only the CA is checked."""
     context = ssl.create_default_context(cafile=str(ca))
     context.check_hostname = False
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
-        with context.wrap_socket(raw, server_hostname=host) as tls:
-            tls.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {base64.b64encode(token.encode()).decode()}\r\n"
-                        "Connection: close\r\n\r\n".encode())
-            data = b""
-            while chunk := tls.recv(65536):
-                data += chunk
+    bearer = base64.b64encode(token.encode()).decode()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw, \
+            context.wrap_socket(raw, server_hostname=host) as tls:
+        tls.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {bearer}\r\nConnection: close\r\n\r\n".encode())
+        data = b""
+        while chunk := tls.recv(65536):
+            data += chunk
     return int(data.split(b" ", 2)[1])
 
 
