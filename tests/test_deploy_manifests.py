@@ -41,20 +41,31 @@ def test_kustomization_lists_every_manifest() -> None:
     assert listed == {p.name for p in DEPLOY.glob("*.yaml") if p.name != "kustomization.yaml"}
 
 
-def test_pods_run_unprivileged_with_probes_and_a_cache_per_replica() -> None:
-    sts = one("StatefulSet")
-    pod = sts["spec"]["template"]["spec"]
-    assert sts["spec"]["replicas"] == 3
+def check_unprivileged_pod(pod: dict) -> dict:
+    """What the namespace's `restricted` Pod Security level and our own standard ask of every
+    pod we ship: non-root numeric user, RuntimeDefault seccomp, spread over zones and nodes,
+    read-only root filesystem, no capabilities, no privilege escalation, resources requested.
+    Returns the pod's one container."""
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
     assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
     assert pod["topologySpreadConstraints"][0]["topologyKey"] == "topology.kubernetes.io/zone"
+    anti = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
+    assert anti["topologyKey"] == "kubernetes.io/hostname"
     (container,) = pod["containers"]
     security = container["securityContext"]
     assert security["readOnlyRootFilesystem"] is True and security["allowPrivilegeEscalation"] is False
     assert security["capabilities"]["drop"] == ["ALL"]
+    assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
+    return container
+
+
+def test_pods_run_unprivileged_with_probes_and_a_cache_per_replica() -> None:
+    sts = one("StatefulSet")
+    pod = sts["spec"]["template"]["spec"]
+    assert sts["spec"]["replicas"] == 3
+    container = check_unprivileged_pod(pod)
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert container["resources"]["requests"]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert "--kubernetes" in container["args"]
     cache_dir, key_file = env["IGNITION_SERVER_CACHE_DIR"], env["IGNITION_SERVER_CACHE_KEY_FILE"]
@@ -64,17 +75,22 @@ def test_pods_run_unprivileged_with_probes_and_a_cache_per_replica() -> None:
     assert any(s["spec"].get("type") == "NodePort" for s in documents() if s["kind"] == "Service")
 
 
-def test_the_readme_rbac_table_is_the_role() -> None:
+def readme_rbac_table(heading: str) -> set[tuple[str, str, str]]:
+    """(api group, resource, verb) rows of the verb|resource table in the README's section `heading`."""
     text = README.read_text()
-    section = text[text.index("### RBAC"):]
-    section = section[: section.index("\n#", 1)]
+    section = text[text.index(heading):]
+    section = section[: re.search(r"\n##+ ", section).start()]  # the next heading (a code block's `# ...` is not one)
     table = set()
     for line in section.splitlines():
         cells = [c.strip().strip("`") for c in line.strip().strip("|").split("|")]
         if len(cells) >= 3 and cells[0] not in ("verb", "---") and not set(cells[0]) <= {"-"}:
             group, _, resource = cells[1].rpartition("/")
             table |= {(group, resource, verb.strip()) for verb in cells[0].split(",")}
-    assert table == rbac_rules()
+    return table
+
+
+def test_the_readme_rbac_table_is_the_role() -> None:
+    assert readme_rbac_table("### RBAC") == rbac_rules()
 
 
 def _metric_names() -> set[str]:
