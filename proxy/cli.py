@@ -13,6 +13,7 @@ from typing import Sequence
 
 from aiohttp import web
 
+from ignition_server.http.guard import listening_socket
 from ignition_server.sources.kube.client import KubeClient
 
 from .controller import Controller, read_desired
@@ -55,7 +56,9 @@ async def _serve_metrics(controller: Controller, listen: str) -> web.AppRunner:
     app.router.add_get("/metrics", metrics)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host, int(port)).start()
+    # `::` must take IPv4 too (a kubelet probes the pod's IPv4 address): asyncio alone would
+    # make the socket IPv6-only. The server's listener helper makes it dual-stack.
+    await web.SockSite(runner, listening_socket(host, int(port), 128)).start()
     return runner
 
 

@@ -182,3 +182,23 @@ def test_endpoints_routes_in_the_table() -> None:
     for bad in ("Not_A_Port", "0"):
         with pytest.raises(TableError, match="endpoints port"):
             load_table(base % bad)
+
+
+async def test_the_controllers_metrics_on_any_address_answer_ipv4_and_ipv6() -> None:
+    from types import SimpleNamespace
+
+    import aiohttp
+
+    from harness import free_port
+    from proxy.cli import _serve_metrics
+
+    port = free_port()
+    controller = SimpleNamespace(metrics=SimpleNamespace(text=lambda: b"ign_proxy_reloads_total 0\n"))
+    runner = await _serve_metrics(controller, f"[::]:{port}")  # type: ignore[arg-type]
+    try:
+        async with aiohttp.ClientSession() as session:
+            for host in ("127.0.0.1", "[::1]"):
+                async with session.get(f"http://{host}:{port}/metrics") as response:
+                    assert response.status == 200 and b"ign_proxy_reloads_total" in await response.read()
+    finally:
+        await runner.cleanup()
