@@ -6,17 +6,23 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import time
 
-from ignition_server.http.access_log import FLUSH_LINES, AccessLog
+from ignition_server.http.access_log import FLUSH_LINES, FLUSH_SECONDS, AccessLog
 
 
-async def test_lines_are_json_with_every_field_and_are_written_after_the_loops_turn() -> None:
+async def test_lines_are_json_with_every_field_and_are_written_in_batches_soon_after() -> None:
     stream = io.StringIO()
     log = AccessLog("json", stream=stream)
     log.record("GET", "/config/workers", 200, request_id="w1-2a", nodepool="clusters/workers", size=1234,
                duration_ms=0.5, client="127.0.0.1")
-    assert stream.getvalue() == ""  # batched: written after this turn of the event loop
+    assert stream.getvalue() == ""  # batched: written a moment later, with the lines around it
     await asyncio.sleep(0)
+    assert stream.getvalue() == ""
+    started = time.monotonic()
+    while not stream.getvalue() and time.monotonic() - started < 5:
+        await asyncio.sleep(0.01)
+    assert time.monotonic() - started < FLUSH_SECONDS * 3  # within its bound, not at the next flush by size
     entry = json.loads(stream.getvalue())
     assert entry["msg"] == "GET /config/workers 200" and entry["logger"] == "ignition_server.access"
     assert {k: entry[k] for k in ("request_id", "nodepool", "status", "bytes", "client")} == {

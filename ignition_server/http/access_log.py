@@ -2,10 +2,12 @@
 
 Through `logging`, a line cost about a quarter of a kept-alive request's CPU (py-spy: record
 construction, the generic JSON formatter, a lock and a write per line). These lines have
-fixed fields, so they are formatted directly, and the lines of one turn of the event loop
-are written together right after it (at most FLUSH_LINES at once): as prompt as a write per
-line, one write per turn under load. The client-supplied fields (path, request id) are
-redacted as in `logs`.
+fixed fields, so they are formatted directly, in batches: a line is written at most
+FLUSH_SECONDS after its request (or once FLUSH_LINES are waiting). Written after every turn
+of the event loop instead, a busy worker made a write() per one to three requests: with the
+formatting between two TLS writes, the log was ~10% of a kept-alive request's CPU (20 µs of
+~200; one worker, same run). The client-supplied fields (path, request id) are redacted as
+in `logs`.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from ..logs import redact, resolve_format
 
 LOGGER = "ignition_server.access"
 FLUSH_LINES = 256
+FLUSH_SECONDS = 0.1  # how late an access line may reach the log
 QUOTES_KEPT = 4096
 
 
@@ -45,14 +48,14 @@ class AccessLog:
 
     def record(self, method: str, path: str, status: int, *, request_id: str, nodepool: str, size: int,
                duration_ms: float, client: str) -> None:
-        # Kept as a tuple and formatted with the rest of the loop turn's lines in `flush`: one
-        # tight loop over a batch runs warm, where a line formatted between two ~300 KiB TLS
-        # writes ran with cold caches (py-spy: a line cost ~3x its in-isolation time there).
+        # Kept as a tuple and formatted with the rest of its batch in `flush`: one tight loop
+        # over a batch runs warm, where a line formatted between two ~300 KiB TLS writes ran
+        # with cold caches (py-spy: a line cost ~3x its in-isolation time there).
         self._lines.append((time.time(), method, path, status, request_id, nodepool, size, duration_ms, client))
         if len(self._lines) >= FLUSH_LINES:
             self.flush()
         elif self._scheduled is None:
-            self._scheduled = asyncio.get_running_loop().call_soon(self.flush)
+            self._scheduled = asyncio.get_running_loop().call_later(FLUSH_SECONDS, self.flush)
 
     def _quoted(self, text: str) -> str:
         """`text` redacted and, for JSON, quoted; a fleet repeats its paths, NodePools and
