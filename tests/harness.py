@@ -57,10 +57,19 @@ def have_ignition() -> bool:
     return os.access(IGNITION, os.X_OK)
 
 
+_GIVEN_PORTS: set[int] = set()  # handed out in this test session: the kernel may offer a port again
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port nothing listens on now and this session has not handed out before (two picks in
+    a row, a server's serving and metrics ports, could otherwise be the same port)."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port not in _GIVEN_PORTS:
+            _GIVEN_PORTS.add(port)
+            return port
 
 
 def wait_for(predicate: Any, timeout: float = 15.0, interval: float = 0.1, what: str = "condition") -> Any:
