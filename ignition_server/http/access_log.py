@@ -3,17 +3,15 @@
 Through `logging`, a line cost about a quarter of a kept-alive request's CPU (py-spy: record
 construction, the generic JSON formatter, a lock and a write per line). These lines have
 fixed fields, so they are formatted directly, in batches: a line is written at most
-FLUSH_SECONDS after its request (or once FLUSH_LINES are waiting). Written after every turn
-of the event loop instead, a busy worker made a write() per one to three requests: with the
-formatting between two TLS writes, the log was ~10% of a kept-alive request's CPU (20 µs of
-~200; one worker, same run). The client-supplied fields (path, request id) are redacted as
-in `logs`.
+FLUSH_SECONDS after its request (or once FLUSH_LINES are waiting), not after every turn of
+the event loop. Written per turn, the log was ~10% of a kept-alive request's CPU (20 µs of
+~200, log on against off; one worker, same run). The client-supplied fields (path, request
+id) are redacted as in `logs`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import sys
 import time
@@ -49,8 +47,8 @@ class AccessLog:
     def record(self, method: str, path: str, status: int, *, request_id: str, nodepool: str, size: int,
                duration_ms: float, client: str) -> None:
         # Kept as a tuple and formatted with the rest of its batch in `flush`: one tight loop
-        # over a batch runs warm, where a line formatted between two ~300 KiB TLS writes ran
-        # with cold caches (py-spy: a line cost ~3x its in-isolation time there).
+        # over a batch runs warm, where code between two ~300 KiB TLS writes runs with cold
+        # caches (the whole handler cost 2-3x its in-isolation time there).
         self._lines.append((time.time(), method, path, status, request_id, nodepool, size, duration_ms, client))
         if len(self._lines) >= FLUSH_LINES:
             self.flush()
@@ -64,7 +62,7 @@ class AccessLog:
         if done is None:
             done = redact(text)
             if self._json:
-                done = json.dumps(done)
+                done = json_string(done)
             if len(self._quotes) >= QUOTES_KEPT:
                 self._quotes.clear()
             self._quotes[text] = done

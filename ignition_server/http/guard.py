@@ -58,7 +58,7 @@ class ConnectionGuard:
         except asyncio.TimeoutError:
             return False
 
-    def _released(self) -> None:
+    def connection_closed(self) -> None:
         if self._all_closed is not None and self.row.open_here() <= 0:
             self._all_closed.set()
 
@@ -117,7 +117,7 @@ class _Guarded(asyncio.Protocol):
         self.guard.row.release(self.bucket)
         self.bucket = -1
         self.inner.connection_lost(exc)
-        self.guard._released()
+        self.guard.connection_closed()
 
     def __getattr__(self, name: str) -> Any:  # anything else aiohttp asks of its protocol
         return getattr(self.inner, name)

@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from aiohttp import web
 
 from .app import Handler
-
 from .guard import ConnectionGuard, GuardedSite, IPNetwork, bound_socket
 
 KEEPALIVE_TIMEOUT = 75.0  # an idle kept-alive connection is closed after this (aiohttp's default is an hour)
