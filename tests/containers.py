@@ -89,7 +89,7 @@ class Buildah:
             return False
 
     def build(self, tag: str, target: str | None, volumes: list[str]) -> float:
-        args = ["build", "--isolation", "chroot", "--network", "host", "--layers", "--pull=never",
+        args = ["build", "--isolation", "chroot", "--network", "host", "--layers", "--force-rm", "--pull=never",
                 *(f"--volume={volume}" for volume in volumes), *(["--target", target] if target else []),
                 "-t", tag, "-f", str(DOCKERFILE), str(REPO)]
         started = time.monotonic()
@@ -132,7 +132,7 @@ def make_stand_in(buildah: Buildah, image: str, workdir: Path) -> str:
         "ENV PATH=/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8\n"
         'CMD ["python3"]\n')
     tag = "localhost/" + image.split("/")[-1]
-    buildah.run("build", "--isolation", "chroot", "--network", "none", "-t", tag, "-f",
+    buildah.run("build", "--isolation", "chroot", "--network", "host", "-t", tag, "-f",
                 str(workdir / "Containerfile"), str(workdir))
     tarball.unlink()
     return tag
