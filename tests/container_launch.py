@@ -18,7 +18,7 @@ import sys
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 0x20, 0x1000, 0x4000, 0x40000
-PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 24, 38
+PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 24, 38
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 
 LIBC = ctypes.CDLL(None, use_errno=True)
@@ -84,6 +84,9 @@ def drop_privileges(spec: dict) -> None:
     os.setgid(spec["gid"])
     # From uid 0 to another: the kernel clears the permitted, effective and ambient sets.
     os.setuid(spec["uid"])
+    # unshare's --kill-child asked for SIGKILL when unshare goes, but a change of credentials
+    # clears that request: ask again, as the container's user.
+    _check(LIBC.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0), "parent-death signal")
 
 
 def main() -> None:

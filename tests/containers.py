@@ -14,6 +14,7 @@ import base64
 import json
 import os
 import re
+import signal
 import ssl
 import subprocess
 import sys
@@ -360,8 +361,13 @@ class PodContainer:
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()  # --kill-child: the container's pid 1, and so its whole pid namespace, goes too
-            self.proc.wait(15)
+            # SIGKILL to pid 1 of the namespace ends every process in it; unshare then exits.
+            os.kill(self.pid(), signal.SIGKILL)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(15)
         self.buildah.remove(self.name)
 
 

@@ -133,7 +133,9 @@ def require_root_and_buildah() -> None:
     require_tool("nsenter", "apt-get install util-linux")
     if os.geteuid() != 0:
         message = "running a container's mounts and user switch needs root"
-        pytest.fail(f"CI needs root: {message}", pytrace=False) if in_ci() else pytest.skip(message)
+        if in_ci():
+            pytest.fail(f"CI needs root: {message}", pytrace=False)
+        pytest.skip(message)
 
 
 @pytest.fixture(scope="session")
@@ -241,6 +243,7 @@ def test_the_server_image_becomes_ready_and_live_by_the_manifests_probes(server:
     assert_runs_with_its_security_context(server)
 
 
+@pytest.mark.ignition
 def test_the_real_ignition_client_boots_from_the_server_image(server: PodContainer, tmp_path: Path) -> None:
     require_ignition()
     server.wait_probe("readinessProbe")
@@ -301,6 +304,8 @@ def proxy(images: Images, server: PodContainer, tmp_path_factory: pytest.TempPat
     yield from stopped_at_teardown(container.start())
 
 
+@pytest.mark.ignition
+@pytest.mark.haproxy
 def test_the_proxy_image_runs_haproxy_in_front_of_the_server_image(server: PodContainer, proxy: PodContainer,
                                                                   tmp_path: Path) -> None:
     require_ignition()
