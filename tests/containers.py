@@ -356,6 +356,25 @@ class PodContainer:
                 raise AssertionError(f"{kind} not passed within {budget}s (last {status}):\n{self.logs()}")
             time.sleep(0.05)
 
+    def terminate(self) -> tuple[int, float]:
+        """As the kubelet stops a pod: the preStop hook (an exec in the container, as its user),
+        then SIGTERM to pid 1. The exit status and the seconds from SIGTERM to the exit; fails
+        after terminationGracePeriodSeconds, when the kubelet would SIGKILL it."""
+        assert self.proc is not None
+        hook = self.workload.container.get("lifecycle", {}).get("preStop", {}).get("exec")
+        if hook:
+            security = self.workload.security()
+            result = self.exec(hook["command"], uid=security["runAsUser"], gid=security["runAsGroup"])
+            assert result.returncode == 0, f"preStop {hook['command']}: {result.stdout}{result.stderr}"
+        grace = self.workload.pod.get("terminationGracePeriodSeconds", 30)
+        started = time.monotonic()
+        os.kill(self.pid(), signal.SIGTERM)
+        try:
+            status = self.proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"still running {grace}s after SIGTERM:\n{self.logs()}") from None
+        return status, time.monotonic() - started
+
     def logs(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 

@@ -322,3 +322,15 @@ def test_the_proxy_image_runs_haproxy_in_front_of_the_server_image(server: PodCo
     run = ignition_fetch(pointer, tmp_path / "node")
     assert run.returncode == 0 and run.config is not None, run.output + proxy.logs()
     assert example_files() <= set(files_in(run.config))
+
+
+def test_both_containers_stop_on_sigterm_within_their_grace_period(server: PodContainer, proxy: PodContainer) -> None:
+    """Last in this module: it stops the module's containers. The program is pid 1 of its pid
+    namespace, where a signal without a handler is ignored: a missing SIGTERM handler would
+    show here as a pod that only SIGKILL ends."""
+    server.wait_probe("readinessProbe")
+    proxy.wait_probe("readinessProbe")
+    for container in (proxy, server):  # the proxy drains first, as a rollout behind it would
+        status, seconds = container.terminate()
+        print(f"\n{container.image}: stopped {seconds:.2f}s after SIGTERM, status {status}")
+        assert status == 0, container.logs()
