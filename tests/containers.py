@@ -77,7 +77,8 @@ class Buildah:
     def run(self, *args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(self.command(*args), capture_output=True, text=True, timeout=timeout)
         if check and result.returncode != 0:
-            raise BuildError(f"buildah {' '.join(args[:3])} failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
+            raise BuildError(f"buildah {' '.join(args[:3])} failed ({result.returncode}):\n"
+                             f"{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
         return result
 
     def has_image(self, name: str) -> bool:

@@ -317,8 +317,9 @@ def test_the_proxy_image_runs_haproxy_in_front_of_the_server_image(server: PodCo
     secret = example_secret()
     token = base64.b64decode(secret["data"]["token"]).decode()
     ca = server.volume_dir("cache") / "cache" / "tls" / "ca.crt"
+    nodepool = secret["metadata"]["annotations"]["hypershift.openshift.io/nodePool"]
     pointer = pointer_config(source_url=f"https://localhost:{proxy.ports[proxy.workload.port('https')]}", token=token,
-                             ca_pem=ca.read_bytes(), nodepool=secret["metadata"]["annotations"]["hypershift.openshift.io/nodePool"])
+                             ca_pem=ca.read_bytes(), nodepool=nodepool)
     run = ignition_fetch(pointer, tmp_path / "node")
     assert run.returncode == 0 and run.config is not None, run.output + proxy.logs()
     assert example_files() <= set(files_in(run.config))
