@@ -55,6 +55,8 @@ AMBIGUOUS = [
     ("/config/a?TOKEN=tok-a&token=tok-a", []),
     ("/config/a?token=tok-a;token=tok-b", []),  # ';' a separator to some readers
     ("/config/a?x=1;token=tok-a", []),
+    ("/config/a;x=1?token=tok-a", []),
+    ("/ignition?token=tok-a", []),  # the URL shape's parameter on the header shape's path
 ]
 
 

@@ -13,13 +13,9 @@ and serve another. It can never succeed, so a 4xx is the right answer.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from urllib.parse import unquote_plus
 
 from .tokens import Grant, Refusal, TokenAuthenticator, check_nodepool, credential
-
-_QUERY_PARTS = re.compile(r"[&;]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,28 +30,30 @@ class Presented:
         return f"Presented(path_pool={self.path_pool!r}, nodepool_header={self.nodepool_header!r})"
 
 
-def ambiguity(raw_query: str, authorizations: int, *, url_shape: bool) -> str | None:
-    """Why a request with this raw (still percent-encoded) query string and this many
+def ambiguity(raw_target: str, authorizations: int, *, url_shape: bool) -> str | None:
+    """Why a request with this raw target (path and query, still percent-encoded) and this many
     Authorization headers presents more than one credential, or one in a spelling readers may
-    disagree on; None when it presents at most one, plainly."""
+    disagree on; None when it presents at most one, plainly. The front proxy refuses exactly
+    the same requests (proxy.edge.ONE_CREDENTIAL_RULES)."""
     if authorizations > 1:
         return "more than one Authorization header"
-    if ";" in raw_query:
-        return "';' in the query string (a separator to some readers): one token=, '&'-separated"
+    if ";" in raw_target:
+        return "';' in the request target (a separator to some readers)"
     named = 0
-    for part in _QUERY_PARTS.split(raw_query):
+    for part in raw_target.partition("?")[2].split("&"):
         name = part.partition("=")[0]
-        plain = unquote_plus(name).strip().lower()
-        if plain == "token" or plain.startswith("token["):
+        if "%" in name:
+            return "a percent-encoded parameter name (readers may decode it or not)"
+        if name.lower() == "token":
             if name != "token":
-                return "the token parameter's name spelled otherwise than 'token='"
+                return "the token parameter's name spelled otherwise than 'token'"
             named += 1
     if named > 1:
         return "more than one token parameter"
-    if url_shape and authorizations:
-        return "both a token parameter and an Authorization header: present one"
-    if not url_shape and named:
+    if named and authorizations:
         return "both an Authorization header and a token parameter: present one"
+    if named and not url_shape:
+        return "a token parameter on /ignition: present the token in the Authorization header"
     return None
 
 

@@ -106,19 +106,19 @@ class IgnitionHandlers:
     # is a frame made and resumed per request, on the path every kept-alive request takes).
     def hypershift(self, request: web.BaseRequest) -> Awaitable[web.StreamResponse]:
         headers = request.headers
-        raw_query = request.raw_path.partition("?")[2]
+        raw_target = request.raw_path
         authorizations = len(headers.getall("Authorization", ()))
         return self._serve(request, Presented(
             authorization=headers.get("Authorization"), nodepool_header=headers.get("NodePool"),
             # Checked only when there is something to check: the common request has neither.
-            ambiguity=ambiguity(raw_query, authorizations, url_shape=False)
-            if raw_query or authorizations > 1 else None))
+            ambiguity=ambiguity(raw_target, authorizations, url_shape=False)
+            if raw_target != "/ignition" or authorizations > 1 else None))
 
     def mcs(self, request: web.BaseRequest, nodepool: str) -> Awaitable[web.StreamResponse]:
         headers = request.headers
         return self._serve(request, Presented(
             path_pool=nodepool, query_token=request.query.get("token", ""),
-            ambiguity=ambiguity(request.raw_path.partition("?")[2], len(headers.getall("Authorization", ())),
+            ambiguity=ambiguity(request.raw_path, len(headers.getall("Authorization", ())),
                                 url_shape=True)))
 
     async def _serve(self, request: web.BaseRequest, presented: Presented) -> web.StreamResponse:
