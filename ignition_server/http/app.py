@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import itertools
+import re
 import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable
@@ -29,6 +30,7 @@ from .ready import DEFAULT_READY_BYTES, WRITE_PIECE, PiecewiseBody, ReadyBodies
 
 IGNITION_MEDIA_TYPE = "application/vnd.coreos.ignition+json"
 _REASONS = {511: "Network Authentication Required"}
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+-]{1,64}")
 
 
 @dataclass
@@ -123,8 +125,9 @@ class IgnitionHandlers:
 
     async def _serve(self, request: web.BaseRequest, presented: Presented) -> web.StreamResponse:
         started = time.perf_counter()
-        supplied = request.headers.get("X-Request-Id", "")[:64]
-        request_id = supplied if supplied and supplied.isprintable() else f"{self._id_prefix}{next(self._ids):x}"
+        supplied = request.headers.get("X-Request-Id", "")
+        # A client's id is kept only in a plain shape: spaces and `=` in it could forge fields.
+        request_id = supplied if _REQUEST_ID.fullmatch(supplied) else f"{self._id_prefix}{next(self._ids):x}"
         nodepool = "-"
         remote = request.remote
         admitted = False
