@@ -262,10 +262,12 @@ def _pod_namespace() -> str:
 
 def _serve(args: argparse.Namespace) -> int:
     from . import logs, memory
+    from .no_core_dumps import disable_core_dumps
     from .server import IgnitionServer
 
     settings = serve_settings(args)
     logs.configure(settings.log_format)
+    disable_core_dumps()  # before the cache key or any token is read
     memory.tune()
     if not settings.kubernetes and not settings.source_dir.is_dir():
         logging.getLogger("ignition_server").warning(

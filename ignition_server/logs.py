@@ -9,12 +9,29 @@ import sys
 import time
 
 # Whatever a library logs (aiohttp quotes a malformed request line in its errors) passes here:
-# a token in a query string or an Authorization value never reaches a log line.
-_SECRETS = re.compile(r"(?i)(token=|authorization:\s*(?:bearer\s+)?|bearer\s+)[^\s&'\"\\,)]+")
+# a token in a query string or an Authorization value never reaches a log line, however it is
+# spelled: whitespace as it is or escaped by a repr or JSON (`Bearer\t`, an obs-folded
+# `Authorization:\r\n Bearer`), the parameter name percent-encoded (`tok%65n=`, once or
+# twice), after `&` or `;`.
+_WS = r"(?:\s|\\+[tnrvf]|\\+x[0-9a-f]{2}|\\+u00[0-9a-f]{2})"  # escaped once or more (a repr in JSON)
+_TOKEN_NAME = r"(?:t|%(?:25)?[57]4)(?:o|%(?:25)?[46]f)(?:k|%(?:25)?[46]b)(?:e|%(?:25)?[46]5)(?:n|%(?:25)?[46]e)"
+_SECRETS = re.compile(
+    rf"(?i)({_TOKEN_NAME}{_WS}*(?:=|%(?:25)?3d){_WS}*|authorization{_WS}*:{_WS}*(?:bearer{_WS}+)?|bearer{_WS}+)"
+    r"[^\s&;'\"\\,)]+"
+)
+# What could end a line early or rewrite it on a terminal: C0 and C1 controls, DEL, the Unicode
+# line and paragraph separators. A path's `%0A`, decoded, would otherwise start a forged line.
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 def redact(text: str) -> str:
     return _SECRETS.sub(lambda m: m.group(1) + "<redacted>", text)
+
+
+def escape_controls(text: str) -> str:
+    """`text` on one line: every control character as a visible escape (`\\n`, `\\x1b`)."""
+    return _CONTROLS.sub(lambda m: repr(m.group())[1:-1] if m.group() not in "\u2028\u2029"
+                         else f"\\u{ord(m.group()):04x}", text)
 
 
 # Attributes every LogRecord has; anything else was passed in `extra` and is worth showing.
@@ -39,16 +56,67 @@ class JsonFormatter(logging.Formatter):
 
 
 class TextFormatter(logging.Formatter):
+    """One record per line, and a line per record: the message and every field are escaped
+    (`escape_controls`), and a traceback's lines are indented, so nothing a client sends can
+    make a line that reads as a record of its own."""
+
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
 
     def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
-        line = redact(line)
+        record.message = escape_controls(record.getMessage())
+        record.asctime = self.formatTime(record, self.datefmt)
+        line = self.formatMessage(record)
         extra = {k: v for k, v in vars(record).items() if k not in _STANDARD}
         if extra:
-            line += " " + " ".join(f"{k}={v}" for k, v in extra.items())
-        return line
+            line += " " + " ".join(f"{k}={escape_controls(str(v))}" for k, v in extra.items())
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        for detail in (record.exc_text, record.stack_info and self.formatStack(record.stack_info)):
+            if detail:
+                line += "".join(f"\n    {escape_controls(part)}" for part in detail.splitlines())
+        return redact(line)
+
+
+class RepeatFilter(logging.Filter):
+    """Repeated identical warnings and errors are logged once per `window` seconds, the next
+    one saying how many were left out; a malformed request (aiohttp logs each with a full
+    traceback at ERROR, so a client could write the log as fast as it sends) is one warning
+    line without the traceback, keyed by its kind, not by the client."""
+
+    def __init__(self, window: float = 10.0, keep: int = 1024, clock=time.monotonic) -> None:
+        super().__init__()
+        self._window, self._keep, self._clock = window, keep, clock
+        self._seen: dict[tuple, tuple[float, int]] = {}  # key -> (when last logged, left out since)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        kind = type(record.exc_info[1]).__name__ if record.exc_info and record.exc_info[1] else ""
+        if record.name.startswith("aiohttp") and _is_malformed_request(record):
+            detail = str(record.exc_info[1]).strip().splitlines()  # type: ignore[index]
+            record.msg, record.args = "malformed request: %s", (" ".join(p.strip() for p in detail),)
+            record.exc_info, record.exc_text, record.levelno, record.levelname = None, None, logging.WARNING, "WARNING"
+            key: tuple = (record.name, kind)
+        else:
+            key = (record.name, record.levelno, record.getMessage(), kind)
+        now = self._clock()
+        last = self._seen.get(key)
+        if last is not None and now - last[0] < self._window:
+            self._seen[key] = (last[0], last[1] + 1)
+            return False
+        if len(self._seen) >= self._keep:
+            self._seen.clear()
+        self._seen[key] = (now, 0)
+        if last is not None and last[1]:
+            record.repeated_left_out = last[1]
+        return True
+
+
+def _is_malformed_request(record: logging.LogRecord) -> bool:
+    from aiohttp.http_exceptions import HttpProcessingError
+
+    return bool(record.exc_info) and isinstance(record.exc_info[1], HttpProcessingError)  # type: ignore[index]
 
 
 def resolve_format(log_format: str) -> str:
@@ -62,6 +130,7 @@ def configure(log_format: str, level: int = logging.INFO) -> None:
     handler = logging.StreamHandler(sys.stderr)
     log_format = resolve_format(log_format)
     handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
+    handler.addFilter(RepeatFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

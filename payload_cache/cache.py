@@ -430,7 +430,7 @@ def _ensure_outside(key_file: Path, cache_dir: Path) -> None:
     if key == root or key.is_relative_to(root):
         raise CacheKeyError(
             f"key file {key_file} is inside the cache directory {cache_dir}; keep it outside "
-            f"(default: {str(cache_dir)}.key) so a copy of the cache reveals nothing"
+            f"(default: {str(cache_dir)}.key) so a copy of the cache reveals no payload"
         )
 
 

@@ -24,7 +24,8 @@ Rotating the AES key:
      re-rendered), so only prune after rekey reported success.
 
 The file lives outside the cache directory (default ``<cache_dir>.key``) so a
-copy of the directory alone reveals nothing.
+copy of the directory alone reveals no payload, token or rotation state (the
+server's TLS private keys beside them are not under this key: README, Security).
 """
 
 from __future__ import annotations

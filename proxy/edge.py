@@ -83,6 +83,34 @@ def _keys(key_files: Sequence[str | EdgeKey], *, required: bool = True) -> list[
     return out
 
 
+# One credential per request, spelled one way: HAProxy and the server must read the same one.
+# Refused with 400 (it can never succeed) before any token is read, exactly the requests the
+# server refuses (ignition_server.auth.presented.ambiguity): a ';' anywhere in the target
+# (url_param takes it for a separator, the server does not), two Authorization headers, a
+# percent-encoded parameter name (`tok%65n=`: one reader decodes it, the other does not), the
+# name spelled in another case, `token` twice, a token parameter beside a header or on /ignition.
+_TOKEN_NAME = "(^|&)token(=|&|$)"
+_TOKEN_OTHER_CASE = "(^|&)(T[oO][kK][eE][nN]|t(O[kK][eE][nN]|o(K[eE][nN]|k(E[nN]|eN))))(=|&|$)"
+ONE_CREDENTIAL_RULES = (
+    ("one credential per request: no ';' in the target", "{ url -m sub ; }"),
+    ("one credential per request: one Authorization header", "{ req.hdr_cnt(authorization) gt 1 }"),
+    ("one credential per request: no percent-encoded parameter name", "{ query -m reg '(^|&)[^&=]*%' }"),
+    ("one credential per request: the parameter is token=", f"{{ query -m reg '{_TOKEN_OTHER_CASE}' }}"),
+    ("one credential per request: one token parameter", f"{{ query -m reg '{_TOKEN_NAME}.*&token(=|&|$)' }}"),
+    ("one credential per request: a header or a parameter, not both",
+     f"{{ req.hdr_cnt(authorization) gt 0 }} {{ query -m reg '{_TOKEN_NAME}' }}"),
+    ("one credential per request: /ignition takes its token in the Authorization header",
+     f"{{ path /ignition }} {{ query -m reg '{_TOKEN_NAME}' }}"),
+)
+
+
+def _bad_request(reason: str, condition: str) -> str:
+    return (
+        f'    http-request return status 400 content-type "text/plain" '
+        f'string "{reason}\\n" hdr Cache-Control no-store if {condition}'
+    )
+
+
 def _refuse(reason: str, condition: str) -> str:
     return (
         f'    http-request return status 403 content-type "text/plain" '
@@ -229,7 +257,10 @@ def token_check_lines(check: TokenCheck) -> list[str]:
     if leeway < 0:
         raise ValueError("leeway_seconds must be >= 0")
 
-    out: list[str] = [
+    out: list[str] = [_bad_request(reason, condition) for reason, condition in ONE_CREDENTIAL_RULES]
+    if token_param != "token":
+        raise ValueError("token_param must be 'token': the server reads no other")
+    out += [
         "    http-request set-var(txn.jwt_open) bool(true) if { path "
         + " ".join(open_paths)
         + " }"

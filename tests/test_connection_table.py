@@ -19,12 +19,12 @@ def table():
     made.close()
 
 
-def colliding(buckets: int, source: str) -> str:
-    """Another address in the same bucket as `source`."""
-    mask = buckets - 1
+def colliding(table: ConnectionTable, source: str) -> str:
+    """Another address in the same bucket as `source` (this table's key known)."""
+    mask = table.buckets - 1
     for n in itertools.count(1):
         other = f"10.0.{n // 256}.{n % 256}"
-        if source_bucket(other, mask) == source_bucket(source, mask):
+        if source_bucket(other, mask, table.key) == source_bucket(source, mask, table.key):
             return other
     raise AssertionError
 
@@ -51,7 +51,7 @@ def test_the_total_is_summed_too(table: ConnectionTable) -> None:
 
 def test_a_bucket_collision_only_over_counts(table: ConnectionTable) -> None:
     one, two = table.row(0), table.row(1)
-    other = colliding(table.buckets, "192.0.2.1")
+    other = colliding(table, "192.0.2.1")
     assert one.admit("192.0.2.1", 2, 100) >= 0 and two.admit(other, 2, 100) >= 0
     # Two addresses in one bucket share its count: the third from either is refused early...
     assert one.admit("192.0.2.1", 2, 100) == -1 and two.admit(other, 2, 100) == -1
@@ -60,6 +60,23 @@ def test_a_bucket_collision_only_over_counts(table: ConnectionTable) -> None:
         one.admit("192.0.2.1", 2, 100)
         two.admit(other, 2, 100)
     assert table.counts().open == (1, 1)
+
+
+def test_buckets_are_keyed_per_table() -> None:
+    """Which addresses share a bucket differs with every table (every start of the server), so
+    no one can work out an address that shares a victim's bucket; every process that maps one
+    table agrees on it."""
+    tables = [ConnectionTable.create(1) for _ in range(2)]
+    try:
+        attached = ConnectionTable.attach(os.dup(tables[0].fd))
+        assert attached.key == tables[0].key != tables[1].key
+        addresses = [f"192.0.2.{n}" for n in range(64)]
+        buckets = [[source_bucket(a, t.buckets - 1, t.key) for a in addresses] for t in (*tables, attached)]
+        assert buckets[0] == buckets[2] != buckets[1]
+        attached.close()
+    finally:
+        for made in tables:
+            made.close()
 
 
 def test_a_cleared_row_frees_its_places_and_keeps_its_counters(table: ConnectionTable) -> None:

@@ -13,6 +13,8 @@ import yaml
 
 from harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for, write_manifests
 from ignition_server.bounded_yaml import UnsafeYAML, load_all
+from ignition_server.render.inputs import RefusedInput
+from ignition_server.render.machineconfig import parse_machineconfigs
 from ignition_server.sources.manifests import MAX_CONFIG_BYTES, ManifestError, build_token_secret, decode_config
 
 # "Billion laughs" in a ConfigMap: nine levels of nine aliases, 9^9 nodes once expanded.
@@ -59,6 +61,31 @@ def test_a_gzip_bomb_config_is_refused_within_bounded_memory() -> None:
     assert peak < 3 * MAX_CONFIG_BYTES  # never the whole 256 MiB
 
 
+def flat_list_config(items: int) -> str:
+    """A token Secret's `config` value: gzip of a flat YAML list, ~1 KiB of gzip per 250,000 nodes."""
+    return base64.b64encode(zlib.compress(b"- a\n" * items, 9, wbits=16 + zlib.MAX_WBITS)).decode()
+
+
+@pytest.mark.parametrize("items", [100_000, 2_000_000])  # under the decompression bound, and over it
+def test_a_flat_list_config_is_refused_before_it_is_composed(items: int) -> None:
+    config = flat_list_config(items).encode()
+    assert len(config) < 16 * 1024
+    tracemalloc.start()
+    try:
+        with pytest.raises((RefusedInput, ManifestError), match="refused"):
+            parse_machineconfigs(decode_config(config))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # Composed, 100,000 nodes were ~45 MiB and 2,000,000 ~900 MiB; refused, the cost is the text's.
+    assert peak < 8 * 1024 * 1024, f"peak {peak / 2 ** 20:.0f} MiB"
+
+
+def test_the_node_budget_allows_real_manifests() -> None:
+    text = Path(__file__).parent.parent.joinpath("deploy", "statefulset.yaml").read_text()  # 13.8 bytes a node
+    assert load_all(text)
+
+
 def test_the_server_serves_the_good_nodepool_beside_hostile_files(tmp_path: Path) -> None:
     source = tmp_path / "source"
     write_manifests(source / "good.yaml", build_token_secret(
@@ -72,6 +99,10 @@ def test_the_server_serves_the_good_nodepool_beside_hostile_files(tmp_path: Path
                                    machineconfigs_yaml="", generation_time=time.time())
     gzip_bomb["data"]["config"] = base64.b64encode(base64.b64encode(gzip_of_zeros(256))).decode()
     write_manifests(source / "gzip-bomb.yaml", gzip_bomb)
+    flat = build_token_secret(namespace="clusters-a", nodepool="clusters/flat", token="tok-flat",
+                              machineconfigs_yaml="", generation_time=time.time())
+    flat["data"]["config"] = base64.b64encode(flat_list_config(250_000).encode()).decode()  # 1 MB of YAML in 2 KiB
+    write_manifests(source / "flat.yaml", flat)
     proc = ServerProcess(source, tmp_path / "cache").start()
     try:
         bearer = {"Authorization": "Bearer " + base64.b64encode(b"tok-good").decode()}
@@ -82,11 +113,19 @@ def test_the_server_serves_the_good_nodepool_beside_hostile_files(tmp_path: Path
             return base64.b64decode(secret["data"].get("message", "")).decode()
 
         wait_for(lambda: "decompresses to more than" in bomb_status(), timeout=60, what="InvalidConfig on the gzip bomb")
+
+        def flat_status() -> str:
+            secret = next(d for d in yaml.safe_load_all((source / "flat.yaml").read_text()) if d)
+            return base64.b64decode(secret["data"].get("message", "")).decode()
+
+        wait_for(lambda: "nodes" in flat_status(), timeout=60, what="InvalidConfig on the flat list")
+        assert "refused" in flat_status()
         logs = proc.logs()
         assert "bomb.yaml" in logs and "expands to more than" in logs
         assert "huge.yaml" in logs and "over the" in logs
         status = (Path("/proc") / str(proc.proc.pid) / "status").read_text()  # type: ignore[union-attr]
         peak_kib = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:")))
-        assert peak_kib < 400 * 1024, f"peak RSS {peak_kib // 1024} MiB"
+        print(f"owner peak RSS {peak_kib // 1024} MiB")
+        assert peak_kib < 160 * 1024, f"peak RSS {peak_kib // 1024} MiB"  # composed, the flat list alone was ~110 MiB
     finally:
         proc.kill()

@@ -85,7 +85,8 @@ class Fleet:
         return pointer_config(source_url=f"https://{host}:{self.port}", token=token, ca_pem=ca.read_bytes(),
                               shape=shape, nodepool=pool)
 
-    def via_proxy(self, host: str, path: str, headers: dict[str, str] | None = None, *, family: int = socket.AF_INET,
+    def via_proxy(self, host: str, path: str, headers: dict[str, str] | list[tuple[str, str]] | None = None, *,
+                  family: int = socket.AF_INET,
                   ca: Path | None = None) -> int:
         """One HTTPS request through the proxy with SNI `host` over the given address family."""
         context = ssl.create_default_context(cafile=str(ca or self.a1.ca_file))
@@ -93,7 +94,8 @@ class Fleet:
         with socket.create_connection((address, self.port), timeout=10) as raw:
             with context.wrap_socket(raw, server_hostname=host) as tls:
                 lines = [f"GET {path} HTTP/1.1", f"Host: {host}", "Connection: close"]
-                lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+                pairs = headers.items() if isinstance(headers, dict) else headers or []
+                lines += [f"{k}: {v}" for k, v in pairs]
                 tls.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
                 data = b""
                 while chunk := tls.recv(65536):
@@ -171,6 +173,35 @@ def test_forged_tokens_never_reach_a_backend(fleet: Fleet) -> None:
     # Access lines are written in batches: once the good request's line is in, so is any earlier one.
     wait_for(lambda: lines() > sum(before), what="the good request's access line")
     assert lines() == sum(before) + 1, "a forged token reached a backend"
+
+
+def test_two_credentials_in_one_request_never_reach_a_backend(fleet: Fleet) -> None:
+    """The terminate route and the server read one credential from a request, or refuse it: a
+    good token beside a forged one (or spelled two ways) is 400 at the edge, whichever the
+    edge would have checked, and the server never sees it."""
+    fleet.table("terminate", "passthrough")
+    fleet.start_proxy()
+    forged = "Bearer " + base64.b64encode(b"forged-token-2").decode()
+    cases = {
+        "query and header": ("/config/workers?token=token-a-1", [("Authorization", forged)]),
+        "query on /ignition": ("/ignition?token=token-a-1", [("Authorization", forged)]),
+        "twice": ("/config/workers?token=token-a-1&token=forged", []),
+        "encoded name": ("/config/workers?token=token-a-1&tok%65n=forged", []),
+        "other case": ("/config/workers?TOKEN=forged&token=token-a-1", []),
+        "semicolon": ("/config/workers?token=token-a-1;token=forged", []),
+        "two headers": ("/ignition", [("Authorization", "Bearer " + base64.b64encode(b"token-a-1").decode()),
+                                      ("Authorization", forged)]),
+    }
+    statuses = {name: fleet.via_proxy(HOST_A, path, headers) for name, (path, headers) in cases.items()}
+    assert statuses == {name: 400 for name in cases}
+    assert fleet.via_proxy(HOST_A, "/config/workers?token=token-a-1") == 200
+
+    def lines() -> int:
+        return sum(s.logs().count("/config/workers") + s.logs().count('"/ignition') for s in (fleet.a1, fleet.a2))
+
+    # Access lines are written in batches: once the good request's line is in, so is any earlier one.
+    wait_for(lambda: lines() >= 1, what="the good request's access line")
+    assert lines() == 1, "an ambiguous request reached a backend"
 
 
 def test_backend_killed_and_token_rotated_mid_run_fail_no_fetch_and_need_no_reload(fleet: Fleet, tmp_path: Path) -> None:

@@ -348,3 +348,43 @@ def test_edge_bearer_and_open_paths(edge, keys):
     # the token reaches the server too, so it can verify again (defense in depth)
     status, _ = get(port, url_for(token, "infra"))
     assert status == 200 and backend.requests[-1].startswith("/config/infra?token=")
+
+
+def raw_get(port: int, target: str, headers: list[tuple[str, str]]) -> int:
+    """A request sent exactly as written (http.client would not send two headers of one name from a dict)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.putrequest("GET", target, skip_accept_encoding=True)
+        for name, value in headers:
+            conn.putheader(name, value)
+        conn.endheaders()
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def test_edge_refuses_two_credentials_or_an_ambiguous_spelling(edge, keys):
+    """HAProxy and the server must read the same credential: a request that presents two, or one
+    spelled so that readers may disagree, is refused at the edge with 400 and never forwarded,
+    even when the credential the edge would check is good."""
+    port, backend = edge
+    good = base64.b64encode(sign(bound(), keys["current"]).encode()).decode()
+    forged = base64.b64encode(sign(bound(), keys["stranger"]).encode()).decode()
+    q = urllib.parse.quote
+    cases = [
+        (f"/config/worker?token={q(good)}", [("Authorization", f"Bearer {forged}")]),
+        (f"/ignition?token={q(good)}", [("Authorization", f"Bearer {forged}")]),
+        (f"/ignition?token={q(good)}", []),
+        ("/ignition", [("Authorization", f"Bearer {good}"), ("Authorization", f"Bearer {forged}")]),
+        (f"/config/worker?token={q(good)}&token={q(forged)}", []),
+        (f"/config/worker?token={q(good)}&tok%65n={q(forged)}", []),
+        (f"/config/worker?tok%65n={q(good)}", []),
+        (f"/config/worker?TOKEN={q(forged)}&token={q(good)}", []),
+        (f"/config/worker?token={q(good)};token={q(forged)}", []),
+        (f"/config/worker;token={q(forged)}?token={q(good)}", []),
+    ]
+    got = {(target, len(headers)): raw_get(port, target, headers) for target, headers in cases}
+    assert got == {key: 400 for key in got}
+    assert backend.requests == []
+    assert raw_get(port, f"/config/worker?token={q(good)}", []) == 200  # one, plainly, passes
+    assert raw_get(port, "/ignition", [("Authorization", f"Bearer {good}")]) == 200

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import base64
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import pytest
@@ -289,3 +291,27 @@ async def test_a_config_broken_then_put_back_says_as_expected_again(world) -> No
     await reconciler.wait_idle()
     await source.poll_once()
     assert status() == "AsExpected"
+
+
+async def test_a_config_over_its_bounds_is_refused_once_not_retried(world) -> None:
+    make, clock, source_dir = world
+    reconciler, source, cache = make()
+    flat = secret("flat", "tok-flat")
+    flat["data"]["config"] = base64.b64encode(
+        zlib.compress(b"- a\n" * 250_000, 9, wbits=16 + zlib.MAX_WBITS)).decode()  # 1 MB of YAML, 2 KiB of gzip
+    path = write_manifests(source_dir / "flat.yaml", flat)
+    await settle(reconciler, source)
+    await reconciler.wait_idle()
+    await source.poll_once()
+    status = parse_token_secret(yaml.safe_load(path.read_text()))
+    assert status.reason == "InvalidConfig" and "nodes" in (status.message or "")
+
+    def failures() -> float:
+        return reconciler.metrics.render_failures._value.get()
+
+    assert failures() == 1
+    for _ in range(3):  # past every back-off: a retry would refuse the same bytes at the same cost again
+        clock.now += 1000
+        await reconciler.retry_failed()
+        await reconciler.wait_idle()
+    assert failures() == 1

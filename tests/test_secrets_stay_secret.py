@@ -67,6 +67,12 @@ def test_no_token_or_payload_text_leaks(tmp_path: Path) -> None:
             assert mode & 0o077 == 0, f"{path} is {oct(mode)}"
         elif path.parent.name != "tls" or path.suffix == ".key":  # the CA certificate is public
             assert mode & 0o077 == 0, f"{path} is {oct(mode)}"
+    # Manifests the server wrote hold tokens: user-data Secrets it made are its own (0600), token
+    # Secrets it rotated (written 0644 here) keep their group's access but lose the world's.
+    user_data = [manifest for manifest in source.rglob("*.yaml") if manifest.name.startswith("user-data")]
+    assert user_data and all(stat.S_IMODE(m.stat().st_mode) == 0o600 for m in user_data)
+    for name in ("good.yaml", "bad.yaml"):
+        assert stat.S_IMODE((source / name).stat().st_mode) == 0o640, name
     key_file = proc.cache_dir.parent / "cache.key"
     assert key_file.exists() and stat.S_IMODE(key_file.stat().st_mode) == 0o600  # outside the dir it protects
 

@@ -49,6 +49,31 @@ def test_given_certificate_is_reloaded_when_it_changes(tmp_path: Path) -> None:
         proc.kill()
 
 
+def test_a_certificate_replaced_before_its_key_keeps_the_current_pair(tmp_path: Path) -> None:
+    """A certificate written before its key (two renames, a reload in between) must not pair the
+    new certificate with the old key: that broke every handshake while the log said the current
+    pair was kept. The new pair is taken once both halves match."""
+    first = ensure_self_signed(tmp_path / "pki-1", "https://127.0.0.1")
+    second = ensure_self_signed(tmp_path / "pki-2", "https://127.0.0.1")
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    shutil.copy(first.cert, cert)
+    shutil.copy(first.key, key)
+    (tmp_path / "source").mkdir()
+    proc = ServerProcess(tmp_path / "source", tmp_path / "cache", extra=["--tls-cert", str(cert), "--tls-key", str(key)])
+    proc.ca = first.ca
+    proc.start()
+    try:
+        shutil.copy(second.cert, cert.with_suffix(".new"))
+        os.replace(cert.with_suffix(".new"), cert)  # the certificate alone
+        wait_for(lambda: proc.logs().count("does not match") >= 1, timeout=30, what="the mismatched pair noticed")
+        assert all(handshake_ok(proc.port, first.ca) for _ in range(8))  # every process still serves the old pair
+        shutil.copy(second.key, key.with_suffix(".new"))
+        os.replace(key.with_suffix(".new"), key)  # then its key
+        wait_for(lambda: all(handshake_ok(proc.port, second.ca) for _ in range(8)), what="the new pair served")
+    finally:
+        proc.kill()
+
+
 def test_no_session_tickets_are_issued(tmp_path: Path) -> None:
     """A booting node never resumes a session: a ticket would be work for nothing per handshake."""
     import socket

@@ -86,3 +86,31 @@ def test_fips_mode_refuses_chacha20_and_says_what_it_runs_on(serve) -> None:
     assert s_client(fips, "-tls1_3", "-ciphersuites", "TLS_AES_128_GCM_SHA256")
     assert s_client(fips, "-tls1_2", "-cipher", "ECDHE-ECDSA-AES256-GCM-SHA384")
     assert "FIPS mode: OpenSSL" in fips.logs()
+
+
+def weak_handshake(proc: ServerProcess, *, version: ssl.TLSVersion, ciphers: str) -> str | None:
+    """What a client that offers old versions and NULL ciphers (OpenSSL's security level 0) gets."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    context.minimum_version = context.maximum_version = version
+    context.set_ciphers(ciphers + ":@SECLEVEL=0")
+    try:
+        with socket.create_connection(("127.0.0.1", proc.port), timeout=10) as raw:
+            with context.wrap_socket(raw) as tls:
+                return tls.cipher()[0]
+    except (ssl.SSLError, ConnectionResetError):
+        return None
+
+
+def test_custom_never_goes_below_tls12_nor_offers_null_ciphers(serve) -> None:
+    # What a review served a payload over: TLS 1.0 and ECDHE-ECDSA-NULL-SHA, both named in a Custom profile.
+    custom = serve("--tls-profile", "Custom", "--tls-min-version", "VersionTLS10",
+                   "--tls-ciphers", "@SECLEVEL=0:ECDHE-ECDSA-NULL-SHA:ECDHE-ECDSA-AES128-SHA:ECDHE-ECDSA-AES128-GCM-SHA256")
+    assert weak_handshake(custom, version=ssl.TLSVersion.TLSv1, ciphers="ECDHE-ECDSA-AES128-SHA") is None
+    assert weak_handshake(custom, version=ssl.TLSVersion.TLSv1_1, ciphers="ECDHE-ECDSA-AES128-SHA") is None
+    assert weak_handshake(custom, version=ssl.TLSVersion.TLSv1_2, ciphers="ECDHE-ECDSA-NULL-SHA") is None
+    assert weak_handshake(custom, version=ssl.TLSVersion.TLSv1_2, ciphers="aNULL:eNULL:EXPORT") is None
+    assert weak_handshake(custom, version=ssl.TLSVersion.TLSv1_2, ciphers="ECDHE-ECDSA-AES128-SHA") \
+        == "ECDHE-ECDSA-AES128-SHA"
+    assert "raised to VersionTLS12" in custom.logs()

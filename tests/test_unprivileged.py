@@ -83,6 +83,15 @@ def test_the_server_runs_unprivileged_with_only_its_state_dir_writable() -> None
         wait_for(lambda: fetch() == 200, timeout=60, interval=0.2, what="the payload served by the unprivileged server")
         uid_line = next(line for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines() if line.startswith("Uid:"))
         assert uid_line.split()[1:] == [str(NOBODY)] * 4
+        # Core dumps off in every process of the server (a dump held the cache keys and tokens):
+        # RLIMIT_CORE 0, and not dumpable, which makes its /proc files root's, not its user's.
+        processes = [proc.pid, *children_of(proc.pid)]
+        assert len(processes) >= 2  # the owner and its workers
+        for pid in processes:
+            core = next(line for line in Path(f"/proc/{pid}/limits").read_text().splitlines()
+                        if line.startswith("Max core file size"))
+            assert core.split()[4:6] == ["0", "0"], (pid, core)
+            assert Path(f"/proc/{pid}/status").stat().st_uid == 0, f"process {pid} is dumpable"
         # It wrote only under its state dir: everything else is as it was made, owned by root.
         assert all(p.stat().st_uid == 0 for p in root.rglob("*") if state not in p.parents and p != state
                    and not p.is_symlink())
@@ -92,3 +101,15 @@ def test_the_server_runs_unprivileged_with_only_its_state_dir_writable() -> None
             proc.send_signal(signal.SIGKILL)
             proc.wait(10)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found

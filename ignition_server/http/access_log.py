@@ -6,7 +6,7 @@ fixed fields, so they are formatted directly, in batches: a line is written at m
 FLUSH_SECONDS after its request (or once FLUSH_LINES are waiting), not after every turn of
 the event loop. Written per turn, the log was ~10% of a kept-alive request's CPU (20 µs of
 ~200, log on against off; one worker, same run). The client-supplied fields (path, request
-id) are redacted as in `logs`.
+id) are redacted as in `logs`, and escaped so that no client can start a line.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import time
 from json.encoder import encode_basestring_ascii as json_string  # json.dumps of a str, minus the encoder
 from typing import Any, TextIO
 
-from ..logs import redact, resolve_format
+from ..logs import escape_controls, redact, resolve_format
 
 LOGGER = "ignition_server.access"
 FLUSH_LINES = 256
@@ -61,8 +61,9 @@ class AccessLog:
         done = self._quotes.get(text)
         if done is None:
             done = redact(text)
-            if self._json:
-                done = json_string(done)
+            # JSON escapes control characters itself; a text line must not be split by a
+            # decoded `%0A` in a path.
+            done = json_string(done) if self._json else escape_controls(done)
             if len(self._quotes) >= QUOTES_KEPT:
                 self._quotes.clear()
             self._quotes[text] = done
@@ -73,7 +74,7 @@ class AccessLog:
         quoted = self._quoted
         millis = int(now * 1000) % 1000
         # Request ids are mostly unique: redacted and quoted each time, never kept.
-        request_id = redact(request_id)
+        request_id = redact(request_id) if self._json else escape_controls(redact(request_id))
         if self._json:
             return (f'{{"time": "{self._time(now)}.{millis:03d}Z", "level": "info", "logger": "{LOGGER}", '
                     f'"msg": {quoted(f"{method} {path} {status}")}, "request_id": {json_string(request_id)}, '

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import itertools
+import re
 import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable
@@ -18,7 +19,7 @@ from aiohttp.payload import Payload
 
 from payload_cache import PayloadCache, RenderRecord
 
-from ..auth.presented import Presented, admit
+from ..auth.presented import Presented, admit, ambiguity
 from ..auth.tokens import Grant, Refusal, TokenAuthenticator
 from ..metrics import ServerMetrics
 from ..render.spec import UnsatisfiableVersion, negotiate, unsatisfiable_reason
@@ -29,6 +30,7 @@ from .ready import DEFAULT_READY_BYTES, WRITE_PIECE, PiecewiseBody, ReadyBodies
 
 IGNITION_MEDIA_TYPE = "application/vnd.coreos.ignition+json"
 _REASONS = {511: "Network Authentication Required"}
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+-]{1,64}")
 
 
 @dataclass
@@ -106,16 +108,26 @@ class IgnitionHandlers:
     # is a frame made and resumed per request, on the path every kept-alive request takes).
     def hypershift(self, request: web.BaseRequest) -> Awaitable[web.StreamResponse]:
         headers = request.headers
-        return self._serve(request, Presented(authorization=headers.get("Authorization"),
-                                              nodepool_header=headers.get("NodePool")))
+        raw_target = request.raw_path
+        authorizations = len(headers.getall("Authorization", ()))
+        return self._serve(request, Presented(
+            authorization=headers.get("Authorization"), nodepool_header=headers.get("NodePool"),
+            # Checked only when there is something to check: the common request has neither.
+            ambiguity=ambiguity(raw_target, authorizations, url_shape=False)
+            if raw_target != "/ignition" or authorizations > 1 else None))
 
     def mcs(self, request: web.BaseRequest, nodepool: str) -> Awaitable[web.StreamResponse]:
-        return self._serve(request, Presented(path_pool=nodepool, query_token=request.query.get("token", "")))
+        headers = request.headers
+        return self._serve(request, Presented(
+            path_pool=nodepool, query_token=request.query.get("token", ""),
+            ambiguity=ambiguity(request.raw_path, len(headers.getall("Authorization", ())),
+                                url_shape=True)))
 
     async def _serve(self, request: web.BaseRequest, presented: Presented) -> web.StreamResponse:
         started = time.perf_counter()
-        supplied = request.headers.get("X-Request-Id", "")[:64]
-        request_id = supplied if supplied and supplied.isprintable() else f"{self._id_prefix}{next(self._ids):x}"
+        supplied = request.headers.get("X-Request-Id", "")
+        # A client's id is kept only in a plain shape: spaces and `=` in it could forge fields.
+        request_id = supplied if _REQUEST_ID.fullmatch(supplied) else f"{self._id_prefix}{next(self._ids):x}"
         nodepool = "-"
         remote = request.remote
         admitted = False

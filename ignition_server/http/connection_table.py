@@ -13,6 +13,9 @@ A row holds its process's open connections in all, and per source address hashed
 `buckets` buckets (IPv4 and IPv6 addresses alike, as text), plus the connections it refused
 and the ones it closed for slow headers. Addresses that share a bucket share a count:
 a collision only ever over-counts (refuses early), never lets an address past its limit.
+The hash is keyed with a random key made with the table (each start of the server), kept in
+the table's header so every process agrees: unkeyed (a CRC), anyone could work out an address
+that shares a victim's bucket and hold its connections to lock the victim out.
 
 A process counts a connection in its own row first and sums afterwards, so two processes
 admitting at the same moment each see the other's connection and the race refuses (the
@@ -26,16 +29,17 @@ owner clears the row (`clear`) before it starts the replacement.
 
 from __future__ import annotations
 
+import hashlib
 import mmap
 import os
 import struct
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 BUCKETS = 16_384  # per row: 64 KiB of int32, touched only where addresses hash
 _MAGIC = b"IGNCONN1"
-_HEADER = struct.Struct("=8sII")  # magic, rows, buckets
+_HEADER = struct.Struct("=8sII16s")  # magic, rows, buckets, the bucket hash's key
+KEY_BYTES = 16
 _HEADER_BYTES = 64
 _SLOTS = 8  # int64 per row: open, refused, timed out, the rest spare
 _OPEN, _REFUSED, _TIMED_OUT = 0, 1, 2
@@ -53,10 +57,10 @@ class ConnectionTable:
     """The shared table; `create` in the owner, `attach` in a worker (to the fd it was passed)."""
 
     def __init__(self, fd: int, memory: mmap.mmap) -> None:
-        magic, rows, buckets = _HEADER.unpack_from(memory, 0)
+        magic, rows, buckets, key = _HEADER.unpack_from(memory, 0)
         if magic != _MAGIC or rows < 1 or buckets < 1 or buckets & (buckets - 1):
             raise ValueError("not a connection table")
-        self.fd, self.rows, self.buckets = fd, rows, buckets
+        self.fd, self.rows, self.buckets, self.key = fd, rows, buckets, key
         self._memory = memory
         self._stride = _SLOT_BYTES + 4 * buckets
         view = memoryview(memory)
@@ -74,7 +78,7 @@ class ConnectionTable:
         size = _HEADER_BYTES + rows * (_SLOT_BYTES + 4 * buckets)
         if not shared:
             memory = mmap.mmap(-1, size)
-            _HEADER.pack_into(memory, 0, _MAGIC, rows, buckets)
+            _HEADER.pack_into(memory, 0, _MAGIC, rows, buckets, os.urandom(KEY_BYTES))
             return cls(-1, memory)
         fd = os.memfd_create("ignition-server-connections")  # close-on-exec: pass_fds hands it on
         try:
@@ -83,7 +87,7 @@ class ConnectionTable:
         except OSError:
             os.close(fd)
             raise
-        _HEADER.pack_into(memory, 0, _MAGIC, rows, buckets)
+        _HEADER.pack_into(memory, 0, _MAGIC, rows, buckets, os.urandom(KEY_BYTES))
         return cls(fd, memory)
 
     @classmethod
@@ -132,10 +136,12 @@ class ConnectionTable:
             os.close(self.fd)
 
 
-def source_bucket(source: str, mask: int) -> int:
+def source_bucket(source: str, mask: int, key: bytes) -> int:
     """The bucket of an address (text, IPv4 or IPv6) in a table of `mask + 1` buckets."""
-    # crc32, not hash(): str hashes are salted per process, and every process must agree.
-    return zlib.crc32(source.encode()) & mask
+    # Keyed BLAKE2b (~1 µs), not hash(): str hashes are salted per process, and every process
+    # must agree; not a CRC: its buckets can be computed by anyone (the module's note).
+    digest = hashlib.blake2b(source.encode(), digest_size=8, key=key).digest()
+    return int.from_bytes(digest, "little") & mask
 
 
 class ConnectionRow:
@@ -145,6 +151,7 @@ class ConnectionRow:
         self.index = index
         self._int64, self._int32 = table._int64, table._int32
         self._mask = table.buckets - 1
+        self._key = table.key
         self._open = table._slot(index, _OPEN)
         self._refused = table._slot(index, _REFUSED)
         self._timed_out = table._slot(index, _TIMED_OUT)
@@ -154,7 +161,7 @@ class ConnectionRow:
 
     def admit(self, source: str, per_source: int, total: int) -> int:
         """Count a connection from `source`: its bucket, or -1 (not counted) when a limit is reached."""
-        bucket = source_bucket(source, self._mask)
+        bucket = source_bucket(source, self._mask, self._key)
         slots, buckets = self._int64, self._int32
         mine = self._first_bucket + bucket
         slots[self._open] += 1  # counted first, summed after: see the module's note on races

@@ -8,6 +8,14 @@ headers are not complete within `header_timeout` is closed, and connections beyo
 refused that way retries (the Ignition client treats a failed connection like a 5xx).
 The limits are the whole server's: every serving process counts in its row of one shared
 connection table (`connection_table`).
+
+A connection counts from accept to close. asyncio hands a TLS connection to its protocol only
+once the handshake is done, so a client that opens connections and never finishes a
+handshake held 300 from one address with a limit of 20: with TLS, connections are accepted
+here (`serve_connections`) and counted before the handshake starts. And a connection's first
+request may send at most `header_bytes` before its headers end (incomplete headers cost
+~1.8 MB each in aiohttp's parser: 128 fields of 8 KiB); later requests on a kept-alive
+connection are bounded by aiohttp's own field limits and the short keep-alive timeout.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from .proxy_protocol import serve_connections
 log = logging.getLogger("ignition_server.http")
 
 _HEADERS_END = b"\r\n\r\n"
+HEADER_BYTES = 32 * 1024  # a node's request is well under 1 KiB
 
 
 @dataclass
@@ -39,10 +48,19 @@ class ConnectionGuard:
     per_source: int = 256
     total: int = 10_000
     row: ConnectionRow = field(default_factory=lambda: ConnectionTable.create(1, shared=False).row(0))
+    header_bytes: int = HEADER_BYTES
     _all_closed: asyncio.Event | None = field(default=None, init=False, repr=False)
 
     def wrap(self, factory: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
         return lambda: _Guarded(self, factory())
+
+    def admit(self, source: str) -> int:
+        """Count a connection from `source` as it is accepted: its bucket, or -1 (refused)."""
+        return self.row.admit(source, self.per_source, self.total)
+
+    def admitted(self, factory: Callable[[], asyncio.Protocol]) -> Callable[[int], asyncio.Protocol]:
+        """A protocol for a connection already counted in `bucket` (admitted at accept)."""
+        return lambda bucket: _Guarded(self, factory(), bucket)
 
     async def wait_closed(self, timeout: float) -> bool:
         """Once the site has stopped and aiohttp has closed its connections: wait until each
@@ -64,20 +82,25 @@ class ConnectionGuard:
 
 
 class _Guarded(asyncio.Protocol):
-    def __init__(self, guard: ConnectionGuard, inner: asyncio.Protocol) -> None:
+    def __init__(self, guard: ConnectionGuard, inner: asyncio.Protocol, bucket: int = -1) -> None:
         self.guard, self.inner = guard, inner
-        self.bucket = -1  # the source's bucket in the connection table once counted
+        self.bucket = bucket  # the source's bucket in the connection table once counted
+        self.made = False
         self.transport: asyncio.BaseTransport | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.tail = b""
+        self.header_bytes = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         guard = self.guard
-        peer = transport.get_extra_info("peername")
-        bucket = guard.row.admit(str(peer[0]) if peer else "", guard.per_source, guard.total)
-        if bucket < 0:
-            transport.abort()  # before aiohttp sees it: nothing else to clean up
-            return
+        bucket = self.bucket
+        if bucket < 0:  # not counted at accept (plain HTTP): counted now
+            peer = transport.get_extra_info("peername")
+            bucket = guard.admit(str(peer[0]) if peer else "")
+            if bucket < 0:
+                transport.abort()  # before aiohttp sees it: nothing else to clean up
+                return
+        self.made = True
         self.bucket, self.transport = bucket, transport
         self.timer = asyncio.get_running_loop().call_later(guard.header_timeout, self._too_slow)
         self.inner.connection_made(transport)
@@ -90,6 +113,14 @@ class _Guarded(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self.timer is not None:
+            self.header_bytes += len(data)
+            if self.header_bytes > self.guard.header_bytes and _HEADERS_END not in self.tail + data:
+                self.guard.row.timed_out()
+                self.timer.cancel()
+                self.timer = None
+                if self.transport is not None:
+                    self.transport.abort()
+                return
             self.tail = (self.tail + data)[-4096:]
             if _HEADERS_END in self.tail:  # the first request's headers are in: aiohttp's timeouts from here
                 self.timer.cancel()
@@ -110,8 +141,8 @@ class _Guarded(asyncio.Protocol):
         self.inner.resume_writing()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.bucket < 0:
-            return  # refused: aiohttp never saw it
+        if not self.made:
+            return  # refused, or never past its handshake: aiohttp never saw it (the accept loop releases it)
         if self.timer is not None:
             self.timer.cancel()
         self.guard.row.release(self.bucket)
@@ -188,10 +219,12 @@ class GuardedSite(web.TCPSite):
         server = self._runner.server
         assert server is not None
         sock = listening_socket(self._host or "::", self._port, self._backlog, reuse_port=bool(self._reuse_port))
-        if self._proxy_from:
+        if self._proxy_from or self._ssl_context is not None:
+            # Accepted here, not by asyncio's server: counted before a TLS handshake (module doc).
+            guard = self._guard
             task = asyncio.create_task(serve_connections(
-                sock, self._guard.wrap(server), networks=self._proxy_from, ssl_context=self._ssl_context,
-                header_timeout=self._guard.header_timeout), name="accept-proxy-protocol")
+                sock, guard.admitted(server), networks=self._proxy_from, ssl_context=self._ssl_context,
+                header_timeout=guard.header_timeout, admit=guard.admit, release=guard.row.release), name="accept")
             self._server = _AcceptServer(task, sock)  # type: ignore[assignment]
         else:
             self._server = await asyncio.get_running_loop().create_server(

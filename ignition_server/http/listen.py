@@ -11,7 +11,13 @@ from aiohttp import web
 from .app import Handler
 from .guard import ConnectionGuard, GuardedSite, IPNetwork, bound_socket
 
-KEEPALIVE_TIMEOUT = 75.0  # an idle kept-alive connection is closed after this (aiohttp's default is an hour)
+# An idle kept-alive connection is closed after this (aiohttp's default is an hour). A node
+# fetches once; a short wait also bounds a kept-alive connection's next request, whose headers
+# count as idle until they end (at 75 s, one dribbling them stayed open about two minutes).
+KEEPALIVE_TIMEOUT = 5.0
+# aiohttp's parser keeps a request's headers until they end: 128 fields of 8 KiB by default,
+# ~1.8 MB for one incomplete request. A node sends fewer than ten.
+PARSER_LIMITS = {"max_headers": 32, "max_field_size": 8190, "max_line_size": 8190}
 
 
 async def start_site(app: web.Application | Handler, listen: tuple[str, int], ssl_context: ssl.SSLContext | None, *,
@@ -22,9 +28,9 @@ async def start_site(app: web.Application | Handler, listen: tuple[str, int], ss
     runner: web.BaseRunner
     if isinstance(app, web.Application):
         runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=shutdown_timeout,
-                               keepalive_timeout=KEEPALIVE_TIMEOUT)
+                               keepalive_timeout=KEEPALIVE_TIMEOUT, **PARSER_LIMITS)
     else:  # the low-level server takes the connection options itself
-        runner = web.ServerRunner(web.Server(app, access_log=None, keepalive_timeout=KEEPALIVE_TIMEOUT),
+        runner = web.ServerRunner(web.Server(app, access_log=None, keepalive_timeout=KEEPALIVE_TIMEOUT, **PARSER_LIMITS),
                                   handle_signals=False, shutdown_timeout=shutdown_timeout)
     await runner.setup()
     site_options = {"ssl_context": ssl_context, "reuse_address": True, "reuse_port": reuse_port or None}

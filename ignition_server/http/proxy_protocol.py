@@ -152,35 +152,65 @@ def trusted(peer: Any, networks: Sequence[ipaddress.IPv4Network | ipaddress.IPv6
 
 async def serve_connections(
     listener: socket.socket,
-    factory: Callable[[], asyncio.Protocol],
+    factory: Callable[[int], asyncio.Protocol],
     *,
     networks: Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network],
     ssl_context: ssl.SSLContext | None,
     header_timeout: float,
+    admit: Callable[[str], int],
+    release: Callable[[int], None],
 ) -> None:
-    """Accept on `listener` until cancelled; trusted peers' connections start with a header."""
+    """Accept on `listener` until cancelled; trusted peers' connections start with a header.
+
+    Each connection is counted (`admit`: its bucket, or -1 to refuse it) as it is accepted, or
+    for a trusted proxy's connection once its header names the client; `factory(bucket)` makes
+    its protocol, which releases the count when it closes. One that never gets that far (a
+    handshake that fails or times out) is released here."""
     loop = asyncio.get_running_loop()
     pending: set[asyncio.Task[None]] = set()
 
-    async def handshake(conn: socket.socket, peer: Any) -> None:
+    async def handshake(conn: socket.socket, peer: Any, bucket: int) -> None:
+        protocol: Any = None
         try:
             real = peer[:2]
-            if trusted(peer, networks):
+            if bucket < 0:  # a trusted proxy's: counted under the address its header gives
                 announced = await asyncio.wait_for(read_header(loop, conn), header_timeout)
                 real = announced or real
+                bucket = admit(plain_address(str(real[0])))
+                if bucket < 0:
+                    conn.close()
+                    return
+
+            def made() -> asyncio.Protocol:
+                nonlocal protocol
+                protocol = factory(bucket)
+                return _PeerProtocol(protocol, (plain_address(str(real[0])), int(real[1])))  # type: ignore[return-value]
+
             await loop.connect_accepted_socket(
-                lambda: _PeerProtocol(factory(), (plain_address(str(real[0])), int(real[1]))),  # type: ignore[arg-type,return-value]
-                conn, ssl=ssl_context, ssl_handshake_timeout=header_timeout if ssl_context else None)
+                made, conn, ssl=ssl_context, ssl_handshake_timeout=header_timeout if ssl_context else None)
         except (ProxyHeaderError, asyncio.TimeoutError, OSError, ssl.SSLError) as error:
-            log.info("connection from %s closed: %s %s", peer[0] if peer else "?", type(error).__name__, error)
+            log.debug("connection from %s closed: %s %s", peer[0] if peer else "?", type(error).__name__, error)
             conn.close()
+            if bucket >= 0 and not getattr(protocol, "made", False):
+                release(bucket)
+        except BaseException:  # cancelled (the server stops): the count goes with the connection
+            conn.close()
+            if bucket >= 0 and not getattr(protocol, "made", False):
+                release(bucket)
+            raise
 
     listener.setblocking(False)
     try:
         while True:
             conn, peer = await loop.sock_accept(listener)
             conn.setblocking(False)
-            task = asyncio.create_task(handshake(conn, peer))
+            bucket = -1
+            if not trusted(peer, networks):
+                bucket = admit(str(peer[0]))
+                if bucket < 0:
+                    conn.close()  # refused before any work: no handshake, no task
+                    continue
+            task = asyncio.create_task(handshake(conn, peer, bucket))
             pending.add(task)
             task.add_done_callback(pending.discard)
     finally:

@@ -154,8 +154,30 @@ def server_context(files: TLSFiles, profile: TLSProfile = TLSProfile()) -> ssl.S
     # connection, in exactly the moment that matters (a boot storm).
     context.options |= ssl.OP_NO_TICKET
     context.num_tickets = 0
-    context.load_cert_chain(files.cert, files.key)
+    load_pair(context, files)
     return context
+
+
+def load_pair(context: ssl.SSLContext, files: TLSFiles) -> None:
+    """Load the certificate and key into `context` only if they match (ssl.SSLError if not).
+
+    OpenSSL takes the certificate into the context before it checks the key: a live context
+    handed a new certificate and an old key served that mismatched pair, and every handshake
+    failed. So both files are read once, tried on a scratch context, and the same bytes (not
+    the files again, which may change meanwhile) then go into the live one, from memory."""
+    pem = files.cert.read_bytes() + b"\n" + files.key.read_bytes()
+    fd = os.memfd_create("tls-pair", os.MFD_CLOEXEC)
+    try:
+        os.write(fd, pem)
+        path = f"/proc/self/fd/{fd}"
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(path)
+        except ssl.SSLError as exc:
+            raise ssl.SSLError(f"the key in {files.key} does not match the certificate in {files.cert} "
+                               f"(or either is unreadable): {exc}") from None
+        context.load_cert_chain(path)
+    finally:
+        os.close(fd)
 
 
 async def reload_on_change(context: ssl.SSLContext, files: TLSFiles, *, interval: float = 5.0) -> None:
@@ -164,14 +186,17 @@ async def reload_on_change(context: ssl.SSLContext, files: TLSFiles, *, interval
     def stamp() -> tuple[int, int]:
         return (files.cert.stat().st_mtime_ns, files.key.stat().st_mtime_ns)
 
-    seen = stamp()
+    seen = failed = stamp()
     while True:
         await asyncio.sleep(interval)
+        current = None
         try:
             current = stamp()
             if current != seen:
-                context.load_cert_chain(files.cert, files.key)
+                load_pair(context, files)
                 seen = current
                 log.info("reloaded the serving certificate from %s", files.cert)
         except (OSError, ssl.SSLError) as exc:
-            log.warning("serving certificate not reloaded (keeping the current one): %s", exc)
+            if current != failed:  # once per change on disk, not every few seconds until the other half comes
+                failed = current
+                log.warning("serving certificate not reloaded (keeping the current pair): %s", exc)

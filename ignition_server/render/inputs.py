@@ -10,12 +10,24 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 
+from ..bounded_yaml import OverBounds
+
 # Bump when a renderer's output changes for the same inputs, so stored payloads re-render.
 RENDERER_GENERATION = 2
 
 
 class InvalidConfig(ValueError):
     """The inputs cannot make a valid payload; the message says why, for `data.message`."""
+
+
+class RefusedInput(InvalidConfig):
+    """An input over a size bound: the same inputs are refused again, so not retried (a
+    retry loop would pay the refusal's cost again and again); a changed input is rendered."""
+
+
+def refusal(exc: Exception, message: str) -> InvalidConfig:
+    """`message` as an InvalidConfig, a RefusedInput when `exc` was a bound's refusal."""
+    return (RefusedInput if isinstance(exc, OverBounds) else InvalidConfig)(message)
 
 
 Settings = tuple[tuple[str, str], ...]  # a ConfigMap's `data`, sorted: hashable and canonical

@@ -24,7 +24,7 @@ import yaml
 
 from .. import bounded_yaml
 from .fragments import file_entry, fragment
-from .inputs import InvalidConfig
+from .inputs import InvalidConfig, refusal
 
 __all__ = [
     "JoinInputs",
@@ -73,7 +73,7 @@ def _check_kubeconfig(data: bytes) -> None:
     try:
         doc = bounded_yaml.load(data)
     except yaml.YAMLError as e:
-        raise InvalidConfig(f"bootstrap kubeconfig is not YAML: {e}") from None
+        raise refusal(e, f"bootstrap kubeconfig is not YAML: {e}") from None
     if not isinstance(doc, dict) or not doc.get("clusters") or not doc.get("users"):
         raise InvalidConfig("bootstrap kubeconfig has no clusters or no users")
     if doc.get("kind", "Config") != "Config":

@@ -33,7 +33,7 @@ import yaml
 _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 from .. import bounded_yaml
-from .inputs import InvalidConfig
+from .inputs import InvalidConfig, refusal
 from .spec import SUPPORTED_VERSIONS, minimum_version
 from .validation import validate
 from .spec2 import is_spec2, translate
@@ -92,7 +92,7 @@ def parse_machineconfigs(yaml_text: str) -> list[dict]:
     try:
         documents = bounded_yaml.load_all(yaml_text or "")
     except yaml.YAMLError as e:
-        raise InvalidConfig(f"MachineConfig YAML does not parse: {e}") from None
+        raise refusal(e, f"MachineConfig YAML does not parse: {e}") from None
     objects: list[tuple[str, Any]] = []
     for n, doc in enumerate(documents, 1):
         if doc is None:

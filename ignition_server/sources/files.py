@@ -399,7 +399,8 @@ class FileSource:
         while path.exists():
             path = directory / f"{key.name}-{counter}.yaml"
             counter += 1
-        atomic_write(path, yaml.dump(obj, Dumper=_Dumper, sort_keys=False).encode(), 0o644)
+        # Private: what the server creates (user-data Secrets) holds the current token.
+        atomic_write(path, yaml.dump(obj, Dumper=_Dumper, sort_keys=False).encode(), 0o600)
         return self._reload(path, _stamp(path))
 
     def _write_back(self, key: ObjectKey, mutate: Mutation) -> tuple[list[Change], dict[str, Any] | None]:
@@ -420,8 +421,11 @@ class FileSource:
                     return self._reload(path, _stamp(path)), None
                 new_text, target, written = edited
                 new_bytes = new_text.encode()
+                mode = real.stat().st_mode & 0o7777
+                if key.kind == "Secret":  # it now holds a token the server made: never world-readable
+                    mode &= ~0o007  # (the group the operator chose keeps its access)
                 tmp = temp_path_for(real)  # in the target's own directory: the rename stays atomic
-                _writing(real, lambda: write_exclusive(tmp, new_bytes, real.stat().st_mode & 0o7777))
+                _writing(real, lambda: write_exclusive(tmp, new_bytes, mode))
                 # Compare before replacing: an edit made while we worked must not be clobbered.
                 if os.stat(real).st_ino != inode or os.pread(original.fileno(), len(raw) + 1, 0) != raw:
                     os.unlink(tmp)

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
+from ..bounded_yaml import OverBounds
+
 ANNOTATION_IGNITION_CONFIG = "hypershift.openshift.io/ignition-config"
 ANNOTATION_NODEPOOL = "hypershift.openshift.io/nodePool"
 ANNOTATION_TOKEN_GENERATION = "hypershift.openshift.io/last-token-generation-time"
@@ -214,8 +216,21 @@ def format_time(unix: float) -> str:
     return f"{stamp}.{nanos:09d}Z"
 
 
-# What a token Secret's `config` may decompress to (MachineConfig YAML; typically well under 1 MiB).
+# What a token Secret's `config` may decompress to (MachineConfig YAML; typically well under 1 MiB):
+# at most CONFIG_RATIO times its gzip size (YAML compresses 5-10x) or CONFIG_FREE_BYTES, whichever
+# is more, and never over MAX_CONFIG_BYTES. The ratio is what bounds a small Secret's cost: 5 KiB
+# of gzip once decompressed to 8 MB of YAML that took the owner process to ~950 MiB to compose.
 MAX_CONFIG_BYTES = 32 * 1024 * 1024
+CONFIG_FREE_BYTES = 1024 * 1024
+CONFIG_RATIO = 32
+
+
+class ConfigTooLarge(ManifestError, OverBounds):
+    """`config` decompresses past its bound: the same bytes always will."""
+
+
+def config_limit(gzip_size: int) -> int:
+    return min(MAX_CONFIG_BYTES, max(CONFIG_FREE_BYTES, CONFIG_RATIO * gzip_size))
 
 
 def decode_config(value: bytes) -> str:
@@ -228,7 +243,7 @@ def decode_config(value: bytes) -> str:
             raw = base64.b64decode(b"".join(value.split()), validate=True)
         except (binascii.Error, ValueError):
             raise ManifestError("config is neither base64 of gzip data nor gzip data") from None
-    text = _gunzip_bounded(raw, MAX_CONFIG_BYTES)
+    text = _gunzip_bounded(raw, config_limit(len(raw)))
     try:
         return text.decode()
     except UnicodeDecodeError:
@@ -238,6 +253,8 @@ def decode_config(value: bytes) -> str:
 def _gunzip_bounded(raw: bytes, limit: int) -> bytes:
     """gzip data (one or more members) decompressed, stopping at `limit` bytes: a 1 MiB
     "gzip bomb" of zeros must cost 32 MiB at most, never the 1 GiB it expands to."""
+    too_large = (f"config decompresses to more than {limit:,} bytes (its {len(raw):,} bytes of gzip "
+                 f"may expand {CONFIG_RATIO}x, and {CONFIG_FREE_BYTES // 1024 ** 2} MiB in any case): refused")
     out = bytearray()
     data = raw
     try:
@@ -245,10 +262,10 @@ def _gunzip_bounded(raw: bytes, limit: int) -> bytes:
             stream = zlib.decompressobj(16 + zlib.MAX_WBITS)
             out += stream.decompress(data, limit + 1 - len(out))
             if len(out) > limit:
-                raise ManifestError(f"config decompresses to more than {limit // (1024 * 1024)} MiB: refused")
+                raise ConfigTooLarge(too_large)
             if not stream.eof:
                 if stream.unconsumed_tail:
-                    raise ManifestError(f"config decompresses to more than {limit // (1024 * 1024)} MiB: refused")
+                    raise ConfigTooLarge(too_large)
                 raise ManifestError("config is not valid gzip data: truncated")
             data = stream.unused_data
     except zlib.error as exc:

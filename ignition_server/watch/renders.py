@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -21,7 +22,7 @@ from payload_cache import PayloadCache, RenderRecord
 
 from .. import memory
 from ..metrics import ServerMetrics
-from ..render.inputs import InvalidConfig, NodePoolInputs, RenderedPayload
+from ..render.inputs import InvalidConfig, NodePoolInputs, RefusedInput, RenderedPayload, refusal
 from ..sources.manifests import ManifestError, ObjectKey, TokenSecret, token_secret_config
 from ..basegen.generator import BaseGenerator
 from .bases import BaseIndex
@@ -126,7 +127,7 @@ class Renders:
                 rendered = await self._render_once(secret, digest)
                 blob_id = await asyncio.to_thread(self.cache.put_blob, rendered.body)
             except InvalidConfig as exc:
-                self._render_failed(secret, digest, str(exc))
+                self._render_failed(secret, digest, str(exc), retry=not isinstance(exc, RefusedInput))
                 return
             except Exception as exc:  # a renderer bug must not take the watcher down
                 log.debug("render of %s failed", secret.ref, exc_info=True)
@@ -187,14 +188,15 @@ class Renders:
                 self._generated,
             )
         except ManifestError as exc:
-            raise InvalidConfig(str(exc)) from None
+            raise refusal(exc, str(exc)) from None
         return self.renderer(inputs)
 
-    def _render_failed(self, secret: TokenSecret, digest: str, message: str, reason: str = "InvalidConfig") -> None:
+    def _render_failed(self, secret: TokenSecret, digest: str, message: str, reason: str = "InvalidConfig",
+                       *, retry: bool = True) -> None:
         self.metrics.render_failures.inc()
         previous = self._failures.get(secret.key)
         attempts = previous[1] + 1 if previous and previous[0] == digest else 1
-        delay = backoff(attempts)
+        delay = backoff(attempts) if retry else math.inf  # until the inputs change
         self._failures[secret.key] = (digest, attempts, self.clock() + delay)
         serving = "the last good payload keeps serving" if self.cache.get_render(secret.ref) else "no payload yet"
         self.faults.failed("render", secret.ref, f"{message} ({serving})")  # logged once, counted

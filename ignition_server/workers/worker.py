@@ -238,6 +238,9 @@ async def _main(fd: int, connections_fd: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ..no_core_dumps import disable_core_dumps
+
+    disable_core_dumps()  # an execve made this process dumpable again
     args = sys.argv[1:] if argv is None else argv
     fd, connections_fd = int(args[0]), int(args[1])
     try:
