@@ -133,12 +133,23 @@ def parse_key_file(text: str, path: Path) -> KeyRing:
 def load_key_file(path: Path) -> KeyRing:
     try:
         text = path.read_text(encoding="utf-8")
-        mode = path.stat().st_mode
+        st = path.stat()
     except FileNotFoundError:
         raise CacheKeyError(f"key file {path} does not exist") from None
-    if stat.S_IMODE(mode) & 0o077:
-        log.warning("key file %s is accessible by group/others (mode %o); chmod 600 it", path, stat.S_IMODE(mode))
+    if _readable_by_others(st):
+        log.warning("key file %s is accessible by other users (mode %o); chmod 600 it", path, stat.S_IMODE(st.st_mode))
     return parse_key_file(text, path)
+
+
+def _readable_by_others(st: os.stat_result) -> bool:
+    """True when a user other than this process's may read the key.
+
+    A group bit is fine when the group is one of this process's own: a Kubernetes Secret
+    volume is root-owned and reaches a non-root pod only through fsGroup (mode 0440)."""
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o007:
+        return True
+    return bool(mode & 0o070) and st.st_gid not in {os.getgid(), *os.getgroups()}
 
 
 def create_key_file(path: Path) -> KeyRing:

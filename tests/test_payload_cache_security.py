@@ -301,3 +301,21 @@ def test_key_file_in_new_directory(tmp_path: Path) -> None:
     key_file = tmp_path / "keys" / "nested" / "cache.key"
     open_cache(tmp_path / "cache", key_file=key_file)
     assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+
+
+@pytest.mark.parametrize(("mode", "own_group", "warned"), [
+    (0o600, True, False),
+    (0o440, True, False),   # a Secret volume reaching a non-root pod through fsGroup
+    (0o440, False, True),   # group-readable by a group this process is not in
+    (0o644, True, True),
+])
+def test_key_file_readable_by_other_users_is_warned(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                    mode: int, own_group: bool, warned: bool) -> None:
+    key_file = tmp_path / "cache.key"
+    open_cache(tmp_path / "cache", key_file=key_file)
+    foreign = max({os.getgid(), *os.getgroups()}) + 1
+    os.chown(key_file, -1, os.getgid() if own_group else foreign)
+    key_file.chmod(mode)
+    with caplog.at_level(logging.WARNING, logger="payload_cache"):
+        load_key_file(key_file)
+    assert ("accessible by other users" in caplog.text) is warned
