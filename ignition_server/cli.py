@@ -31,6 +31,7 @@ from .config import (
 )
 
 ENV_PREFIX = "IGNITION_SERVER_"
+FILE_MODE_SHARED = "ignition-server"  # the namespace deploy/ and examples/ use for the server's own objects
 EXIT_FAILED, EXIT_USAGE = 1, 2
 
 
@@ -111,6 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add(serve, "--kubernetes", action="store_true", help="read and write the objects in a live cluster instead of --source")
     _add(serve, "--kubeconfig", help="kubeconfig for --kubernetes (default: the in-cluster service account)")
     _add(serve, "--namespace", help="watch only these namespaces, comma-separated (default: every namespace the RBAC allows)")
+    _add(serve, "--shared-namespaces",
+         help="namespaces whose objects may shape any NodePool (input-* references, release catalogs, mirror sets), "
+              "comma-separated; every other object shapes only its own namespace's NodePools "
+              f"(default: the server's own namespace: --pod-namespace in Kubernetes mode, {FILE_MODE_SHARED} with --source)")
     _add(serve, "--pod-namespace", help="namespace of the Lease and the shared CA (default: this pod's namespace)")
     _add(serve, "--replica-id", help="this replica's name in the Lease (default: the host name)")
     _add(serve, "--lease-duration", default="15s", help="how long a Lease holder that stops renewing keeps it")
@@ -177,12 +182,14 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
     metrics = None if str(args.metrics_listen).lower() == "off" else parse_hostport(args.metrics_listen, 8080)
     if not args.source and not args.kubernetes:
         raise ValueError("serve needs --source DIR or --kubernetes")
+    pod_namespace = args.pod_namespace or _pod_namespace()
     return ServeSettings(
         source_dir=Path(args.source or "."),
         kubernetes=bool(args.kubernetes),
         kubeconfig=Path(args.kubeconfig) if args.kubeconfig else None,
         namespaces=tuple(n.strip() for n in (args.namespace or "").split(",") if n.strip()),
-        pod_namespace=args.pod_namespace or _pod_namespace(),
+        pod_namespace=pod_namespace,
+        shared_namespaces=_shared_namespaces(args, pod_namespace),
         replica_id=args.replica_id or socket.gethostname(),
         lease_duration=parse_duration(args.lease_duration),
         prune_grace=parse_duration(args.prune_expired_after),
@@ -253,6 +260,14 @@ def _tls_profile(args: argparse.Namespace) -> Any:
 
     chosen = tls_profile(args.tls_profile, min_version=args.tls_min_version, ciphers=args.tls_ciphers)
     return fips_profile(chosen) if args.fips else chosen
+
+
+def _shared_namespaces(args: argparse.Namespace, pod_namespace: str) -> tuple[str, ...]:
+    listed = tuple(n.strip() for n in (args.shared_namespaces or "").split(",") if n.strip())
+    if args.kubernetes:
+        # The server's own publications (resolved releases, generated bases) live there.
+        return tuple(dict.fromkeys((pod_namespace, *listed)))
+    return listed or (FILE_MODE_SHARED,)
 
 
 def _pod_namespace() -> str:

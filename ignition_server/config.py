@@ -166,6 +166,9 @@ class ServeSettings:
     kubeconfig: Path | None = None
     namespaces: tuple[str, ...] = ()
     pod_namespace: str = "default"
+    # Namespaces whose objects may shape any NodePool (input-* references, release catalogs,
+    # published bases, mirror sets); every other object shapes only its own namespace's.
+    shared_namespaces: tuple[str, ...] = ("ignition-server",)
     replica_id: str = "ignition-server"
     lease_duration: float = 15.0
     prune_grace: float = 60.0

@@ -49,6 +49,7 @@ from .watch.reconciler import Reconciler, Renderer
 from .watch.releases import Releases
 from .watch.edge import EdgePublisher
 from .watch.outputs import PointerSettings, TokenOutputs
+from .watch.tenancy import Tenancy
 from .watch.trust import TrustWatcher
 from .workers.pool import WorkerPool
 
@@ -131,12 +132,14 @@ class IgnitionServer:
             metrics=self.metrics,
             render_concurrency=settings.render_concurrency,
             clock=self.clock,
-            trust=TrustWatcher(verifier, self._edge_writer(verifier)),
+            trust=TrustWatcher(verifier, self._edge_writer(verifier),
+                               on_refused=self.metrics.tenancy_refusals.labels(what="service-account-key").inc),
             outputs=outputs,
             writer=cluster.is_writer if cluster is not None else (lambda: True),
             prune_grace=settings.prune_grace,
             releases=releases,
             share_namespace=settings.pod_namespace if settings.kubernetes else None,
+            tenancy=Tenancy(frozenset(settings.shared_namespaces)),
             generator=self._generator(releases, cache),
         )
         authenticator = TokenAuthenticator(cache, self.clock, verifier=verifier, directory=reconciler)
