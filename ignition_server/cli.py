@@ -22,6 +22,7 @@ from . import __version__
 from .http.tls_profiles import profile as tls_profile
 from .config import (
     DEFAULT_LISTEN,
+    DEFAULT_REGISTRY_ALLOW,
     DEFAULT_METRICS_LISTEN,
     ServeSettings,
     TLSSettings,
@@ -127,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
          help="read releases missing from the catalog from their registry, with the NodePool's pull secret")
     _add(serve, "--release-architecture", default="amd64", help="the image picked from a release's manifest list")
     _add(serve, "--registry-overrides", default="", help="mirrors tried before the origin: SOURCE=MIRROR[,SOURCE=MIRROR...]")
+    _add(serve, "--registry-allow", default=DEFAULT_REGISTRY_ALLOW,
+         help="registries releases and their images may be read from: hosts or host/repository prefixes, "
+              "comma-separated ('*': any); configured mirrors are allowed as such")
     _add(serve, "--registry-ca-file", help="CA bundle (PEM) registries are trusted with, besides the system's and the user-ca-bundle")
     _add(serve, "--release-tag-ttl", default="5m", help="how long a release tag's digest is trusted before it is asked again")
     _add(serve, "--registry-timeout", default="30s", help="connect and read timeout of registry requests")
@@ -226,15 +230,18 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
 
 def _registry_settings(args: argparse.Namespace) -> Any:
     from .config import RegistrySettings
+    from .registry.allowed import parse_allowed
     from .registry.mirrors import parse_overrides
 
     parse_overrides(args.registry_overrides)  # a bad spelling is a usage error now, not at the first release
+    parse_allowed(args.registry_allow)
     if args.generate_bases and not args.release_resolve:
         raise ValueError("--generate-bases needs --release-resolve (the MCO image is pulled from the release's registry)")
     return RegistrySettings(
         resolve=bool(args.release_resolve),
         architecture=args.release_architecture,
         overrides=args.registry_overrides or "",
+        allow=args.registry_allow,
         ca_file=Path(args.registry_ca_file) if args.registry_ca_file else None,
         tag_ttl=parse_duration(args.release_tag_ttl),
         timeout=parse_duration(args.registry_timeout),

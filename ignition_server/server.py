@@ -40,6 +40,7 @@ from .sources.events import Source
 from .sources.files import FileSource
 from .sources.manifests import is_token_secret, is_user_data_secret
 from .registry.mirrors import Mirrors, parse_overrides
+from .registry.allowed import parse_allowed
 from .registry.resolver import ReleaseStore
 from .registry.setup import open_resolver
 from .registry.image_files import ImageFiles
@@ -225,7 +226,7 @@ class IgnitionServer:
     def _releases(self, cache: PayloadCache) -> tuple[Releases, Any]:
         """The catalog, plus the registry resolver when --release-resolve is on; mirrors either way."""
         registry = self.settings.registry
-        mirrors = Mirrors(parse_overrides(registry.overrides))
+        mirrors = Mirrors(parse_overrides(registry.overrides), allowed=parse_allowed(registry.allow))
         if not registry.resolve:
             return Releases(mirrors=mirrors), None
         store = ReleaseStore(load=cache.load_state, save=cache.save_state)

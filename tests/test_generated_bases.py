@@ -58,7 +58,7 @@ def test_one_run_per_cluster_and_release_cached_across_restarts_failures_keep_th
         for n in range(3):
             name = f"{namespace}-p{n}"
             paths[name] = write_manifests(source / f"{name}.yaml", pool(namespace, name, "tok-" + name, good))
-    extra = ["--release-resolve", "--generate-bases"]
+    extra = ["--release-resolve", "--generate-bases", "--registry-allow", registry.host]
     proc = world(ServerProcess, source, tmp_path / "cache", extra=extra).start()
     for name, path in paths.items():
         wait_for(lambda path=path: token_status(path).reason == "AsExpected", timeout=60, what=f"{name} rendered")
@@ -130,7 +130,7 @@ def test_a_step_past_its_time_limit_is_killed(world, tmp_path: Path) -> None:  #
     path = write_manifests(source / "p.yaml", pool("clusters-a", "stuck", "tok-stuck", stuck))
     started = time.monotonic()
     world(ServerProcess, source, tmp_path / "cache",
-          extra=["--release-resolve", "--generate-bases", "--base-timeout", "2s"]).start()
+          extra=["--release-resolve", "--generate-bases", "--base-timeout", "2s", "--registry-allow", registry.host]).start()
     secret = wait_for(lambda: (s := token_status(path)).reason == "InvalidConfig" and s, timeout=60, what="killed")
     assert "machine-config-operator did not finish within 2 s and was killed" in secret.message
     assert "rendering..." in secret.message  # its output so far
@@ -277,7 +277,8 @@ def test_kubernetes_mode_the_writer_generates_and_shares(world, tmp_path: Path) 
         (tmp_path / "empty").mkdir()
         procs = [world(ServerProcess, tmp_path / "empty", tmp_path / name / "cache", extra=[
             "--kubernetes", "--kubeconfig", str(api.kubeconfig), "--pod-namespace", "ignition",
-            "--replica-id", name, "--lease-duration", "3s", "--release-resolve", "--generate-bases"]).start()
+            "--replica-id", name, "--lease-duration", "3s", "--release-resolve", "--generate-bases",
+            "--registry-allow", registry.host]).start()
             for name in ("r1", "r2")]
         bodies = []
         for proc in procs:
