@@ -125,6 +125,10 @@ class RegistrySettings:
     generate_bases: bool = False
     base_timeout: float = 300.0
     base_memory_bytes: int = 4 << 30
+    # "namespaces": each step in its own namespaces, seeing nothing of the server's (basegen/sandbox.py);
+    # "none": beside the server, as its user (only where nothing else runs with it).
+    base_sandbox: str = "namespaces"
+    base_uid: int = 65534  # as root: the uid the steps run as
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import logging
 import shutil
 import ssl
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -45,6 +46,7 @@ from .registry.resolver import ReleaseStore
 from .registry.setup import open_resolver
 from .registry.image_files import ImageFiles
 from .basegen.generator import BaseGenerator, GeneratorSettings
+from .basegen.sandbox import Sandbox, SandboxUnavailable
 from .basegen.run import Limits
 from .watch.reconciler import Reconciler, Renderer
 from .watch.releases import Releases
@@ -258,10 +260,31 @@ class IgnitionServer:
         files = ImageFiles(resolver.client, releases.mirrors, registry.architecture, self.settings.cache_dir / "tmp-layers")
         return BaseGenerator(
             files=files, load=cache.load_state, save=cache.save_state, work_dir=work_dir,
-            settings=GeneratorSettings(Limits(registry.base_timeout, registry.base_memory_bytes)),
+            settings=GeneratorSettings(Limits(registry.base_timeout, registry.base_memory_bytes,
+                                              self._base_sandbox(work_dir))),
             on_done=done, counted=lambda result: self.metrics.base_generations.labels(result=result).inc(),
             tls=resolver.tls,
         )
+
+    def _base_sandbox(self, work_dir: Path) -> Sandbox | None:
+        """The namespaces a release's binaries run in, hiding every credential of this server; checked now,
+        so a host that cannot make them fails at start-up rather than at the first base."""
+        settings = self.settings
+        if settings.registry.base_sandbox == "none":
+            log.warning("--base-sandbox none: a release's MCO binaries run as this server's user, with its files")
+            return None
+        key_file = CacheConfig(cache_dir=settings.cache_dir, key_file=settings.cache_key_file).resolved_key_file
+        hidden = [settings.cache_dir, key_file, Path("/var/run/secrets"), Path("/run/secrets")]
+        hidden += [p for p in (settings.kubeconfig, settings.tls.cert_file, settings.tls.key_file) if p is not None]
+        if not settings.kubernetes:
+            hidden.append(settings.source_dir)
+        sandbox = Sandbox(hide=tuple(p.resolve() for p in hidden if p.exists()), uid=settings.registry.base_uid)
+        try:
+            sandbox.check(work_dir / "sandbox-check")
+        except SandboxUnavailable as exc:
+            raise SystemExit(f"--generate-bases: {exc}; allow user namespaces to this server, or accept the risk "
+                             "with --base-sandbox none (README, Trust model)") from None
+        return sandbox
 
     def _handlers(self, authenticator: TokenAuthenticator, reconciler: Reconciler) -> IgnitionHandlers:
         settings = self.settings

@@ -47,7 +47,8 @@ if MODE == "fail-once" and not os.path.exists(COUNTER + ".failed"):
 if MODE == "fail":
     for i in range(2000):
         print(f"I1123 noise line {i:05d} of the bootstrap render")
-    print("F1123 bootstrap.go:93] error rendering the controller config: infrastructure has no status.platformStatus")
+    print("F1123 10:42:07.123456    4242 bootstrap.go:93] error rendering the controller config: "
+          "infrastructure has no status.platformStatus")
     sys.exit(255)
 out = os.path.join(args["dest-dir"], "bootstrap", "manifests")
 os.makedirs(out)
