@@ -186,7 +186,13 @@ async def test_a_release_catalog_outside_the_shared_namespaces_changes_no_payloa
     assert GOOD_HAPROXY in payload(cache, VICTIM_REF) and EVIL_HAPROXY not in payload(cache, VICTIM_REF)
     assert reconciler.metrics.payload_cache_miss._value.get() == renders
     assert reconciler.releases.get(RELEASE).images["haproxy-router"] == GOOD_HAPROXY
-    assert refusals(reconciler, "shared-object") >= 1
+    # A mirror set in a tenant's namespace would rename the image every payload pulls: ignored too.
+    write_manifests(source_dir / "evil-idms.yaml", {
+        "apiVersion": "config.openshift.io/v1", "kind": "ImageDigestMirrorSet", "metadata": {"name": "x", "namespace": EVIL},
+        "spec": {"imageDigestMirrors": [{"source": "quay.io/openshift-release-dev", "mirrors": ["evil.example.com/m"]}]}})
+    await settle(reconciler, source)
+    assert GOOD_HAPROXY in payload(cache, VICTIM_REF) and "evil.example.com" not in payload(cache, VICTIM_REF)
+    assert refusals(reconciler, "shared-object") >= 2
 
 
 async def test_a_token_secret_claiming_another_tenants_nodepool_outdates_nothing(world) -> None:

@@ -207,8 +207,8 @@ class Reconciler(Renders, WriterDuties, ReleaseWaits, GeneratedBases):
             change.key.kind in ("ImageDigestMirrorSet", "ImageTagMirrorSet")
         if not shaping or self.tenancy.is_shared(namespace):
             return True
-        if not namespace and change.key.kind in ("ImageDigestMirrorSet", "ImageTagMirrorSet"):
-            return True
+        if is_mirror_set(obj) and not (obj.get("metadata") or {}).get("namespace"):
+            return True  # cluster-scoped, as OpenShift's are: only a cluster admin writes those
         log.warning("%s %s is ignored: a release catalog, generated base or mirror set shapes other namespaces' "
                     "NodePools, and %s is not a shared namespace (%s)", change.key.kind, change.key.ref, namespace,
                     self.tenancy.describe())
