@@ -10,16 +10,15 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import textwrap
-import threading
 from pathlib import Path
 
 import pytest
 
+from harness import Listener
 from ignition_server.basegen.run import Limits, StepFailed, run_step
 from ignition_server.basegen.sandbox import Sandbox, SandboxUnavailable
 
@@ -54,24 +53,6 @@ seen["env"] = sorted(os.environ)
 seen["server_visible"] = os.path.exists(f"/proc/{paths['server_pid']}/environ") and paths["server_pid"] > 10
 print(json.dumps(seen))
 '''
-
-
-class Listener:
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(4)
-        self.port = self.sock.getsockname()[1]
-        self.accepted = 0
-        threading.Thread(target=self._run, daemon=True).start()
-
-    def _run(self) -> None:
-        while True:
-            try:
-                self.sock.accept()[0].close()
-            except OSError:
-                return
-            self.accepted += 1
 
 
 def world(tmp_path: Path) -> tuple[Path, Path, Path, dict]:

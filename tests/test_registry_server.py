@@ -13,7 +13,7 @@ from urllib.parse import unquote
 import pytest
 import yaml
 
-from harness import EXAMPLE_MACHINECONFIG, ServerProcess, free_port, wait_for, write_manifests
+from harness import EXAMPLE_MACHINECONFIG, Listener, ServerProcess, free_port, wait_for, write_manifests
 from registry_world import Registry
 from test_watcher_inputs import KUBECONFIG, secret_obj
 from ignition_server.sources.manifests import build_token_secret, is_token_secret, parse_token_secret
@@ -196,34 +196,6 @@ def test_kubernetes_mode_only_the_writer_reads_the_registry(world, tmp_path: Pat
         shared = api.get("configmaps", "ignition", "ignition-server-release-" + hashlib.sha256(release.encode()).hexdigest()[:16])
         assert shared is not None and yaml.safe_load(shared["data"]["releases.yaml"]) == [
             {"pullSpec": release, "version": "4.17.3", "images": {"haproxy-router": HAPROXY}}]
-
-
-class Listener:
-    """A TCP port that accepts and at once closes every connection, counting them: something
-    answers there, but no registry."""
-
-    def __init__(self) -> None:
-        import socket
-        import threading
-
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.port = self.sock.getsockname()[1]
-        self.accepted = 0
-        threading.Thread(target=self._run, daemon=True).start()
-
-    def _run(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            conn.close()
-
-    def stop(self) -> None:
-        self.sock.close()
 
 
 def test_a_release_on_a_registry_not_allowed_is_never_contacted(world, tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from harness import EXAMPLE_MACHINECONFIG, write_manifests
+from test_watcher_inputs import T0, Clock, settle
 from ignition_server.auth.jwt import ServiceAccountVerifier
 from ignition_server.auth.rotation import RotationPolicy
 from ignition_server.metrics import ServerMetrics
@@ -31,7 +32,6 @@ from ignition_server.watch.tenancy import Tenancy
 from ignition_server.watch.trust import ANNOTATION_SERVICE_ACCOUNT_KEYS, TrustWatcher
 from payload_cache import CacheConfig, PayloadCache, TokenState
 
-T0 = 1_900_000_000.0
 RELEASE = "quay.io/openshift-release-dev/ocp-release@sha256:" + "1" * 64
 GOOD_HAPROXY = "quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:" + "2" * 64
 EVIL_HAPROXY = "evil.example.com/haproxy@sha256:" + "6" * 64
@@ -44,13 +44,6 @@ users: [{name: admin, user: {token: victim-admin}}]
 contexts: [{name: x, context: {cluster: c, user: admin}}]
 current-context: x
 """
-
-
-class Clock:
-    now = T0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def obj(kind: str, namespace: str, name: str, data: dict[str, str], annotations: dict | None = None,
@@ -115,14 +108,6 @@ def world(tmp_path: Path):
     return reconciler, source, cache, source_dir, verifier
 
 
-async def settle(reconciler: Reconciler, source: FileSource) -> None:
-    for _ in range(3):
-        await source.poll_once()
-        await reconciler.wait_idle()
-        if reconciler.outputs is not None and reconciler.outputs._task is not None:
-            await reconciler.outputs._task
-
-
 def secret_in(source_dir: Path, file: str, name: str) -> dict:
     return next(d for d in yaml.safe_load_all((source_dir / file).read_text()) if d["metadata"]["name"] == name)
 
@@ -152,7 +137,7 @@ async def test_inputs_named_in_another_tenants_namespace_are_refused_and_never_r
     steal = {f"ignition-server.openshift.io/input-{name}": f"{VICTIM}/{name}"
              for name in ("pull-secret", "bootstrap-kubeconfig", "apiserver-proxy")}
     write_manifests(source_dir / "evil.yaml", token_secret(EVIL, "clusters/evil", "evil-token", annotations=steal))
-    await settle(reconciler, source)
+    await settle(reconciler, source, reconciler.outputs)
     evil = parse_token_secret(secret_in(source_dir, "evil.yaml", "token-evil-00000000"))
     assert evil.reason == "InvalidConfig"
     assert f"{VICTIM}/" in evil.message and "outside the NodePool's namespace clusters-evil" in evil.message
@@ -169,7 +154,7 @@ async def test_inputs_named_in_another_tenants_namespace_are_refused_and_never_r
         "listenIP": "172.20.0.1", "listenPort": "6443", "backends": "shared.example.com:32167"}))
     write_manifests(source_dir / "evil.yaml", token_secret(
         EVIL, "clusters/evil", "evil-token", annotations={"ignition-server.openshift.io/input-apiserver-proxy": f"{SHARED}/proxy"}))
-    await settle(reconciler, source)
+    await settle(reconciler, source, reconciler.outputs)
     assert parse_token_secret(secret_in(source_dir, "evil.yaml", "token-evil-00000000")).reason == "AsExpected"
     assert "shared.example.com:32167" in payload(cache, f"{EVIL}/token-evil-00000000")
 
@@ -178,11 +163,11 @@ async def test_a_release_catalog_outside_the_shared_namespaces_changes_no_payloa
     reconciler, source, cache, source_dir, _ = world
     write_manifests(source_dir / "shared.yaml", catalog(SHARED, GOOD_HAPROXY))
     write_manifests(source_dir / "victim.yaml", *victim_cluster())
-    await settle(reconciler, source)
+    await settle(reconciler, source, reconciler.outputs)
     assert GOOD_HAPROXY in payload(cache, VICTIM_REF)
     renders = reconciler.metrics.payload_cache_miss._value.get()
     write_manifests(source_dir / "evil-catalog.yaml", catalog(EVIL, EVIL_HAPROXY))
-    await settle(reconciler, source)
+    await settle(reconciler, source, reconciler.outputs)
     assert GOOD_HAPROXY in payload(cache, VICTIM_REF) and EVIL_HAPROXY not in payload(cache, VICTIM_REF)
     assert reconciler.metrics.payload_cache_miss._value.get() == renders
     assert reconciler.releases.get(RELEASE).images["haproxy-router"] == GOOD_HAPROXY
@@ -190,7 +175,7 @@ async def test_a_release_catalog_outside_the_shared_namespaces_changes_no_payloa
     write_manifests(source_dir / "evil-idms.yaml", {
         "apiVersion": "config.openshift.io/v1", "kind": "ImageDigestMirrorSet", "metadata": {"name": "x", "namespace": EVIL},
         "spec": {"imageDigestMirrors": [{"source": "quay.io/openshift-release-dev", "mirrors": ["evil.example.com/m"]}]}})
-    await settle(reconciler, source)
+    await settle(reconciler, source, reconciler.outputs)
     assert GOOD_HAPROXY in payload(cache, VICTIM_REF) and "evil.example.com" not in payload(cache, VICTIM_REF)
     assert refusals(reconciler, "shared-object") >= 2
 
@@ -199,18 +184,18 @@ async def test_a_token_secret_claiming_another_tenants_nodepool_outdates_nothing
     reconciler, source, cache, source_dir, _ = world
     write_manifests(source_dir / "shared.yaml", catalog(SHARED, GOOD_HAPROXY))
     write_manifests(source_dir / "victim.yaml", *victim_cluster())
-    await settle(reconciler, source)
+    await settle(reconciler, source, reconciler.outputs)
     # Newer, and naming the victim's NodePool exactly as the victim's Secret does.
     write_manifests(source_dir / "evil.yaml", token_secret(EVIL, "clusters/workers", "evil-token",
                                                             created="2026-06-01T00:00:00Z"))
-    await settle(reconciler, source)
+    await settle(reconciler, source, reconciler.outputs)
     victim = secret_in(source_dir, "victim.yaml", "token-workers-00000000")
     assert ANNOTATION_TOKEN_EXPIRATION not in victim["metadata"]["annotations"]
     assert cache.lookup_token("victim-token").state is TokenState.CURRENT
     # Within the victim's own namespace a newer generation still outdates the older one.
     write_manifests(source_dir / "victim-next.yaml", token_secret(VICTIM, "clusters/workers", "victim-next",
                                                                    created="2026-06-02T00:00:00Z", suffix="11111111"))
-    await settle(reconciler, source)
+    await settle(reconciler, source, reconciler.outputs)
     victim = secret_in(source_dir, "victim.yaml", "token-workers-00000000")
     assert ANNOTATION_TOKEN_EXPIRATION in victim["metadata"]["annotations"]
 
@@ -225,10 +210,10 @@ async def test_a_token_already_held_by_another_secret_is_refused_for_the_newcome
     if together:
         write_manifests(source_dir / "a-evil.yaml", stolen)
     write_manifests(source_dir / "victim.yaml", *victim_cluster())
-    await settle(reconciler, source)
+    await settle(reconciler, source, reconciler.outputs)
     if not together:
         write_manifests(source_dir / "a-evil.yaml", stolen)
-        await settle(reconciler, source)
+        await settle(reconciler, source, reconciler.outputs)
     record = cache.lookup_token("victim-token")
     assert record is not None and record.secret == VICTIM_REF and record.state is TokenState.CURRENT
     assert "/etc/clustersvictim.conf" in payload(cache, VICTIM_REF)
@@ -266,9 +251,9 @@ async def test_a_copy_of_a_clusters_public_key_elsewhere_breaks_nothing(world, t
     if together:
         write_manifests(source_dir / "a-evil.yaml", copy)
     write_manifests(source_dir / "victim.yaml", keys_configmap(VICTIM, key, "2026-01-01T00:00:00Z"))
-    await settle(reconciler, source)
+    await settle(reconciler, source, reconciler.outputs)
     if not together:
         write_manifests(source_dir / "a-evil.yaml", copy)
-        await settle(reconciler, source)
+        await settle(reconciler, source, reconciler.outputs)
     assert verifier.verify(token).cluster == VICTIM
     assert refusals(reconciler, "service-account-key") == 1
