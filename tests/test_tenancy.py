@@ -257,3 +257,23 @@ async def test_a_copy_of_a_clusters_public_key_elsewhere_breaks_nothing(world, t
         await settle(reconciler, source, reconciler.outputs)
     assert verifier.verify(token).cluster == VICTIM
     assert refusals(reconciler, "service-account-key") == 1
+
+
+async def test_a_generated_base_published_outside_the_shared_namespaces_is_not_adopted(world, tmp_path: Path) -> None:
+    """The writer publishes generated bases in its own namespace for the other replicas; a copy
+    in a tenant's namespace naming some pair's key must not become that pair's base."""
+    from ignition_server.basegen.generator import BaseGenerator
+    from ignition_server.watch.generated_bases import ANNOTATION_GENERATED_BASE
+
+    reconciler, source, _cache, source_dir, _ = world
+    store: dict[str, bytes] = {}
+    reconciler.generator = BaseGenerator(files=None, load=store.get, save=store.__setitem__,  # type: ignore[arg-type]
+                                         work_dir=tmp_path / "work")
+    base = EXAMPLE_MACHINECONFIG.format(name="base")
+    for namespace, key in ((EVIL, "a" * 64), (SHARED, "b" * 64)):
+        write_manifests(source_dir / f"base-{namespace}.yaml", obj(
+            "ConfigMap", namespace, "ignition-server-base-x", {"machineconfigs.yaml": base},
+            {ANNOTATION_GENERATED_BASE: key}))
+    await settle(reconciler, source, reconciler.outputs)
+    assert reconciler.generator.known("a" * 64) is None
+    assert reconciler.generator.known("b" * 64) == base
