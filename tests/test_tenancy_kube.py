@@ -103,3 +103,47 @@ def test_a_leaked_token_in_another_secret_takes_nothing_over(api: KubeAPI, serve
     assert "/etc/clustersevil.conf" not in files_in(json.loads(body))
     assert server.metrics()['ign_server_tenancy_refusals_total{what="duplicate-token"}'] == 1
     assert "tok-victim" not in server.logs()
+
+
+def test_a_tenants_catalog_and_a_copied_service_account_key_change_nothing(api: KubeAPI, server) -> None:
+    import yaml
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    from ignition_server.watch.releases import ANNOTATION_RELEASE_CATALOG
+    from test_service_account_tokens import keys_configmap, legacy_jwt, url_token
+
+    good, evil = ("quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:" + c * 64 for c in "27")
+    secret = token_secret(VICTIM, "clusters/workers", "tok-victim", "token-workers-1")
+    release = base64.b64decode(secret["data"]["release"]).decode()
+
+    def catalog(namespace: str, image: str) -> dict:
+        entries = [{"pullSpec": release, "version": "4.17.3", "images": {"haproxy-router": image}}]
+        return {"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "catalog", "namespace": namespace, "annotations": {ANNOTATION_RELEASE_CATALOG: "true"}},
+                "data": {"releases.yaml": yaml.safe_dump(entries)}}
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    api.create(catalog("ignition", good))  # the server's own namespace: shared
+    api.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "apiserver-proxy", "namespace": VICTIM},
+                "data": {"listenIP": "172.20.0.1", "listenPort": "6443", "backends": "c1.example.com:32167"}})
+    api.create(keys_configmap(VICTIM, key, "node-bootstrapper-token-one"))
+    api.create(secret)
+    server.start()
+    jwt = url_token(legacy_jwt(key, "node-bootstrapper-token-one"))
+    wait_for(lambda: server.get(f"/config/workers?token={jwt}")[0] == 200, timeout=30, what="the victim's JWT served")
+    assert good in contents(server.get("/ignition", bearer("tok-victim"))[2])
+    api.create(catalog(EVIL, evil))
+    api.create(keys_configmap(EVIL, key, "node-bootstrapper-token-one"))
+
+    def applied() -> bool:  # each either refused (counted) or taking effect: then the asserts below say which
+        metrics = server.metrics()
+        key = metrics.get('ign_server_tenancy_refusals_total{what="service-account-key"}', 0) == 1 \
+            or server.get(f"/config/workers?token={jwt}")[0] != 200
+        shared = metrics.get('ign_server_tenancy_refusals_total{what="shared-object"}', 0) >= 1 \
+            or evil in contents(server.get("/ignition", bearer("tok-victim"))[2])
+        return key and shared
+
+    wait_for(applied, timeout=30, what="both objects applied")
+    body = contents(server.get("/ignition", bearer("tok-victim"))[2])
+    assert good in body and evil not in body
+    assert server.get(f"/config/workers?token={jwt}")[0] == 200
