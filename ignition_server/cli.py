@@ -148,6 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add(render, "--source", required=True, help="directory of Kubernetes manifests")
     _add(render, "--nodepool", required=True, help="NAMESPACE/NAME of the NodePool")
     _add(render, "--spec-version", help="Ignition spec version to print (default: the lowest that expresses it)")
+    _add(render, "--shared-namespaces", default=FILE_MODE_SHARED,
+         help="namespaces whose objects may shape any NodePool, as `serve` takes them (it prints what serve would serve)")
 
     userdata = commands.add_parser("userdata", help="print a NodePool's pointer config (cloud user-data)")
     _add(userdata, "--source", required=True, help="directory of Kubernetes manifests")
@@ -316,8 +318,9 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _newest_secret(source_dir: Path, nodepool: str) -> tuple[Any, Any, Any, Any]:
-    """The source as one listing, the NodePool's newest live token Secret, the release catalog, the MCO bases."""
+def _newest_secret(source_dir: Path, nodepool: str, shared: frozenset[str] | None = None) -> tuple[Any, Any, Any, Any]:
+    """The source as one listing, the NodePool's newest live token Secret, the release catalog
+    (from the `shared` namespaces only, as `serve` reads it; None: any), the MCO bases."""
     from .sources.files import FileSource
     from .sources.manifests import is_token_secret, parse_token_secret
     from .watch.bases import BaseIndex, is_base
@@ -329,7 +332,7 @@ def _newest_secret(source_dir: Path, nodepool: str) -> tuple[Any, Any, Any, Any]
     catalog = ReleaseCatalog()
     bases = BaseIndex()
     for key, obj in objects.items():
-        if is_catalog(obj):
+        if is_catalog(obj) and (shared is None or key.namespace in shared):
             catalog.update(key, source.get_full(key))
         if is_base(obj):
             bases.update(key, obj)
@@ -351,11 +354,14 @@ def _render(args: argparse.Namespace) -> int:
 
     from .sources.manifests import token_secret_config
 
-    source, secret, catalog, bases = _newest_secret(Path(args.source), args.nodepool)
-    config = token_secret_config(source.get_full(secret.key))
     from .watch.releases import Releases
+    from .watch.tenancy import Tenancy
 
-    inputs, _deps = gather(secret, secret.annotations, source.get_full, Releases(catalog), config, bases)
+    tenancy = Tenancy(frozenset(n.strip() for n in args.shared_namespaces.split(",") if n.strip()))
+    source, secret, catalog, bases = _newest_secret(Path(args.source), args.nodepool, tenancy.shared)
+    config = token_secret_config(source.get_full(secret.key))
+    inputs, _deps = gather(secret, secret.annotations, source.get_full, Releases(catalog), config, bases,
+                           tenancy=tenancy)
     rendered = render_payload(inputs)
     body = rendered.body
     if args.spec_version:
