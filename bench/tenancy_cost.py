@@ -18,8 +18,7 @@ from pathlib import Path
 from ignition_server.sources.events import Change
 from ignition_server.sources.manifests import ObjectKey, build_token_secret, parse_token_secret
 from ignition_server.watch.gather import JOIN_INPUTS, MCS_INPUTS, SETTINGS_INPUTS, input_key
-from ignition_server.watch.reconciler import oldest_first
-from ignition_server.watch.tenancy import Tenancy
+from ignition_server.watch.tenancy import Tenancy, oldest_first
 from payload_cache import CacheConfig, PayloadCache, TokenRecord, TokenState
 
 

@@ -42,7 +42,7 @@ from .releases import ReleaseCatalog, Releases, is_catalog, release_key
 from .renders import PendingRender, Renderer, Renders
 from .status import Status
 from .writes import WriterDuties
-from .tenancy import Tenancy
+from .tenancy import Tenancy, generation_group, oldest_first
 from .trust import TrustWatcher, is_trust_object
 
 log = logging.getLogger("ignition_server.watch")
@@ -52,24 +52,6 @@ GC_INTERVAL = 600.0
 
 def _pool_of(secret: TokenSecret) -> tuple[str, str]:
     return (secret.key.namespace, secret.nodepool.partition("/")[2])
-
-
-def oldest_first(changes: list[Change]) -> list[Change]:
-    """A batch (a first listing, above all) in creation order: where two objects claim one thing
-    (a token, a service-account key), the first one wins, and a new replica listing everything
-    at once must agree with one that saw them come one by one (a listing is in name order,
-    which a tenant chooses). Objects without a creation time keep their order, after the others."""
-    def created(change: Change) -> str:
-        stamp = (change.obj.get("metadata") or {}).get("creationTimestamp") if change.obj else None
-        return str(stamp) if stamp else "~"  # after any RFC 3339 time
-    return sorted(changes, key=created)
-
-
-def generation_group(secret: TokenSecret) -> tuple[str, str]:
-    """The token Secrets that are generations of one NodePool: its annotation *and* the Secret's
-    own namespace. The annotation alone is anyone's to write (HyperShift's names the NodePool's
-    namespace, not the control plane's), so a Secret elsewhere claiming it outdates nothing here."""
-    return (secret.key.namespace, secret.nodepool)
 
 
 @dataclass

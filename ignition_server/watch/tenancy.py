@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..sources.manifests import ManifestError
+from ..sources.events import Change
+from ..sources.manifests import ManifestError, TokenSecret
 
 
 class OutsideTenancy(ManifestError):
@@ -46,3 +47,20 @@ class Tenancy:
     def describe(self) -> str:
         return ", ".join(sorted(self.shared)) or "none"
 
+
+def oldest_first(changes: list[Change]) -> list[Change]:
+    """A batch (a first listing, above all) in creation order: where two objects claim one thing
+    (a token, a service-account key), the first one wins, and a new replica listing everything
+    at once must agree with one that saw them come one by one (a listing is in name order,
+    which a tenant chooses). Objects without a creation time keep their order, after the others."""
+    def created(change: Change) -> str:
+        stamp = (change.obj.get("metadata") or {}).get("creationTimestamp") if change.obj else None
+        return str(stamp) if stamp else "~"  # after any RFC 3339 time
+    return sorted(changes, key=created)
+
+
+def generation_group(secret: TokenSecret) -> tuple[str, str]:
+    """The token Secrets that are generations of one NodePool: its annotation *and* the Secret's
+    own namespace. The annotation alone is anyone's to write (HyperShift's names the NodePool's
+    namespace, not the control plane's), so a Secret elsewhere claiming it outdates nothing here."""
+    return (secret.key.namespace, secret.nodepool)
