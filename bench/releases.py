@@ -68,7 +68,8 @@ def run(work: Path, clusters: int, per_cluster: int, releases: int, layer_mib: f
             tokens[nodepool_of(c, p)] = fleet_token(SEED, c, p)
         say(f"fleet: {clusters * per_cluster} NodePools over {releases} releases")
         requests_before = sum(1 for line in registry.log.read_text(errors="replace").splitlines() if '"GET /v2/' in line)
-        server = ServerProcess(source, work / "cache", extra=["--release-resolve", "--render-concurrency", "2"])
+        server = ServerProcess(source, work / "cache", extra=["--release-resolve", "--render-concurrency", "2",
+                                                            "--registry-allow", registry.host])
         t0 = time.monotonic()
         server.start()
         ready = time.monotonic() - t0

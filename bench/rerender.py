@@ -4,15 +4,15 @@
 
 The fleet is bench/fleet.py's (token Secrets with two MachineConfigs each), and `--shared` of the
 NodePools (a seeded random choice) carry the annotation
-`ignition-server.openshift.io/input-user-ca-bundle: shared/ca`, which points their user CA bundle
-at the ConfigMap `shared/ca` (key `ca-bundle.crt`, a PEM-looking bundle of `--ca-kib`). The other
+`ignition-server.openshift.io/input-user-ca-bundle: ignition-server/ca`, which points their user CA bundle
+at the ConfigMap `ignition-server/ca` (key `ca-bundle.crt`, a PEM-looking bundle of `--ca-kib`). The other
 NodePools read no CA bundle (their namespace has none).
 
 1. Start the server on a fresh cache dir and wait until every NodePool is rendered and the server
    is idle (no render queued, < 0.5 core for 2 s).
 2. idle: `--requests` GETs /ignition (`--concurrency` in flight, random NodePools with their
    current tokens, `Authorization: Bearer base64(token)`, TLS with the server's CA): latencies.
-3. re-render: rewrite `shared/ca` (temp + rename) with a new bundle, and at once fire the same
+3. re-render: rewrite `ignition-server/ca` (temp + rename) with a new bundle, and at once fire the same
    load, which runs until the re-render is over (capped at 10 x `--requests`). The metrics are
    polled until the render counter rose by `--shared` and the render queue is empty (or no render
    happened for `--stall` s), then for `--settle` s more to catch any extra render. Reports the
@@ -59,7 +59,7 @@ from ignition_server.watch.gather import ANNOTATION_INPUT_PREFIX  # noqa: E402
 from . import fleet as fleetgen  # noqa: E402
 from . import run as runner  # noqa: E402
 
-SHARED_NAMESPACE, SHARED_NAME = "shared", "ca"
+SHARED_NAMESPACE, SHARED_NAME = "ignition-server", "ca"  # the server's own: shared by default
 SHARED_REF = f"{SHARED_NAMESPACE}/{SHARED_NAME}"
 SHARED_ANNOTATION = ANNOTATION_INPUT_PREFIX + "user-ca-bundle"
 VARIANT_ANNOTATION = "bench.ignition-server.openshift.io/variant"
@@ -89,7 +89,7 @@ def configmap_path(source: Path) -> Path:
 
 
 def write_configmap(source: Path, seed: str, variant: int, kib: int) -> str:
-    """Write ConfigMap shared/ca atomically (temp + rename); returns the bundle written."""
+    """Write ConfigMap ignition-server/ca atomically (temp + rename); returns the bundle written."""
     bundle = ca_bundle(seed, variant, kib)
     fleetgen.write_manifest(configmap_path(source), {
         "apiVersion": "v1", "kind": "ConfigMap",
@@ -114,7 +114,7 @@ def shared_choice(seed: str, clusters: int, pools: int, shared: int) -> list[str
 
 def generate(out: Path, clusters: int, pools: int, payload_kib: int, shared: int, ca_kib: int,
              seed: str = fleetgen.DEFAULT_SEED, progress: bool | None = None) -> dict[str, Any]:
-    """bench/fleet.py's fleet, with `shared` NodePools pointing their CA bundle at shared/ca.
+    """bench/fleet.py's fleet, with `shared` NodePools pointing their CA bundle at ignition-server/ca.
 
     fleet.json has fleet.py's shape (so bench/run.py's helpers read it) plus the shared set;
     it is written last, so a half-written fleet is never reused.
@@ -344,7 +344,7 @@ async def _rerender_phase(server: ServerProcess, meta: dict[str, Any], tokens: d
                        "statuses": status_counts(idle.statuses), "corrupt": len(idle.corrupt),
                        "renders": int(before[RENDERS] - before_idle[RENDERS]), "errors": idle.errors[:5]}
 
-        # The change: shared/ca, atomically. The log offset marks where the re-render's lines begin.
+        # The change: ignition-server/ca, atomically. The log offset marks where the re-render's lines begin.
         log_offset = server.log_path.stat().st_size
         t_write_wall = time.time()
         t_write = time.monotonic()
@@ -544,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.rerender", description=__doc__.splitlines()[0])
     parser.add_argument("--clusters", type=int, default=440)
     parser.add_argument("--pools", type=int, default=12, help="NodePools per cluster")
-    parser.add_argument("--shared", type=int, default=1000, help="NodePools that read shared/ca")
+    parser.add_argument("--shared", type=int, default=1000, help="NodePools that read ignition-server/ca")
     parser.add_argument("--payload-kib", type=int, default=32, help="approximate MachineConfig payload per NodePool")
     parser.add_argument("--ca-kib", type=int, default=16, help="size of the shared CA bundle")
     parser.add_argument("--seed", default=fleetgen.DEFAULT_SEED)

@@ -23,6 +23,7 @@ from .metrics import ServerMetrics
 from .sources.kube import KubeClient, KubeError, KubeSource, LeaderElector
 from .sources.kube.client import collection_path, item_path
 from .watch.interest import secret_wanted, secrets_referenced
+from .watch.tenancy import Tenancy
 
 log = logging.getLogger("ignition_server.cluster")
 
@@ -46,8 +47,10 @@ class Cluster:
 
 async def connect(settings: ServeSettings, metrics: ServerMetrics, on_watch: "WatchHealth") -> Cluster:
     api = await KubeClient.connect(settings.kubeconfig, count=lambda verb: metrics.api_requests.labels(verb=verb).inc())
+    tenancy = Tenancy(frozenset(settings.shared_namespaces))
     source = KubeSource(
-        api, wanted=secret_wanted, references=secrets_referenced, namespaces=settings.namespaces,
+        # A reference past the wall is never fetched: only those the tenancy allows are named.
+        api, wanted=secret_wanted, references=lambda obj: secrets_referenced(obj, tenancy), namespaces=settings.namespaces,
         watch_timeout=settings.watch_timeout, on_health=on_watch,
     )
     elector = LeaderElector(

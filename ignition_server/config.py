@@ -12,7 +12,10 @@ from .http.tls_profiles import TLSProfile
 DEFAULT_LISTEN = "0.0.0.0:9090"  # HyperShift's ignition server port
 DEFAULT_METRICS_LISTEN = "0.0.0.0:8080"  # HyperShift's metrics port
 DEFAULT_TOKEN_TTL = 11 * 3600.0  # HyperShift's token TTL
-SUPERSEDED_GRACE = 2 * 3600.0  # an outdated token Secret stays valid this long (DESIGN §3)
+SUPERSEDED_GRACE = 2 * 3600.0
+# --registry-allow: releases and their images as Red Hat ships them (quay.io is open to anyone,
+# so only its OpenShift release organisation), and Red Hat's own registry (registry/allowed.py).
+DEFAULT_REGISTRY_ALLOW = "quay.io/openshift-release-dev,registry.redhat.io"  # an outdated token Secret stays valid this long (DESIGN §3)
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -113,6 +116,7 @@ class RegistrySettings:
     resolve: bool = False
     architecture: str = "amd64"
     overrides: str = ""  # --registry-overrides src=dst,...
+    allow: str = DEFAULT_REGISTRY_ALLOW
     ca_file: Path | None = None  # trusted besides the system's CAs and each cluster's user-ca-bundle
     tag_ttl: float = 300.0
     timeout: float = 30.0
@@ -121,6 +125,10 @@ class RegistrySettings:
     generate_bases: bool = False
     base_timeout: float = 300.0
     base_memory_bytes: int = 4 << 30
+    # "namespaces": each step in its own namespaces, seeing nothing of the server's (basegen/sandbox.py);
+    # "none": beside the server, as its user (only where nothing else runs with it).
+    base_sandbox: str = "namespaces"
+    base_uid: int = 65534  # as root: the uid the steps run as
 
 
 @dataclass(frozen=True)
@@ -166,6 +174,9 @@ class ServeSettings:
     kubeconfig: Path | None = None
     namespaces: tuple[str, ...] = ()
     pod_namespace: str = "default"
+    # Namespaces whose objects may shape any NodePool (input-* references, release catalogs,
+    # published bases, mirror sets); every other object shapes only its own namespace's.
+    shared_namespaces: tuple[str, ...] = ("ignition-server",)
     replica_id: str = "ignition-server"
     lease_duration: float = 15.0
     prune_grace: float = 60.0

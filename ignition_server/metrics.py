@@ -149,6 +149,12 @@ class ServerMetrics:
             "Token Secrets whose last rotation is older than the TTL although this server rotates them",
             registry=self.registry,
         )
+        # The wall between tenants (watch/tenancy.py): what one namespace tried to do to another.
+        self.tenancy_refusals = Counter(
+            "ign_server_tenancy_refusals",
+            "Objects refused for reaching past their namespace (what: input, shared-object, duplicate-token, "
+            "service-account-key)", ["what"], registry=self.registry,
+        )
         # Kubernetes mode: the informers' health and the Lease.
         self.source_watch_up = Gauge(
             "ign_server_source_watch_up", "1 while a watch stream of the source is live and current", ["kind"],

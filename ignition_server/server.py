@@ -14,6 +14,7 @@ import logging
 import shutil
 import ssl
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -40,15 +41,18 @@ from .sources.events import Source
 from .sources.files import FileSource
 from .sources.manifests import is_token_secret, is_user_data_secret
 from .registry.mirrors import Mirrors, parse_overrides
+from .registry.allowed import parse_allowed
 from .registry.resolver import ReleaseStore
 from .registry.setup import open_resolver
 from .registry.image_files import ImageFiles
 from .basegen.generator import BaseGenerator, GeneratorSettings
+from .basegen.sandbox import Sandbox, SandboxUnavailable
 from .basegen.run import Limits
 from .watch.reconciler import Reconciler, Renderer
 from .watch.releases import Releases
 from .watch.edge import EdgePublisher
 from .watch.outputs import PointerSettings, TokenOutputs
+from .watch.tenancy import Tenancy
 from .watch.trust import TrustWatcher
 from .workers.pool import WorkerPool
 
@@ -131,12 +135,14 @@ class IgnitionServer:
             metrics=self.metrics,
             render_concurrency=settings.render_concurrency,
             clock=self.clock,
-            trust=TrustWatcher(verifier, self._edge_writer(verifier)),
+            trust=TrustWatcher(verifier, self._edge_writer(verifier),
+                               on_refused=self.metrics.tenancy_refusals.labels(what="service-account-key").inc),
             outputs=outputs,
             writer=cluster.is_writer if cluster is not None else (lambda: True),
             prune_grace=settings.prune_grace,
             releases=releases,
             share_namespace=settings.pod_namespace if settings.kubernetes else None,
+            tenancy=Tenancy(frozenset(settings.shared_namespaces)),
             generator=self._generator(releases, cache),
         )
         authenticator = TokenAuthenticator(cache, self.clock, verifier=verifier, directory=reconciler)
@@ -222,7 +228,7 @@ class IgnitionServer:
     def _releases(self, cache: PayloadCache) -> tuple[Releases, Any]:
         """The catalog, plus the registry resolver when --release-resolve is on; mirrors either way."""
         registry = self.settings.registry
-        mirrors = Mirrors(parse_overrides(registry.overrides))
+        mirrors = Mirrors(parse_overrides(registry.overrides), allowed=parse_allowed(registry.allow))
         if not registry.resolve:
             return Releases(mirrors=mirrors), None
         store = ReleaseStore(load=cache.load_state, save=cache.save_state)
@@ -254,10 +260,31 @@ class IgnitionServer:
         files = ImageFiles(resolver.client, releases.mirrors, registry.architecture, self.settings.cache_dir / "tmp-layers")
         return BaseGenerator(
             files=files, load=cache.load_state, save=cache.save_state, work_dir=work_dir,
-            settings=GeneratorSettings(Limits(registry.base_timeout, registry.base_memory_bytes)),
+            settings=GeneratorSettings(Limits(registry.base_timeout, registry.base_memory_bytes,
+                                              self._base_sandbox(work_dir))),
             on_done=done, counted=lambda result: self.metrics.base_generations.labels(result=result).inc(),
             tls=resolver.tls,
         )
+
+    def _base_sandbox(self, work_dir: Path) -> Sandbox | None:
+        """The namespaces a release's binaries run in, hiding every credential of this server; checked now,
+        so a host that cannot make them fails at start-up rather than at the first base."""
+        settings = self.settings
+        if settings.registry.base_sandbox == "none":
+            log.warning("--base-sandbox none: a release's MCO binaries run as this server's user, with its files")
+            return None
+        key_file = CacheConfig(cache_dir=settings.cache_dir, key_file=settings.cache_key_file).resolved_key_file
+        hidden = [settings.cache_dir, key_file, Path("/var/run/secrets"), Path("/run/secrets")]
+        hidden += [p for p in (settings.kubeconfig, settings.tls.cert_file, settings.tls.key_file) if p is not None]
+        if not settings.kubernetes:
+            hidden.append(settings.source_dir)
+        sandbox = Sandbox(hide=tuple(p.resolve() for p in hidden if p.exists()), uid=settings.registry.base_uid)
+        try:
+            sandbox.check(work_dir / "sandbox-check")
+        except SandboxUnavailable as exc:
+            raise SystemExit(f"--generate-bases: {exc}; allow user namespaces to this server, or accept the risk "
+                             "with --base-sandbox none (README, Trust model)") from None
+        return sandbox
 
     def _handlers(self, authenticator: TokenAuthenticator, reconciler: Reconciler) -> IgnitionHandlers:
         settings = self.settings

@@ -72,6 +72,33 @@ def free_port() -> int:
             return port
 
 
+class Listener:
+    """A TCP port on 127.0.0.1 that accepts and at once closes every connection, counting them:
+    something answers there, but nothing a client could talk to (a registry, an API)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            conn.close()
+
+    def stop(self) -> None:
+        self.sock.close()
+
+
 def wait_for(predicate: Any, timeout: float = 15.0, interval: float = 0.1, what: str = "condition") -> Any:
     """Poll `predicate` until it returns something true, and return that (tests wait on
     conditions, never on sleeps). Fails the test after `timeout` seconds."""

@@ -1,5 +1,5 @@
 """Smoke test of bench/rerender.py: the shared-ConfigMap re-render scenario at tiny size (3 clusters x
-4 NodePools, 5 of 12 reading ConfigMap shared/ca) against the real server process. The full-size
+4 NodePools, 5 of 12 reading ConfigMap ignition-server/ca) against the real server process. The full-size
 run (440 x 12, 1,000 shared) is by hand (bench/RERENDER.md)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ def test_fleet_points_exactly_the_shared_nodepools_at_the_configmap(tmp_path: Pa
     annotated = set()
     for cluster, pool in fleet.pools(3, 4):
         notes = fleet.read_secret(fleet.manifest_path(source, cluster, pool))["metadata"]["annotations"]
-        if notes.get(rerender.SHARED_ANNOTATION) == "shared/ca":
+        if notes.get(rerender.SHARED_ANNOTATION) == rerender.SHARED_REF:
             annotated.add(fleet.nodepool_of(cluster, pool))
     assert annotated == set(meta["shared"]) and len(annotated) == 5
     cm = fleet.read_secret(rerender.configmap_path(source))

@@ -27,13 +27,20 @@ def one(kind: str) -> dict:
     return found[0]
 
 
-def rbac_rules() -> set[tuple[str, str, str]]:
-    """(api group, resource, verb) the ServiceAccount may use."""
+def rbac_rules(docs: list[dict] | None = None) -> set[tuple[str, str, str]]:
+    """(api group, resource, verb) the ServiceAccount may use (every role it has, one per feature)."""
     allowed = set()
-    for kind in ("ClusterRole", "Role"):
-        for rule in one(kind)["rules"]:
+    for role in (d for d in (documents() if docs is None else docs) if d["kind"] in ("ClusterRole", "Role")):
+        for rule in role["rules"]:
             allowed |= {(g, r, v) for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
     return allowed
+
+
+def kustomize(directory: Path, *flags: str) -> list[dict]:
+    kubectl = require_tool("kubectl", "apt-get install kubernetes-client")
+    out = subprocess.run([kubectl, "kustomize", *flags, str(directory)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
 
 
 def test_kustomization_lists_every_manifest() -> None:
@@ -152,3 +159,59 @@ def test_promtool_checks_the_rules_and_the_alerts_fire(tmp_path: Path) -> None:
         ]}]}))
     run = subprocess.run([promtool, "test", "rules", str(tests)], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def policy_for(docs: list[dict], labels: dict) -> dict:
+    (policy,) = [d for d in docs if d["kind"] == "NetworkPolicy" and d["spec"]["podSelector"]["matchLabels"] == labels]
+    assert set(policy["spec"]["policyTypes"]) == {"Ingress", "Egress"}
+    return policy
+
+
+def open_ports(policy: dict) -> set[int]:
+    """Ports any source may reach (an ingress rule without `from`)."""
+    return {p["port"] for rule in policy["spec"]["ingress"] if not rule.get("from") for p in rule["ports"]}
+
+
+def test_network_policies_open_only_the_serving_ports_and_keep_egress_to_the_api_dns_and_registries() -> None:
+    server_docs, proxy_docs = kustomize(DEPLOY), kustomize(DEPLOY / "proxy")
+    server = policy_for(server_docs, one("StatefulSet")["spec"]["template"]["metadata"]["labels"])
+    proxy = policy_for(proxy_docs, next(d for d in proxy_docs if d["kind"] == "Deployment")["spec"]["template"]["metadata"]["labels"])
+    # Nodes reach the payload port from anywhere; metrics only from Prometheus, never every pod.
+    assert open_ports(server) == {9090} and open_ports(proxy) == {8443}
+    for policy, metrics in ((server, {8080}), (proxy, {9101, 8405})):
+        scraped = [r for r in policy["spec"]["ingress"] if r.get("from")]
+        assert {p["port"] for r in scraped for p in r["ports"]} == metrics
+        assert all(f.get("namespaceSelector") and f.get("podSelector") for r in scraped for f in r["from"])
+    # Out: the API server and registries over TLS, DNS; the proxy also to the servers' port only.
+    egress = {p["port"] for rule in server["spec"]["egress"] for p in rule["ports"]}
+    assert egress == {443, 6443, 53, 5353}
+    to_servers = [r for r in proxy["spec"]["egress"] if r.get("to")]
+    assert [p["port"] for r in to_servers for p in r["ports"]] == [9090]
+    # The ports it opens are the ones the pods listen on.
+    container = one("StatefulSet")["spec"]["template"]["spec"]["containers"][0]
+    assert {p["containerPort"] for p in container["ports"]} == {9090, 8080}
+
+
+def test_rbac_is_one_role_per_feature_bound_cluster_wide_or_per_listed_namespace() -> None:
+    docs = kustomize(DEPLOY)
+    features = {d["metadata"]["name"] for d in docs if d["kind"] == "ClusterRole"}
+    assert features == {"ignition-server-read", "ignition-server-write", "ignition-server-prune"}
+    assert {d["roleRef"]["name"] for d in docs if d["kind"] == "ClusterRoleBinding"} == features
+    # Reading never comes with writing: a replica that is not the writer needs only the first.
+    read = rbac_rules([d for d in docs if d["metadata"]["name"] == "ignition-server-read"])
+    assert {v for _g, _r, v in read} == {"get", "list", "watch"}
+    # The namespaced variant: the same objects, no cluster-wide binding, each feature bound in
+    # exactly the namespaces the server is told to watch.
+    overlay = DEPLOY / "namespaced"
+    listed = yaml.safe_load((overlay / "kustomization.yaml").read_text())["resources"]
+    base = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())["resources"]
+    assert [r.removeprefix("../") for r in listed if r.startswith("../")] == base
+    narrowed = kustomize(overlay, "--load-restrictor", "LoadRestrictionsNone")
+    assert not [d for d in narrowed if d["kind"] == "ClusterRoleBinding"]
+    sts = next(d for d in narrowed if d["kind"] == "StatefulSet")
+    env = {e["name"]: e.get("value") for e in sts["spec"]["template"]["spec"]["containers"][0]["env"]}
+    watched = set(env["IGNITION_SERVER_NAMESPACE"].split(","))
+    assert sts["metadata"]["namespace"] in watched  # its own: the shared namespace (catalogs, shared inputs)
+    bindings = [d for d in narrowed if d["kind"] == "RoleBinding" and d["roleRef"]["kind"] == "ClusterRole"]
+    assert {(b["metadata"]["namespace"], b["roleRef"]["name"]) for b in bindings} == {(n, f) for n in watched for f in features}
+    assert rbac_rules(narrowed) == rbac_rules(docs)

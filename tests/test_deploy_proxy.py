@@ -82,7 +82,7 @@ def test_kustomize_renders_the_proxy_apart_from_the_server() -> None:
     assert out.returncode == 0, out.stderr
     rendered = [d for d in yaml.safe_load_all(out.stdout) if d]
     kinds = sorted(d["kind"] for d in rendered)
-    assert kinds == sorted(["ConfigMap", "Deployment", "PodDisruptionBudget", "Role", "RoleBinding",
+    assert kinds == sorted(["ConfigMap", "Deployment", "NetworkPolicy", "PodDisruptionBudget", "Role", "RoleBinding",
                             "Service", "Service", "ServiceAccount", "ServiceMonitor"])
     namespace = server_object("Namespace")["metadata"]["name"]
     assert {d["metadata"]["namespace"] for d in rendered} == {namespace}

@@ -319,7 +319,7 @@ def test_an_input_secret_named_by_annotation_is_fetched(api: KubeAPI, replicas) 
     secret = token_secret("workers", "tok-a")
     secret["metadata"]["annotations"][ANNOTATION_INPUT_PREFIX + "pull-secret"] = "shared/shared-pull"
     api.create(secret)
-    proc = replicas("r1")
+    proc = replicas("r1", extra=("--shared-namespaces", "shared"))  # another namespace: only when shared
     wait_for(lambda: served(proc, "tok-a"), timeout=30, what="the payload served")
     import json
     from urllib.parse import unquote

@@ -55,7 +55,7 @@ def release_catalog(*releases: tuple[str, str]) -> dict:
                 "images": {"rhel-coreos": mco_base.RHCOS, "rhel-coreos-extensions": mco_base.RHCOS_EXTENSIONS,
                            "haproxy-router": "quay.io/x/haproxy@sha256:" + "f" * 64}}
                for spec, version in releases]
-    return secret_obj("ConfigMap", "releases", "catalog", {"releases.yaml": yaml.safe_dump(entries)},
+    return secret_obj("ConfigMap", "ignition-server", "catalog", {"releases.yaml": yaml.safe_dump(entries)},
                       {ANNOTATION_RELEASE_CATALOG: "true"})
 
 

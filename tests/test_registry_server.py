@@ -13,7 +13,7 @@ from urllib.parse import unquote
 import pytest
 import yaml
 
-from harness import EXAMPLE_MACHINECONFIG, ServerProcess, free_port, wait_for, write_manifests
+from harness import EXAMPLE_MACHINECONFIG, Listener, ServerProcess, free_port, wait_for, write_manifests
 from registry_world import Registry
 from test_watcher_inputs import KUBECONFIG, secret_obj
 from ignition_server.sources.manifests import build_token_secret, is_token_secret, parse_token_secret
@@ -91,6 +91,7 @@ def test_mirror_first_origin_unreachable_resolves_and_renders_mirrored_images(wo
     path = write_manifests(source / "pool.yaml", pool("clusters-a", "workers", "tok-a", release))
     proc = world(ServerProcess, source, tmp_path / "cache", extra=[
         "--release-resolve", "--registry-overrides", f"{origin}={registry.host}/mirror/ocp-release"]).start()
+    # The origin is not on --registry-allow (the default list): only its configured mirror is read.
     wait_for(lambda: token_status(path).reason == "AsExpected", timeout=30, what="rendered")
     status, _, body = proc.get("/ignition", bearer("tok-a"))
     assert status == 200
@@ -114,7 +115,7 @@ def test_wrong_password_invalid_config_and_registry_down_keeps_the_last_good_pay
     write_manifests(source / "b.yaml", *cluster("clusters-b", registry.pull_secret(), ca))
     bad = write_manifests(source / "bad.yaml", pool("clusters-a", "bad", "tok-bad", f"{registry.host}/ocp/release@{other['index']}"))
     ok = write_manifests(source / "ok.yaml", pool("clusters-b", "ok", "tok-ok", f"{registry.host}/ocp/release@{good['index']}"))
-    proc = world(ServerProcess, source, tmp_path / "cache", extra=["--release-resolve"]).start()
+    proc = world(ServerProcess, source, tmp_path / "cache", extra=["--release-resolve", "--registry-allow", registry.host]).start()
     wait_for(lambda: token_status(ok).reason == "AsExpected", timeout=30, what="the good pull secret's pool rendered")
     secret = wait_for(lambda: (s := token_status(bad)).reason == "InvalidConfig" and s, timeout=60, what="InvalidConfig")
     assert "refused user 'puller'" in secret.message and "check the pull secret" in secret.message
@@ -144,7 +145,7 @@ def test_restart_with_the_registry_gone_serves_every_payload_without_it(world, t
     paths = [write_manifests(source / f"p{i}.yaml", pool("clusters-a", f"p{i}", f"tok-{i}",
                                                          f"{registry.host}/ocp/release@{releases[i % 3]['index']}"))
              for i in range(9)]
-    proc = world(ServerProcess, source, tmp_path / "cache", extra=["--release-resolve"]).start()
+    proc = world(ServerProcess, source, tmp_path / "cache", extra=["--release-resolve", "--registry-allow", registry.host]).start()
     wait_for(lambda: all(token_status(p).reason == "AsExpected" for p in paths), timeout=60, what="all rendered")
     assert proc.metrics()["ign_server_release_fetches_total"] == 3  # nine NodePools, three releases
     bodies = {i: proc.get("/ignition", bearer(f"tok-{i}"))[2] for i in range(9)}
@@ -182,7 +183,8 @@ def test_kubernetes_mode_only_the_writer_reads_the_registry(world, tmp_path: Pat
         (tmp_path / "empty").mkdir()
         procs = [world(ServerProcess, tmp_path / "empty", tmp_path / name / "cache", extra=[
             "--kubernetes", "--kubeconfig", str(api.kubeconfig), "--pod-namespace", "ignition",
-            "--replica-id", name, "--lease-duration", "3s", "--release-resolve"]).start() for name in ("r1", "r2")]
+            "--replica-id", name, "--lease-duration", "3s", "--release-resolve", "--registry-allow", registry.host]).start()
+             for name in ("r1", "r2")]
         for proc in procs:
             wait_for(lambda proc=proc: proc.get("/ignition", bearer("tok-k"))[0] == 200, timeout=60, what="served")
             assert HAPROXY in payload_text(proc.get("/ignition", bearer("tok-k"))[2])
@@ -194,3 +196,34 @@ def test_kubernetes_mode_only_the_writer_reads_the_registry(world, tmp_path: Pat
         shared = api.get("configmaps", "ignition", "ignition-server-release-" + hashlib.sha256(release.encode()).hexdigest()[:16])
         assert shared is not None and yaml.safe_load(shared["data"]["releases.yaml"]) == [
             {"pullSpec": release, "version": "4.17.3", "images": {"haproxy-router": HAPROXY}}]
+
+
+def test_a_release_on_a_registry_not_allowed_is_never_contacted(world, tmp_path: Path) -> None:
+    listener = world(Listener)
+    source = tmp_path / "source"
+    source.mkdir()
+    write_manifests(source / "cluster.yaml", *cluster("clusters-evil", '{"auths":{}}', ""))
+    evil = write_manifests(source / "evil.yaml", pool("clusters-evil", "evil", "tok-evil",
+                                                      f"127.0.0.1:{listener.port}/evil/release@sha256:" + "e" * 64))
+    world(ServerProcess, source, tmp_path / "cache", extra=["--release-resolve"]).start()  # the default list
+    secret = wait_for(lambda: (s := token_status(evil)).reason == "InvalidConfig" and s, timeout=30, what="refused")
+    assert "not on a registry this server may read from" in secret.message and "--registry-allow" in secret.message
+    assert listener.accepted == 0
+
+
+def test_registry_errors_do_not_tell_whether_a_port_answered(world, tmp_path: Path) -> None:
+    listener = world(Listener)
+    closed = free_port()
+    source = tmp_path / "source"
+    source.mkdir()
+    write_manifests(source / "cluster.yaml", *cluster("clusters-a", '{"auths":{}}', ""))
+    paths = {port: write_manifests(source / f"p{port}.yaml", pool("clusters-a", f"p{port}", f"tok-{port}",
+                                                                   f"127.0.0.1:{port}/ocp/release@sha256:" + c * 64))
+             for port, c in ((listener.port, "e"), (closed, "f"))}
+    world(ServerProcess, source, tmp_path / "cache", extra=["--release-resolve", "--registry-allow", "*"]).start()
+    statuses = {port: wait_for(lambda p=path: (s := token_status(p)).reason not in (None, "", "AsExpected") and s,
+                               timeout=60, what="a failure") for port, path in paths.items()}
+    assert listener.accepted >= 1  # allowed: it was tried
+    answered, silent = (statuses[p].message.replace(str(p), "PORT").replace("e" * 64, "f" * 64)
+                        for p in (listener.port, closed))
+    assert answered == silent

@@ -24,6 +24,7 @@ from ignition_server.sources.manifests import build_token_secret, parse_token_se
 from ignition_server.watch.outputs import PointerSettings, TokenOutputs
 from ignition_server.watch.reconciler import Reconciler
 from ignition_server.watch.releases import ANNOTATION_RELEASE_CATALOG
+from ignition_server.watch.tenancy import Tenancy
 from payload_cache import CacheConfig, PayloadCache
 
 T0 = 1_900_000_000.0
@@ -69,7 +70,7 @@ def secret_obj(kind: str, namespace: str, name: str, data: dict[str, str], annot
 
 def catalog(*pull_specs: str) -> dict:
     releases = [{"pullSpec": p, "version": "4.17.3", "images": {"haproxy-router": HAPROXY_IMAGE}} for p in pull_specs]
-    return secret_obj("ConfigMap", "releases", "catalog", {"releases.yaml": yaml.safe_dump(releases)},
+    return secret_obj("ConfigMap", "ignition-server", "catalog", {"releases.yaml": yaml.safe_dump(releases)},
                       {ANNOTATION_RELEASE_CATALOG: "true"})
 
 
@@ -108,7 +109,8 @@ def world(tmp_path: Path):
     outputs = TokenOutputs(source, tmp_path / "cache" / "edge" / "tokens.map",
                            PointerSettings("https://ignition.example.com:9090", CA_PEM.encode()), delay=0.0)
     reconciler = Reconciler(source=source, cache=cache, renderer=render_payload, policy=RotationPolicy(100.0),
-                            metrics=ServerMetrics(), clock=clock, outputs=outputs, debounce=0.0)
+                            metrics=ServerMetrics(), clock=clock, outputs=outputs, debounce=0.0,
+                            tenancy=Tenancy(frozenset({"ignition-server", "shared"})))
     source._handler = reconciler.handle
     return reconciler, source, cache, source_dir, clock, outputs
 

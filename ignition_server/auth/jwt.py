@@ -225,6 +225,16 @@ class ServiceAccountVerifier:
             st.secrets_configured = True
             self._bump(st)
 
+    def clusters_holding(self, fingerprints: Iterable[str], *, besides: str) -> set[str]:
+        """The clusters other than `besides` that trust any of these keys (current or in overlap):
+        a key belongs to one cluster, and a copy published for another must not make its tokens ambiguous."""
+        wanted = set(fingerprints)
+        with self._lock:
+            return {
+                name for name, st in self._clusters.items()
+                if name != besides and wanted & (set(st.keys) | set(st.retired_keys))
+            }
+
     def remove_cluster(self, cluster: str) -> None:
         with self._lock:
             st = self._clusters.pop(cluster, None)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import ssl
 import time
 from dataclasses import dataclass, field
@@ -20,6 +21,8 @@ import aiohttp
 
 from .auth import AuthError, Credentials, parse_challenge
 from .reference import Reference
+
+log = logging.getLogger("ignition_server.registry")
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -163,7 +166,10 @@ class RegistryClient:
                               "add its CA to --registry-ca-file or the cluster's user-ca-bundle") from None
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             self.count(ref.host, "unreachable")
-            raise Unreachable(f"{ref.host} unreachable: {type(exc).__name__}: {exc}") from None
+            # One text for refused, timed out, reset or closed: the message reaches the token
+            # Secret, and must not tell its author what answers on a port. The log has the cause.
+            log.warning("%s unreachable: %s: %s", ref.host, type(exc).__name__, exc)
+            raise Unreachable(f"{ref.host} unreachable (no answer, connection failed or closed)") from None
 
     def _cached_token(self, key: tuple[str, str, str]) -> str | None:
         found = self._tokens.get(key)
@@ -195,7 +201,8 @@ class RegistryClient:
                 body = await resp.content.read(1 << 20)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             self.count(ref.host, "unreachable")
-            raise Unreachable(f"the token service of {ref.host} is unreachable: {type(exc).__name__}") from None
+            log.warning("the token service of %s unreachable: %s: %s", ref.host, type(exc).__name__, exc)
+            raise Unreachable(f"the token service of {ref.host} is unreachable (no answer, connection failed or closed)") from None
         self.count(ref.host, "token")
         answer = json_object(body, ref)
         token = answer.get("token") or answer.get("access_token")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .auth import AuthError, credentials_for
-from .client import RegistryClient, RegistryError, Unreachable
+from .client import Refused, RegistryClient, RegistryError, Unreachable
 from .layers import NotARelease, extract_tree, layer_digests, pick_manifest
 from .mirrors import Mirrors
 from .reference import Reference, parse
@@ -40,7 +40,10 @@ class ImageFiles:
         ref = parse(image)
         errors: list[str] = []
         last: Exception | None = None
-        for candidate in self.mirrors.candidates(ref):
+        candidates = self.mirrors.candidates(ref)
+        if not candidates:
+            raise Refused(self.mirrors.refusal(ref))
+        for candidate in candidates:
             try:
                 written = await self._extract_from(candidate, prefixes, dest, pull_secret, tls)
             except (RegistryError, AuthError, NotARelease) as exc:

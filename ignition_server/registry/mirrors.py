@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from .allowed import AllowedRegistries
 from .reference import Reference, ReferenceError, parse
 
 IDMS, ITMS = "ImageDigestMirrorSet", "ImageTagMirrorSet"
@@ -87,6 +88,9 @@ def parse_mirror_set(obj: Mapping[str, Any]) -> tuple[MirrorRule, ...]:
 class Mirrors:
     overrides: tuple[MirrorRule, ...] = ()
     clock: Callable[[], float] = time.monotonic
+    # --registry-allow: an origin not on it is never contacted (its configured mirrors are);
+    # None: every registry (a library default; the CLI always sets one).
+    allowed: AllowedRegistries | None = None
     _by_object: dict[Any, tuple[MirrorRule, ...]] = field(default_factory=dict)
     _down_until: dict[str, float] = field(default_factory=dict)  # registry host -> when to prefer it again
 
@@ -118,8 +122,14 @@ class Mirrors:
     def candidates(self, ref: Reference) -> list[Reference]:
         """`configured`, with registries that failed lately moved to the end (stable order otherwise)."""
         now = self.clock()
-        found = self.configured(ref)
+        found = [r for r in self.configured(ref) if r != ref or self.allowed is None or self.allowed.allows(ref)]
         return sorted(found, key=lambda r: self._down_until.get(r.api_host, 0.0) > now)
+
+    def refusal(self, ref: Reference) -> str:
+        """Why `ref` has no candidate: its registry is not allowed and nothing mirrors it."""
+        allowed = self.allowed.describe() if self.allowed is not None else "*"
+        return (f"{ref.name} is not on a registry this server may read from (--registry-allow: {allowed}) and no "
+                f"mirror is configured for it: refused, nothing fetched")
 
     def rewrite(self, image: str) -> str:
         """The image pull spec the payload names: its first configured mirror, or itself."""

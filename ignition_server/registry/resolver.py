@@ -161,7 +161,10 @@ class ReleaseResolver:
                 return None
         errors: list[tuple[bool, bool, str]] = []  # permanent, not found, message
         refused = False
-        for candidate in self.mirrors.candidates(ref):
+        candidates = self.mirrors.candidates(ref)
+        if not candidates:
+            return Failure(True, self.mirrors.refusal(ref), False)
+        for candidate in candidates:
             try:
                 creds = credentials_for(pull_secret, candidate)
                 digest, content = await self._fetch_with(candidate, creds, tls)

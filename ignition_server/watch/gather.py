@@ -6,7 +6,8 @@ By namespace convention, as the reference reads them: the token Secret's namespa
 `ConfigMap ibmcloud-vpc` (render/settings.py) and `ConfigMap cluster-proxy` (render/proxy.py);
 the MCO base of the NodePool's release, when the namespace holds one (bases.py). An annotation on the token Secret,
 `ignition-server.openshift.io/input-<name>: <namespace>/<object>`, points one input
-elsewhere (so many NodePools can share, say, one CA bundle).
+elsewhere (so many NodePools can share, say, one CA bundle): only into a namespace the
+tenancy allows (tenancy.py), else the NodePool is refused (`InvalidConfig`) and nothing read.
 
 Every object looked at, present or not, is a dependency: when it changes (or appears), the
 NodePool is rendered again, and no other.
@@ -21,6 +22,7 @@ from ..render.inputs import NodePoolInputs, Settings
 from ..sources.manifests import ManifestError, ObjectKey, TokenSecret, data_text
 from .bases import BASE_KEY, RHCOS_EXTENSIONS_IMAGE, RHCOS_IMAGE, BaseIndex, release_keys
 from .releases import HAPROXY_IMAGE, Releases, release_key
+from .tenancy import Tenancy
 
 ANNOTATION_INPUT_PREFIX = "ignition-server.openshift.io/input-"
 
@@ -53,12 +55,18 @@ MCS_INPUTS = (
 Lookup = Callable[[ObjectKey], Mapping[str, Any] | None]
 
 
-def input_key(secret: TokenSecret, wanted: InputObject, notes: Mapping[str, str]) -> ObjectKey:
+def input_key(secret: TokenSecret, wanted: InputObject, notes: Mapping[str, str],
+              tenancy: Tenancy | None = None) -> ObjectKey:
+    """Where the input is read. With a `tenancy`, a reference it does not allow raises
+    OutsideTenancy (a ManifestError) before anyone could fetch it; None: no wall (the CLI's
+    `render`, whose directory only the operator writes)."""
     ref = str(notes.get(ANNOTATION_INPUT_PREFIX + wanted.name, "")).strip()
     if ref:
         namespace, _, name = ref.partition("/")
         if not name:
             raise ManifestError(f"annotation {ANNOTATION_INPUT_PREFIX}{wanted.name} must be <namespace>/<name>, got {ref!r}")
+        if tenancy is not None:
+            tenancy.check(secret.key.namespace, namespace, name, f"annotation {ANNOTATION_INPUT_PREFIX}{wanted.name}")
         return ObjectKey(wanted.kind, namespace, name)
     return ObjectKey(wanted.kind, secret.key.namespace, wanted.name)
 
@@ -71,6 +79,7 @@ def gather(
     machineconfigs_yaml: str = "",
     bases: BaseIndex | None = None,
     generated: Callable[[str], str | None] | None = None,
+    tenancy: Tenancy | None = None,
 ) -> tuple[NodePoolInputs, frozenset[ObjectKey]]:
     """The NodePool's inputs and what they depend on.
 
@@ -81,7 +90,7 @@ def gather(
     values: dict[str, str | None] = {}
     missing: list[str] = []
     for wanted in JOIN_INPUTS:
-        key = input_key(secret, wanted, notes)
+        key = input_key(secret, wanted, notes, tenancy)
         deps.add(key)
         obj = lookup(key)
         value = data_text(obj).get(wanted.key or "") if obj is not None else None
@@ -90,7 +99,7 @@ def gather(
             missing.append(wanted.name)
     settings: dict[str, Settings | None] = {}
     for wanted in SETTINGS_INPUTS:
-        key = input_key(secret, wanted, notes)
+        key = input_key(secret, wanted, notes, tenancy)
         deps.add(key)
         obj = lookup(key)
         settings[wanted.name] = tuple(sorted(data_text(obj).items())) if obj is not None else None
@@ -107,11 +116,11 @@ def gather(
         elif generated is not None and secret.release:
             from .generated_bases import generated_key  # (it builds on this module)
 
-            key, more = generated_key(secret, notes, lookup, releases)
+            key, more = generated_key(secret, notes, lookup, releases, tenancy)
             deps |= more
             base_yaml = generated(key) if key is not None else None
     for wanted in MCS_INPUTS if base_yaml is not None else ():
-        key = input_key(secret, wanted, notes)
+        key = input_key(secret, wanted, notes, tenancy)
         deps.add(key)
         obj = lookup(key)
         values[wanted.name] = (data_text(obj).get(wanted.key or "") or None) if obj is not None else None

@@ -30,6 +30,7 @@ from .gather import JOIN_INPUTS, InputObject, Lookup, input_key
 from .release_waits import WAIT
 from .releases import Releases, release_key
 from .status import Status
+from .tenancy import Tenancy
 
 log = logging.getLogger("ignition_server.watch")
 
@@ -54,11 +55,11 @@ def fingerprint(obj: Mapping[str, Any] | None) -> str:
 
 
 def generated_key(secret: TokenSecret, notes: Mapping[str, str], lookup: Lookup,
-                  releases: Releases) -> tuple[str | None, set[ObjectKey]]:
+                  releases: Releases, tenancy: Tenancy | None = None) -> tuple[str | None, set[ObjectKey]]:
     """The (cluster configuration, release digest) key of the NodePool's generated base, and what it reads."""
     namespace = secret.key.namespace
-    config_key = input_key(secret, CLUSTER_CONFIG, notes)
-    secret_key = input_key(secret, JOIN_INPUTS[0], notes)
+    config_key = input_key(secret, CLUSTER_CONFIG, notes, tenancy)
+    secret_key = input_key(secret, JOIN_INPUTS[0], notes, tenancy)
     deps = {config_key, secret_key}
     config = lookup(config_key)
     if config is None:
@@ -79,6 +80,7 @@ class GeneratedBases:
     bases: BaseIndex
     source: Any
     share_namespace: str | None
+    tenancy: Tenancy
     writer: Callable[[], bool]
     _base_waiters: dict[str, set[ObjectKey]]
     _base_asking: set[str]
@@ -129,7 +131,7 @@ class GeneratedBases:
             return None
         if self.bases.find(secret.key.namespace, secret.release, secret.release_version) is not None:
             return None
-        key, _deps = generated_key(secret, secret.annotations, self.source.get, self.releases)
+        key, _deps = generated_key(secret, secret.annotations, self.source.get, self.releases, self.tenancy)
         release = self.releases.get(secret.release)
         if key is None or release is None:
             return None  # no cluster configuration (no base), or the release waits (release_waits.py)
@@ -166,9 +168,9 @@ class GeneratedBases:
 
     def _full_inputs(self, secret: TokenSecret) -> tuple[dict[str, str], str | None, str | None]:
         notes = secret.annotations
-        config = self.source.get_full(input_key(secret, CLUSTER_CONFIG, notes))
+        config = self.source.get_full(input_key(secret, CLUSTER_CONFIG, notes, self.tenancy))
         values = []
         for wanted in (JOIN_INPUTS[0], JOIN_INPUTS[2]):  # pull-secret, user-ca-bundle
-            obj = self.source.get_full(input_key(secret, wanted, notes))
+            obj = self.source.get_full(input_key(secret, wanted, notes, self.tenancy))
             values.append((data_text(obj).get(wanted.key or "") or None) if obj is not None else None)
         return (data_text(config) if config is not None else {}), values[0], values[1]

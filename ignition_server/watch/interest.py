@@ -8,6 +8,7 @@ from typing import Any, Iterable, Mapping
 
 from ..sources.manifests import ManifestError, ObjectKey, annotations, is_token_secret, parse_token_secret
 from .gather import JOIN_INPUTS, SETTINGS_INPUTS, input_key
+from .tenancy import OutsideTenancy, Tenancy
 from .trust import is_trust_object
 
 USER_DATA_PREFIX = "user-data-"  # the pointer configs this server writes (HyperShift's naming)
@@ -22,13 +23,23 @@ def secret_wanted(obj: Mapping[str, Any]) -> bool:
     )
 
 
-def secrets_referenced(obj: Mapping[str, Any]) -> Iterable[ObjectKey]:
-    """The input Secrets a token Secret names by annotation (in another namespace, say)."""
+def secrets_referenced(obj: Mapping[str, Any], tenancy: Tenancy | None = None) -> Iterable[ObjectKey]:
+    """The input Secrets a token Secret names by annotation (in a shared namespace, say).
+
+    A reference the tenancy refuses is left out: never fetched (the watcher refuses the NodePool)."""
     if not is_token_secret(obj):
         return ()
     try:
         secret = parse_token_secret(obj)
         notes = annotations(obj)
-        return [input_key(secret, wanted, notes) for wanted in JOIN_INPUTS + SETTINGS_INPUTS if wanted.kind == "Secret"]
     except (ManifestError, ValueError, KeyError):
         return ()
+    keys = []
+    for wanted in JOIN_INPUTS + SETTINGS_INPUTS:
+        if wanted.kind != "Secret":
+            continue
+        try:
+            keys.append(input_key(secret, wanted, notes, tenancy))
+        except (OutsideTenancy, ManifestError):
+            continue
+    return keys

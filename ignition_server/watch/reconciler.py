@@ -42,6 +42,7 @@ from .releases import ReleaseCatalog, Releases, is_catalog, release_key
 from .renders import PendingRender, Renderer, Renders
 from .status import Status
 from .writes import WriterDuties
+from .tenancy import Tenancy, generation_group, oldest_first
 from .trust import TrustWatcher, is_trust_object
 
 log = logging.getLogger("ignition_server.watch")
@@ -68,6 +69,8 @@ class Reconciler(Renders, WriterDuties, ReleaseWaits, GeneratedBases):
     # The catalog, the registry resolver and mirrors (the resolver calls release_resolved).
     releases: Releases = field(default_factory=Releases)
     share_namespace: str | None = None  # several replicas: the writer publishes resolved releases here
+    # Which namespaces may shape a NodePool besides its own (--shared-namespaces); by default none.
+    tenancy: Tenancy = field(default_factory=Tenancy)
     bases: BaseIndex = field(default_factory=BaseIndex)  # MCO base configurations by (cluster, release)
     generator: BaseGenerator | None = None  # --generate-bases: bases the release's MCO generates (it calls base_generated)
     # Whether this replica writes (rotation, expiry, status, user-data, ignition-reached):
@@ -82,7 +85,7 @@ class Reconciler(Renders, WriterDuties, ReleaseWaits, GeneratedBases):
     _reached_written: set[ObjectKey] = field(default_factory=set)
     _source_tokens: dict[ObjectKey, str | None] = field(default_factory=dict)  # token as the source holds it
     _pools: dict[tuple[str, str], set[ObjectKey]] = field(default_factory=dict)  # (namespace, pool name) -> Secrets
-    _by_nodepool: dict[str, set[ObjectKey]] = field(default_factory=dict)  # NodePool -> its Secrets
+    _by_nodepool: dict[tuple[str, str], set[ObjectKey]] = field(default_factory=dict)  # generation_group -> its Secrets
     _deps_of: dict[ObjectKey, frozenset[ObjectKey]] = field(default_factory=dict)  # token Secret -> what it reads
     _dependents: dict[ObjectKey, set[ObjectKey]] = field(default_factory=dict)  # object -> token Secrets reading it
     _canonical: dict[ObjectKey, ObjectKey] = field(default_factory=dict)  # the one key object of each dependency
@@ -93,6 +96,7 @@ class Reconciler(Renders, WriterDuties, ReleaseWaits, GeneratedBases):
     _asking: set[str] = field(default_factory=set)  # releases whose inputs are being read for the resolver
     _base_waiters: dict[str, set[ObjectKey]] = field(default_factory=dict)  # generated base key -> its dependency keys
     _base_asking: set[str] = field(default_factory=set)
+    _duplicates: set[ObjectKey] = field(default_factory=set)  # token Secrets refused for another's token
     # Secrets whose rotation lives in the cache dir although the source is writable: their
     # manifest (a symlink's target on a read-only mount) cannot be written.
     _rotated_in_cache: set[ObjectKey] = field(default_factory=set)
@@ -113,8 +117,8 @@ class Reconciler(Renders, WriterDuties, ReleaseWaits, GeneratedBases):
     # -- source events -------------------------------------------------------------
 
     async def handle(self, changes: list[Change]) -> None:
-        touched_pools: set[str] = set()
-        for change in changes:
+        touched_pools: set[tuple[str, str]] = set()
+        for change in oldest_first(changes):
             # One object's fault stays with that object: logged once, retried with back-off,
             # while every other change of the batch (and every later one) is applied.
             self.work.discard(change.key.ref, "parse")  # a retry of an older version is moot
@@ -138,8 +142,8 @@ class Reconciler(Renders, WriterDuties, ReleaseWaits, GeneratedBases):
         if nodepool is not None:
             self._supersede_outdated({nodepool})
 
-    async def _handle_one(self, change: Change) -> str | None:
-        """Apply one change; the NodePool of a token Secret it added or changed."""
+    async def _handle_one(self, change: Change) -> tuple[str, str] | None:
+        """Apply one change; the generation group of a token Secret it added or changed."""
         key = change.key
         touched = None
         if change.type != "DELETED" and has_large_values(change.obj) and (is_catalog(change.obj) or is_trust_object(change.obj) or is_generated_base(change.obj)):
@@ -147,6 +151,8 @@ class Reconciler(Renders, WriterDuties, ReleaseWaits, GeneratedBases):
             change = Change(change.type, key, full if full is not None else change.obj)
         if self.trust is not None:
             self.trust.handle(change)
+        if not self._may_shape_every_tenant(change):
+            change = Change("DELETED", key, change.obj)  # as if absent; it is not used for anything shared
         if key.kind == "ConfigMap" and (is_catalog(change.obj) or self.catalog.knows(key)):
             for pull_spec in self.catalog.update(key, None if change.type == "DELETED" else change.obj):
                 self._inputs_changed(release_key(pull_spec))
@@ -161,13 +167,35 @@ class Reconciler(Renders, WriterDuties, ReleaseWaits, GeneratedBases):
             if change.type != "DELETED" and is_token_secret(change.obj):
                 secret = await self._apply(key, change.obj)
                 if secret is not None:
-                    touched = secret.nodepool
-            elif key in self.secrets:
+                    touched = generation_group(secret)
+            elif key in self.secrets or key in self._duplicates:
+                self._duplicates.discard(key)
+                if key not in self.secrets:
+                    return None
                 why = "its token Secret was deleted" if change.type == "DELETED" else "it is no longer a token Secret"
                 self._forget_secret(key, why)
         if key in self._dependents:
             self._inputs_changed(key)
         return touched
+
+    def _may_shape_every_tenant(self, change: Change) -> bool:
+        """Release catalogs, published generated bases and mirror sets shape the payloads of
+        every NodePool that uses them, whatever its namespace: they count only from a shared
+        namespace (mirror sets also cluster-scoped, as OpenShift's are)."""
+        if change.type == "DELETED":
+            return True
+        obj, namespace = change.obj, change.key.namespace
+        shaping = is_catalog(obj) or is_generated_base(obj) or is_mirror_set(obj) or \
+            change.key.kind in ("ImageDigestMirrorSet", "ImageTagMirrorSet")
+        if not shaping or self.tenancy.is_shared(namespace):
+            return True
+        if is_mirror_set(obj) and not (obj.get("metadata") or {}).get("namespace"):
+            return True  # cluster-scoped, as OpenShift's are: only a cluster admin writes those
+        log.warning("%s %s is ignored: a release catalog, generated base or mirror set shapes other namespaces' "
+                    "NodePools, and %s is not a shared namespace (%s)", change.key.kind, change.key.ref, namespace,
+                    self.tenancy.describe())
+        self.metrics.tenancy_refusals.labels(what="shared-object").inc()
+        return False
 
     def _inputs_changed(self, dependency: ObjectKey) -> None:
         """Re-render exactly the NodePools that read `dependency` (the digest decides if anything changed)."""
@@ -210,15 +238,41 @@ class Reconciler(Renders, WriterDuties, ReleaseWaits, GeneratedBases):
             self._order[key] = self._seq
         self._source_tokens[key] = secret.token
         secret = self._with_rotation_state(secret)
+        if self._token_held_elsewhere(key, secret, obj):
+            return None
         self._unlist_pool(key)
         self.secrets[key] = secret
         self._pools.setdefault(_pool_of(secret), set()).add(key)
-        self._by_nodepool.setdefault(secret.nodepool, set()).add(key)
+        self._by_nodepool.setdefault(generation_group(secret), set()).add(key)
         self._index_tokens(secret)
         if self.outputs is not None:
             self.outputs.tokens_changed(secret)
         self._schedule_render(secret)
         return secret
+
+    def _token_held_elsewhere(self, key: ObjectKey, secret: TokenSecret, obj: dict[str, Any]) -> bool:
+        """A token belongs to the Secret that held it first: a newcomer holding it (a leaked
+        token pasted into another Secret) is refused, never served and never replaces the first.
+        The index remembers holders across restarts (retired tokens for one TTL), so the first stays first."""
+        holders = set()
+        for token in (secret.token, secret.old_token):
+            record = self.cache.lookup_token_key(self.cache.token_key(token)) if token else None
+            if record is not None and record.secret != secret.ref:
+                holders.add(record.secret)
+        if not holders:
+            self._duplicates.discard(key)
+            return False
+        if key not in self._duplicates:
+            self._duplicates.add(key)
+            self.metrics.tenancy_refusals.labels(what="duplicate-token").inc()
+            log.error("token Secret %s holds a token that %s already holds: refused (not indexed, not rendered, "
+                      "not rotated); give it a token of its own", key.ref, ", ".join(sorted(holders)))
+        if key in self.secrets:
+            self._forget_secret(key, "it now holds another Secret's token")
+        self._write_status_later(key, obj, Status(
+            "InvalidConfig", "refused: a token of this Secret is already held by another token Secret; "
+                             "generate a new token"))
+        return True
 
     def _index_tokens(self, secret: TokenSecret) -> None:
         now = self.clock()
@@ -271,7 +325,7 @@ class Reconciler(Renders, WriterDuties, ReleaseWaits, GeneratedBases):
     def _unlist_pool(self, key: ObjectKey) -> None:
         previous = self.secrets.get(key)
         if previous is not None:
-            for index, name in ((self._pools, _pool_of(previous)), (self._by_nodepool, previous.nodepool)):
+            for index, name in ((self._pools, _pool_of(previous)), (self._by_nodepool, generation_group(previous))):
                 keys = index.get(name)  # type: ignore[attr-defined]
                 if keys is not None:
                     keys.discard(key)

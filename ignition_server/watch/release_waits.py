@@ -26,6 +26,7 @@ from ..sources.manifests import ObjectKey, TokenSecret, data_text
 from .gather import JOIN_INPUTS, input_key
 from .releases import ANNOTATION_RELEASE_CATALOG, CATALOG_KEY, HAPROXY_IMAGE, Releases, release_key
 from .status import Status
+from .tenancy import Tenancy
 
 log = logging.getLogger("ignition_server.watch")
 
@@ -47,6 +48,7 @@ class ReleaseWaits:
     _asking: set[str]
     source: Any
     share_namespace: str | None
+    tenancy: Tenancy
     writer: Callable[[], bool]
 
     def _inputs_changed(self, dependency: ObjectKey) -> None: ...
@@ -131,7 +133,7 @@ class ReleaseWaits:
             # In full (a pull secret is often past the slim size): read off the event loop.
             values = []
             for wanted in (JOIN_INPUTS[0], JOIN_INPUTS[2]):  # pull-secret, user-ca-bundle
-                obj = await asyncio.to_thread(self.source.get_full, input_key(secret, wanted, secret.annotations))
+                obj = await asyncio.to_thread(self.source.get_full, input_key(secret, wanted, secret.annotations, self.tenancy))
                 values.append(data_text(obj).get(wanted.key or "") if obj is not None else None)
             assert self.releases.resolver is not None
             self.releases.resolver.request(spec, values[0] or None, values[1] or None)

@@ -31,6 +31,7 @@ from .gather import gather
 from .release_waits import WAIT
 from .releases import Releases
 from .status import Status
+from .tenancy import OutsideTenancy, Tenancy
 
 log = logging.getLogger("ignition_server.watch")
 
@@ -56,6 +57,7 @@ class Renders:
     releases: Releases
     bases: BaseIndex
     generator: BaseGenerator | None
+    tenancy: Tenancy
     secrets: dict[ObjectKey, TokenSecret]
     faults: Faults
     _renders: dict[str, asyncio.Task[RenderedPayload]]
@@ -73,7 +75,10 @@ class Renders:
     def inputs_for(self, secret: TokenSecret) -> NodePoolInputs:
         try:
             inputs, deps = gather(secret, secret.annotations, self.source.get, self.releases, bases=self.bases,
-                                 generated=self._generated)
+                                  generated=self._generated, tenancy=self.tenancy)
+        except OutsideTenancy as exc:
+            self.metrics.tenancy_refusals.labels(what="input").inc()
+            raise InvalidConfig(str(exc)) from None
         except ManifestError as exc:
             raise InvalidConfig(str(exc)) from None
         self._track(secret.key, deps)
@@ -185,7 +190,7 @@ class Renders:
         try:
             inputs, _deps = gather(
                 secret, secret.annotations, self.source.get_full, self.releases, token_secret_config(obj), self.bases,
-                self._generated,
+                self._generated, self.tenancy,
             )
         except ManifestError as exc:
             raise refusal(exc, str(exc)) from None

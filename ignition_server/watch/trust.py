@@ -20,6 +20,7 @@ import logging
 from typing import Any, Callable, Mapping
 
 from ..auth.claims import TokenSecretRef
+from ..auth.jwks import load_public_keys
 from ..auth.jwt import ServiceAccountVerifier
 from ..sources.events import Change
 from ..sources.manifests import ManifestError, ObjectKey, annotations, data_text
@@ -37,9 +38,11 @@ def is_trust_object(obj: Mapping[str, Any]) -> bool:
 
 
 class TrustWatcher:
-    def __init__(self, verifier: ServiceAccountVerifier, on_keys_changed: Callable[[], None] = lambda: None) -> None:
+    def __init__(self, verifier: ServiceAccountVerifier, on_keys_changed: Callable[[], None] = lambda: None,
+                 on_refused: Callable[[], None] = lambda: None) -> None:
         self.verifier = verifier
         self._on_keys_changed = on_keys_changed
+        self._on_refused = on_refused  # counts a key set refused for being another cluster's
         self._providers: dict[str, ObjectKey] = {}  # cluster -> the object its keys came from
 
     def handle(self, change: Change) -> None:
@@ -69,6 +72,8 @@ class TrustWatcher:
             log.error("%s has no jwks.json and no *.pub/*.pem key: keeping the last good keys", change.key)
             return
         try:
+            if self._held_by_another(change.key, cluster, sources):
+                return
             issuer = values.get("issuer", "").strip()
             self.verifier.configure(cluster, issuers=[issuer] if issuer else [])
             keys = self.verifier.set_keys(cluster, sources)
@@ -80,3 +85,16 @@ class TrustWatcher:
         if secret_name:
             self.verifier.set_token_secrets(cluster, TokenSecretRef(name=secret_name))
         log.info("service-account keys for %s: %d key(s)%s", cluster, len(keys), f", token Secret {secret_name}" if secret_name else "")
+
+    def _held_by_another(self, key: ObjectKey, cluster: str, sources: list[str]) -> bool:
+        """A key another cluster already trusts is that cluster's: refused here (the newcomer),
+        so a copy of a cluster's public key published elsewhere never makes its tokens ambiguous
+        (they would verify under two clusters, and be refused)."""
+        fingerprints = [k.fingerprint for k in load_public_keys(sources)]
+        holders = self.verifier.clusters_holding(fingerprints, besides=cluster)
+        if not holders:
+            return False
+        log.error("%s publishes a service-account key that %s already trusts: refused for %s, keeping its last good keys",
+                  key, ", ".join(sorted(holders)), cluster)
+        self._on_refused()
+        return True

@@ -179,13 +179,13 @@ class WriterDuties:
         self._rotated_in_cache.add(key)
         self._rotate_in_cache(key, secret, now, token)
 
-    def _supersede_outdated(self, nodepools: set[str]) -> None:
-        """A NodePool's newer token Secret outdates the older ones: they expire in 2 h."""
+    def _supersede_outdated(self, groups: set[tuple[str, str]]) -> None:
+        """A NodePool's newer token Secret outdates the older ones of its namespace: they expire in 2 h."""
         now = self.clock()
-        by_pool: dict[str, list[TokenSecret]] = {}
-        for nodepool in nodepools:
-            live = [self.secrets[k] for k in self._by_nodepool.get(nodepool, ())]
-            by_pool[nodepool] = [s for s in live if s.expiration is None]
+        by_pool: dict[tuple[str, str], list[TokenSecret]] = {}
+        for group in groups:
+            live = [self.secrets[k] for k in self._by_nodepool.get(group, ())]
+            by_pool[group] = [s for s in live if s.expiration is None]
         for secrets in by_pool.values():
             if len(secrets) < 2:
                 continue
