@@ -220,3 +220,89 @@ def hypershift_mcs_config(name: str, *, infra_id: str | None = None, platform: s
                                                     "data": {"ca-bundle.crt": user_ca_bundle}})
     return data
 
+
+
+def mcs_reference_payload(real: RealMCO, work: Path, *, cluster_files: dict[str, str], custom_yaml: str,
+                          bootstrap_kubeconfig: str, pull_secret: str, release: RealRelease, os_stream: str = "") -> bytes:
+    """What HyperShift's ignition server serves for these inputs, made by running its steps 3-7
+    (../shared/real/README.md) with the real binaries directly: render, the operator, the
+    controller with the NodePool's MachineConfigs (`mcc/custom.yaml`), then the bootstrap MCS's
+    answer to `/config/master` at 3.2.0. About 2 s; `work` must not exist yet."""
+    import base64
+    import subprocess
+    import urllib.request
+
+    from harness import free_port, wait_for
+    from ignition_server.http.tls import ensure_self_signed
+
+    config, mco, mcc, mcs, gates = (work / n for n in ("config", "mco", "mcc", "mcs", "cca"))
+    for directory in (config, mco, mcc, mcs, gates / "input", gates / "output", gates / "manifests"):
+        directory.mkdir(parents=True)
+    for name, text in cluster_files.items():
+        if name != "configuration-hash":
+            (config / name).write_text(text)
+    (config / "pull-secret.yaml").write_text(_dump({
+        "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/dockerconfigjson",
+        "metadata": {"name": "pull-secret", "namespace": "openshift-config"},
+        "data": {".dockerconfigjson": base64.b64encode(pull_secret.encode()).decode()}}))
+    (config / "release-manifests").mkdir()
+    (config / "release-manifests" / "image-references").write_text(json.dumps(
+        {"kind": "ImageStream", "apiVersion": "image.openshift.io/v1", "metadata": {"name": release.version},
+         "spec": {"tags": [{"name": n, "from": {"kind": "DockerImage", "name": i}} for n, i in release.images.items()]}}))
+    (mcc / "custom.yaml").write_text(custom_yaml)
+    (mcs / "kubeconfig").write_text(bootstrap_kubeconfig)
+
+    def run(argv: list[str], cwd: Path) -> None:
+        done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, f"{argv[0]} failed:\n{done.stdout[-4000:]}{done.stderr[-4000:]}"
+
+    (gates / "manifests" / "99_feature-gate.yaml").write_text(
+        "apiVersion: config.openshift.io/v1\nkind: FeatureGate\nmetadata:\n  name: cluster\nspec: {}\n")
+    run([str(real.binary("render")), "--asset-output-dir", str(gates / "output"), "--image-manifests=input",
+         f"--rendered-manifest-dir={gates / 'manifests'}", "--cluster-profile=ibm-cloud-managed",
+         f"--payload-version={release.version}"], gates)
+    shutil.copyfile(gates / "manifests" / "99_feature-gate.yaml", mcc / "99_feature-gate.yaml")
+    args = [f"--root-ca={config}/root-ca.crt", f"--infra-config-file={config}/cluster-infrastructure-02-config.yaml",
+            f"--network-config-file={config}/cluster-network-02-config.yaml",
+            f"--proxy-config-file={config}/cluster-proxy-01-config.yaml", f"--config-file={config}/install-config.yaml",
+            f"--dns-config-file={config}/cluster-dns-02-config.yaml", f"--pull-secret={config}/pull-secret.yaml",
+            f"--dest-dir={mco}", f"--release-image={release.pullspec}", f"--payload-version={release.version}",
+            f"--image-references={config}/release-manifests/image-references", f"--kube-ca={config}/signer-ca.crt"]
+    if cluster_files.get("user-ca-bundle-config.yaml"):
+        args.append(f"--additional-trust-bundle-config-file={config}/user-ca-bundle-config.yaml")
+    run([str(real.binary("machine-config-operator")), "bootstrap", *args], work)
+    for source in (mco / "bootstrap" / "manifests").iterdir():
+        shutil.copyfile(source, mcc / source.name)
+    for source in [*config.glob("*.machineconfigpool.yaml"), config / "image-config.yaml", config / "cluster-apiserver-config.yaml"]:
+        shutil.copyfile(source, mcc / source.name)
+    if os_stream:
+        (mcc / "99_osimagestream.yaml").write_text(_dump({"apiVersion": "machineconfiguration.openshift.io/v1",
+                                                          "kind": "OSImageStream", "metadata": {"name": "cluster"},
+                                                          "spec": {"defaultStream": os_stream}}))
+    run([str(real.binary("machine-config-controller")), "bootstrap", f"--manifest-dir={mcc}",
+         f"--templates={real.root / 'etc' / 'mcc' / 'templates'}", f"--pull-secret={mcc}/machineconfigcontroller-pull-secret",
+         f"--dest-dir={mcs}", f"--payload-version={release.version}"], work)
+    tls = ensure_self_signed(work / "tls", "https://localhost")
+    secure, insecure = free_port(), free_port()
+    log = open(work / "mcs.log", "wb")
+    server = subprocess.Popen([str(real.binary("machine-config-server")), "bootstrap", f"--server-basedir={mcs}",
+                               f"--bootstrap-kubeconfig={mcs}/kubeconfig", f"--cert={tls.cert}", f"--key={tls.key}",
+                               f"--secure-port={secure}", f"--insecure-port={insecure}", f"--payload-version={release.version}"],
+                              stdout=log, stderr=subprocess.STDOUT)
+    try:
+        request = urllib.request.Request(f"http://127.0.0.1:{insecure}/config/master",
+                                         headers={"Accept": "application/vnd.coreos.ignition+json;version=3.2.0, */*;q=0.1"})
+
+        def answer() -> bytes | None:
+            assert server.poll() is None, (work / "mcs.log").read_text()
+            try:
+                with urllib.request.urlopen(request, timeout=5) as response:
+                    return response.read()
+            except OSError:
+                return None
+
+        return wait_for(answer, timeout=30, what="the bootstrap machine-config-server's answer")
+    finally:
+        server.kill()
+        server.wait()
+        log.close()

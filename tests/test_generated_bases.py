@@ -26,7 +26,7 @@ RHCOS = "quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:" + "f" * 64
 
 
 def release(registry: Registry, mco: str, version: str) -> str:
-    components = {"haproxy-router": HAPROXY, "machine-config-operator": mco, "rhel-coreos": RHCOS}
+    components = {"haproxy-router": HAPROXY, "machine-config-operator": mco, "cluster-config-api": mco, "rhel-coreos": RHCOS}
     digests = registry.push_release("ocp/release", {"amd64": components}, version)
     return f"{registry.host}/ocp/release@{digests['index']}"
 
@@ -82,7 +82,7 @@ def test_one_run_per_cluster_and_release_cached_across_restarts_failures_keep_th
         assert units["kubelet.service"]["contents"] == KUBELET_UNIT
         assert "/etc/ignition-machine-config-encapsulated.json" in files  # merged as a base: MCS appenders
         assert f"/etc/{name}.conf" in files  # and the NodePool's own MachineConfig
-    assert token_status(paths["clusters-a-p0"]).message.startswith("MCO base merged: rendered-worker-")
+    assert token_status(paths["clusters-a-p0"]).message.startswith("MCO base merged: rendered-master-")  # the pool HyperShift serves
 
     # Restart (SIGKILL): the bases come from the encrypted cache: no run, no registry request, no render.
     proc.kill()
@@ -234,7 +234,7 @@ async def test_generator_single_flight_back_off_and_retry(tmp_path: Path) -> Non
                 clock=lambda: now[0])
             job = BaseJob(key="k1", namespace="clusters-a", release="example/release@sha256:" + "1" * 64,
                           release_digest="sha256:" + "1" * 64, version="4.17.3",
-                          images={"machine-config-operator": mco}, cluster_files=cluster_config("infra-a"),
+                          images={"machine-config-operator": mco, "cluster-config-api": mco}, cluster_files=cluster_config("infra-a"),
                           pull_secret=registry.pull_secret())
             for _ in range(5):
                 generator.request(job)  # one run however many ask
@@ -288,5 +288,5 @@ def test_kubernetes_mode_the_writer_generates_and_shares(world, tmp_path: Path) 
         assert sorted(generations(p) for p in procs) == [0, 1]  # generated once, by the writer
         assert [s for _p, s, _v, _i in runs(counter)] == ["operator", "controller"]
         shared = [cm for cm in api.list("configmaps", "ignition") if cm["metadata"]["name"].startswith("ignition-server-base-")]
-        assert len(shared) == 1 and "rendered-worker-" in shared[0]["data"]["machineconfigs.yaml"]
+        assert len(shared) == 1 and "ignition-server.openshift.io/served-pool: master" in shared[0]["data"]["machineconfigs.yaml"]
         assert len(shared[0]["metadata"]["annotations"]["ignition-server.openshift.io/generated-base"]) == 64

@@ -10,13 +10,17 @@ but once per (cluster configuration, release digest), not once per payload:
    namespace (install-config.yaml, cluster-*-config.yaml, root-ca.crt, signer-ca.crt,
    *.machineconfigpool.yaml, image-config.yaml, ...), written to `config/` with the pull
    secret (`pull-secret.yaml`) and the release's `release-manifests/image-references`;
-3. `machine-config-operator bootstrap ... --dest-dir=mco`, its `bootstrap/manifests/`
-   and the pools copied to `mcc/`, then `machine-config-controller bootstrap
-   --manifest-dir=mcc --templates=... --dest-dir=mcs`;
-4. the worker pool's rendered MachineConfig (`mcs/machine-pools/worker.yaml` names it
-   in `status.configuration.name`, `mcs/machine-configs/<name>.yaml` holds it), read
-   with `base import`'s bootstrap parsing. The machine-config-server step is not run:
-   it only serves that MachineConfig with its appenders, which render/mco.py applies.
+3. the FeatureGate, rendered by the release's `cluster-config-api` image (`usr/bin/render`,
+   HyperShift's flags for 4.15 and later, the `ibm-cloud-managed` profile) from `spec: {}`:
+   without one the controller stops ("no featuregate found in dir");
+4. `machine-config-operator bootstrap ... --dest-dir=mco`, its `bootstrap/manifests/`,
+   the cluster's pools, `image-config.yaml`, `cluster-apiserver-config.yaml` (the TLS
+   profile of kubelet and CRI-O), the FeatureGate and, for an `os-stream`, an OSImageStream
+   copied to `mcc/`; then `machine-config-controller bootstrap --manifest-dir=mcc ... --dest-dir=mcs`;
+5. the `master` pool's rendered MachineConfig (HyperShift's `master` pool selects the worker
+   role; the bootstrap MCS serves only it), split in two so that MCO's merge by name can be
+   kept when a NodePool's MachineConfigs join it (split_base below). The machine-config-server
+   step is not run: it serves that MachineConfig with its appenders, which render/mco.py applies.
 
 The result (the base's MachineConfigs as YAML) is kept in the encrypted state of the
 payload cache under the pair's digest: a restart never runs it again. One run per pair at
@@ -27,6 +31,7 @@ back-off.
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import json
 import logging
@@ -42,7 +47,6 @@ from typing import Any, Callable, Mapping
 import yaml
 
 from .. import bounded_yaml
-from ..base_import import from_bootstrap_documents
 from ..registry.auth import AuthError
 from ..registry.client import RegistryError
 from ..registry.image_files import ImageFiles
@@ -54,8 +58,22 @@ log = logging.getLogger("ignition_server.basegen")
 
 MCO_IMAGE = "machine-config-operator"
 IMAGE_PATHS = ("usr/bin/machine-config-operator", "usr/bin/machine-config-controller", "etc/mcc/templates")
+CONFIG_API_IMAGE = "cluster-config-api"
+RENDER_PATHS = ("usr/bin/render",)
 STATE_PREFIX = "mco-base-"
 MAX_OUTPUT_FILE = 32 << 20
+# HyperShift's deployment mounts this FeatureGate (`spec: {}`: the release's defaults for the profile).
+FEATURE_GATE = "apiVersion: config.openshift.io/v1\nkind: FeatureGate\nmetadata:\n  name: cluster\nspec: {}\n"
+SERVED_POOL = "master"  # HyperShift's `master` pool selects the worker role; the bootstrap MCS serves only it
+# A pool of our own in the controller's input: it selects only the MachineConfigs the controller
+# generates for it (97-/98-/99-<pool>-generated-*), which are the worker's generated ones.
+PROBE_POOL = "ignition-server-generated"
+# What the base's MachineConfigs carry for the renderer (render/mco.py reads them).
+ANNOTATION_SERVED_POOL = "ignition-server.openshift.io/served-pool"
+ANNOTATION_KUBELET_CA = "ignition-server.openshift.io/kubelet-ca"
+ANNOTATION_CONTROLLER_VERSION = "ignition-server.openshift.io/controller-version"
+CLOUD_CONFIG_PLATFORMS = ("Azure", "OpenStack")
+GENERATED_BY_CONTROLLER_ANNOTATION = "machineconfiguration.openshift.io/generated-by-controller-version"
 
 
 @dataclass(frozen=True)
@@ -71,6 +89,8 @@ class BaseJob:
     cluster_files: Mapping[str, str]
     pull_secret: str | None
     ca_bundle: str | None = None
+    os_stream: str = ""  # the token Secret's `os-stream`: part of the key
+    cloud_config: Mapping[str, Any] | None = None  # Azure/OpenStack: the cloud provider's ConfigMap
 
 
 @dataclass(frozen=True)
@@ -190,26 +210,33 @@ class BaseGenerator:
         image = job.images.get(MCO_IMAGE)
         if not image:
             raise ValueError(f"release {job.release} has no {MCO_IMAGE} image")
-        image_dir = await self._image_files(image, job)
+        config_api = job.images.get(CONFIG_API_IMAGE)
+        if not config_api:
+            raise ValueError(f"release {job.release} has no {CONFIG_API_IMAGE} image (its render writes the FeatureGate)")
+        image_dir, render_dir = await asyncio.gather(self._image_files(image, job, IMAGE_PATHS),
+                                                     self._image_files(config_api, job, RENDER_PATHS))
         with tempfile.TemporaryDirectory(dir=self.work_dir, prefix="mco-") as tmp:
             root = Path(tmp)
-            config, mco, mcc, mcs = (root / n for n in ("config", "mco", "mcc", "mcs"))
-            for directory in (config, mco, mcc, mcs):
+            config, mco, mcc, mcs, gates = (root / n for n in ("config", "mco", "mcc", "mcs", "featuregate"))
+            for directory in (config, mco, mcc, mcs, gates):
                 directory.mkdir()
-            await asyncio.to_thread(write_config, config, job)
+            await asyncio.to_thread(write_config, config, mco, job)
             env = {"PATH": "/usr/bin:/bin", "HOME": str(root), "LANG": "C.UTF-8"}
             limits = self.settings.limits
+            await asyncio.to_thread(prepare_feature_gate, gates)
+            await run_step([str(render_dir / RENDER_PATHS[0]), *render_args(gates, job)], gates, limits, env)
             await run_step([str(image_dir / IMAGE_PATHS[0]), *operator_args(config, mco, job)], root, limits, env)
-            await asyncio.to_thread(prepare_controller_input, config, mco, mcc)
+            await asyncio.to_thread(prepare_controller_input, config, mco, mcc, gates, job)
             await run_step([str(image_dir / IMAGE_PATHS[1]), *controller_args(mcc, image_dir, mcs, job)], root, limits, env)
-            return await asyncio.to_thread(read_worker_base, mcs)
+            return await asyncio.to_thread(read_base, mcs)
 
 
-    async def _image_files(self, image: str, job: BaseJob) -> Path:
+    async def _image_files(self, image: str, job: BaseJob, paths: tuple[str, ...]) -> Path:
         """The image's binaries and templates, extracted once (single-flight) and shared."""
-        task = self._images.get(image)
+        wanted = image + "\n" + "\n".join(paths)
+        task = self._images.get(wanted)
         if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
-            task = self._images[image] = asyncio.ensure_future(self._extract_image(image, job))
+            task = self._images[wanted] = asyncio.ensure_future(self._extract_image(image, job, paths))
             for old in list(self._images)[:-self.keep_images]:
                 gone = self._images.pop(old)
                 if gone.done() and not gone.cancelled() and gone.exception() is None:
@@ -217,13 +244,13 @@ class BaseGenerator:
                     shutil.rmtree(gone.result(), ignore_errors=True)
         return await asyncio.shield(task)
 
-    async def _extract_image(self, image: str, job: BaseJob) -> Path:
-        target = self.work_dir / ("image-" + hashlib.sha256(image.encode()).hexdigest()[:32])
+    async def _extract_image(self, image: str, job: BaseJob, paths: tuple[str, ...]) -> Path:
+        target = self.work_dir / ("image-" + hashlib.sha256("\n".join((image, *paths)).encode()).hexdigest()[:32])
         shutil.rmtree(target, ignore_errors=True)
         staging = Path(tempfile.mkdtemp(dir=self.work_dir, prefix="mco-image-"))
         try:
-            await self.files.extract(image, IMAGE_PATHS, staging, job.pull_secret, self.tls(job.ca_bundle))
-            for binary in IMAGE_PATHS[:2]:
+            await self.files.extract(image, paths, staging, job.pull_secret, self.tls(job.ca_bundle))
+            for binary in (p for p in paths if p.startswith("usr/bin/")):
                 if not (staging / binary).is_file():
                     raise ValueError(f"image {image} has no {binary}")
             staging.rename(target)
@@ -237,15 +264,34 @@ def cluster_key(cluster_fingerprint: str, release_digest: str) -> str:
     return hashlib.sha256(f"{cluster_fingerprint}\n{release_digest}".encode()).hexdigest()
 
 
-def write_config(config: Path, job: BaseJob) -> None:
+def platform(cluster_files: Mapping[str, str]) -> str:
+    """The Infrastructure's platform type (`status.platformStatus.type`), "" when it says none."""
+    try:
+        infra = bounded_yaml.load(cluster_files.get("cluster-infrastructure-02-config.yaml") or "")
+    except ValueError:
+        return ""
+    status = (infra or {}).get("status") if isinstance(infra, dict) else None
+    if not isinstance(status, dict):
+        return ""
+    kind = (status.get("platformStatus") or {}).get("type") if isinstance(status.get("platformStatus"), dict) else None
+    return str(kind or status.get("platform") or "")
+
+
+def needs_cloud_config(cluster_files: Mapping[str, str]) -> bool:
+    return platform(cluster_files) in CLOUD_CONFIG_PLATFORMS
+
+
+def write_config(config: Path, mco: Path, job: BaseJob) -> None:
     for name, text in job.cluster_files.items():
         if not name or "/" in name or name.startswith(".") or name == "configuration-hash":
             continue
         (config / name).write_text(text)
+    # Under `data` (base64), as HyperShift serializes it: the controller reads only `data`.
+    secret = (job.pull_secret or '{"auths":{}}').encode()
     pull_secret = {
         "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/dockerconfigjson",
         "metadata": {"name": "pull-secret", "namespace": "openshift-config"},
-        "stringData": {".dockerconfigjson": job.pull_secret or '{"auths":{}}'},
+        "data": {".dockerconfigjson": base64.b64encode(secret).decode()},
     }
     (config / "pull-secret.yaml").write_text(yaml.safe_dump(pull_secret))
     (config / "pull-secret.yaml").chmod(0o600)
@@ -253,6 +299,25 @@ def write_config(config: Path, job: BaseJob) -> None:
               "spec": {"tags": [{"name": n, "from": {"kind": "DockerImage", "name": i}} for n, i in sorted(job.images.items())]}}
     (config / "release-manifests").mkdir()
     (config / "release-manifests" / "image-references").write_text(json.dumps(stream, indent=2))
+    if job.cloud_config is not None:
+        (mco / "cloud.conf.configmap.yaml").write_text(yaml.safe_dump(dict(job.cloud_config)))
+
+
+def prepare_feature_gate(gates: Path) -> None:
+    for name in ("input", "output", "manifests"):
+        (gates / name).mkdir()
+    (gates / "manifests" / "99_feature-gate.yaml").write_text(FEATURE_GATE)
+
+
+def render_args(gates: Path, job: BaseJob) -> list[str]:
+    """The cluster-config-api `render` flags HyperShift passes for 4.15 and later (run in `gates`)."""
+    return [
+        "--asset-output-dir", str(gates / "output"),
+        "--image-manifests=input",
+        f"--rendered-manifest-dir={gates / 'manifests'}",
+        "--cluster-profile=ibm-cloud-managed",
+        f"--payload-version={job.version}",
+    ]
 
 
 def operator_args(config: Path, dest: Path, job: BaseJob) -> list[str]:
@@ -274,6 +339,8 @@ def operator_args(config: Path, dest: Path, job: BaseJob) -> list[str]:
     ]
     if (job.cluster_files.get("user-ca-bundle-config.yaml") or "").strip():
         args.append(f"--additional-trust-bundle-config-file={config}/user-ca-bundle-config.yaml")
+    if job.cloud_config is not None:
+        args.append(f"--cloud-config-file={dest}/cloud.conf.configmap.yaml")
     return args
 
 
@@ -288,28 +355,105 @@ def controller_args(mcc: Path, image_dir: Path, dest: Path, job: BaseJob) -> lis
     ]
 
 
-def prepare_controller_input(config: Path, mco: Path, mcc: Path) -> None:
+def os_image_stream(stream: str) -> str:
+    """`mcc/99_osimagestream.yaml`: the NodePool's OS stream as the cluster's default."""
+    return yaml.safe_dump({"apiVersion": "machineconfiguration.openshift.io/v1", "kind": "OSImageStream",
+                           "metadata": {"name": "cluster"}, "spec": {"defaultStream": stream}}, sort_keys=False)
+
+
+def prepare_controller_input(config: Path, mco: Path, mcc: Path, gates: Path, job: BaseJob) -> None:
     manifests = mco / "bootstrap" / "manifests"
     if not manifests.is_dir():
         raise ValueError(f"machine-config-operator wrote no {manifests.relative_to(mco.parent)}")
-    for source in [*manifests.iterdir(), *config.glob("*.machineconfigpool.yaml"), config / "image-config.yaml"]:
+    feature_gate = gates / "manifests" / "99_feature-gate.yaml"
+    if "FeatureGate" not in feature_gate.read_text() or "status" not in feature_gate.read_text():
+        raise ValueError("render wrote no FeatureGate status into manifests/99_feature-gate.yaml")
+    # The operator's output first; the cluster's pools replace its own (as HyperShift does).
+    for source in [*manifests.iterdir(), *config.glob("*.machineconfigpool.yaml"), config / "image-config.yaml",
+                   config / "cluster-apiserver-config.yaml", feature_gate]:
         if source.is_file():
             shutil.copyfile(source, mcc / source.name)
+    if job.os_stream:
+        (mcc / "99_osimagestream.yaml").write_text(os_image_stream(job.os_stream))
+    probe = {"apiVersion": "machineconfiguration.openshift.io/v1", "kind": "MachineConfigPool",
+             "metadata": {"name": PROBE_POOL},
+             "spec": {"machineConfigSelector": {"matchLabels": {"machineconfiguration.openshift.io/role": PROBE_POOL}},
+                      "nodeSelector": {"matchLabels": {"node-role.kubernetes.io/" + PROBE_POOL: ""}}}}
+    (mcc / f"{PROBE_POOL}.machineconfigpool.yaml").write_text(yaml.safe_dump(probe))
 
 
-def read_worker_base(mcs: Path) -> str:
-    """The worker pool's rendered MachineConfig, as `base import` reads a bootstrap directory."""
-    pool_file = mcs / "machine-pools" / "worker.yaml"
+def _rendered(mcs: Path, pool: str) -> dict[str, Any]:
+    pool_file = mcs / "machine-pools" / f"{pool}.yaml"
     if not pool_file.is_file():
-        raise ValueError("machine-config-controller wrote no machine-pools/worker.yaml")
-    pool: Any = bounded_yaml.load(_read(pool_file))
-    name = (((pool or {}).get("status") or {}).get("configuration") or {}).get("name") if isinstance(pool, dict) else None
+        raise ValueError(f"machine-config-controller wrote no machine-pools/{pool}.yaml")
+    doc: Any = bounded_yaml.load(_read(pool_file))
+    name = (((doc or {}).get("status") or {}).get("configuration") or {}).get("name") if isinstance(doc, dict) else None
     if not isinstance(name, str) or not name or "/" in name:
-        raise ValueError("machine-pools/worker.yaml names no rendered configuration (status.configuration.name)")
+        raise ValueError(f"machine-pools/{pool}.yaml names no rendered configuration (status.configuration.name)")
     rendered = mcs / "machine-configs" / f"{name}.yaml"
     if not rendered.is_file():
         raise ValueError(f"machine-config-controller wrote no machine-configs/{name}.yaml")
-    machineconfigs = from_bootstrap_documents([(rendered.name, _read(rendered))])
+    mc: Any = bounded_yaml.load(_read(rendered))
+    if not isinstance(mc, dict) or not isinstance(mc.get("spec"), dict):
+        raise ValueError(f"machine-configs/{name}.yaml is not a MachineConfig")
+    sources = [str(s.get("name")) for s in (((doc.get("status") or {}).get("configuration") or {}).get("source") or [])
+               if isinstance(s, dict)]
+    mc["_sources"] = sources
+    return mc
+
+
+def _without_suffix(items: list[Any], suffix: list[Any]) -> list[Any]:
+    if suffix and items[-len(suffix):] == suffix:
+        return items[:-len(suffix)]
+    return items
+
+
+def split_base(served: dict[str, Any], generated: dict[str, Any], kubelet_ca: str, controller_version: str) -> list[dict[str, Any]]:
+    """The served pool's rendered MachineConfig as two MachineConfigs MCO's merge by name can place.
+
+    MCO merges a pool's MachineConfigs in name order: the templates' (00-worker, 01-worker-*),
+    then a NodePool's (50-... by convention), then the controller's generated ones
+    (97-/98-/99-worker-generated-*). The controller writes only the merged result, so: `low`,
+    named as the last template one, is the whole merge with the generated ones' kernel
+    arguments and extensions taken off (they come back with `high`); `high`, named as the first
+    generated one, is the generated ones merged (the probe pool's render). Merged again, low
+    then high is the served pool's config; with a NodePool's MachineConfig between them, the
+    NodePool's wins over the templates' and the generated ones win over it, as in MCO (a
+    NodePool name between two template or two generated names is the one case placed
+    differently: README)."""
+    sources = served.pop("_sources", [])
+    generated.pop("_sources", None)
+    worker = sorted(n for n in sources if "worker" in n)
+    templates = [n for n in worker if "-generated-" not in n] or ["00-worker"]
+    generated_names = [n for n in worker if "-generated-" in n] or ["97-worker-generated-kubelet"]
+    spec, gen_spec = served["spec"], generated["spec"]
+    low_spec = dict(spec)
+    low_spec["kernelArguments"] = _without_suffix(list(spec.get("kernelArguments") or []), list(gen_spec.get("kernelArguments") or []))
+    low_spec["extensions"] = _without_suffix(list(spec.get("extensions") or []), list(gen_spec.get("extensions") or []))
+    notes = {GENERATED_BY_CONTROLLER_ANNOTATION: controller_version, ANNOTATION_SERVED_POOL: SERVED_POOL,
+             ANNOTATION_CONTROLLER_VERSION: controller_version}
+    low = {"apiVersion": "machineconfiguration.openshift.io/v1", "kind": "MachineConfig",
+           "metadata": {"name": max(templates), "labels": {"machineconfiguration.openshift.io/role": "worker"},
+                        "annotations": {**notes, ANNOTATION_KUBELET_CA: kubelet_ca}},
+           "spec": low_spec}
+    high_spec = {k: v for k, v in gen_spec.items() if k in ("config", "kernelArguments", "extensions", "fips", "kernelType")}
+    high = {"apiVersion": "machineconfiguration.openshift.io/v1", "kind": "MachineConfig",
+            "metadata": {"name": min(generated_names), "labels": {"machineconfiguration.openshift.io/role": "worker"},
+                         "annotations": dict(notes)},
+            "spec": high_spec}
+    return [low, high]
+
+
+def read_base(mcs: Path) -> str:
+    """The served pool's rendered MachineConfig, split (split_base), with what the MCS appends from the run."""
+    served = _rendered(mcs, SERVED_POOL)
+    generated = _rendered(mcs, PROBE_POOL)
+    controller_file = mcs / "controller-config" / "machine-config-controller.yaml"
+    controller: Any = bounded_yaml.load(_read(controller_file)) if controller_file.is_file() else {}
+    ca = ((controller or {}).get("spec") or {}).get("kubeAPIServerServingCAData") if isinstance(controller, dict) else None
+    kubelet_ca = base64.b64decode(ca).decode() if isinstance(ca, str) and ca else ""
+    version = str(((served.get("metadata") or {}).get("annotations") or {}).get(GENERATED_BY_CONTROLLER_ANNOTATION, ""))
+    machineconfigs = split_base(served, generated, kubelet_ca, version)
     text = yaml.safe_dump_all(machineconfigs, sort_keys=False)
     parse_machineconfigs(text)  # what a render would refuse is a failed run, said now
     return text

@@ -1,0 +1,147 @@
+"""Generated MCO bases with the REAL binaries (tests/real_release.py), compared with what the
+real bootstrap machine-config-server serves for the same objects, item by item.
+
+One registry and one release for the module; one server process generates the bases of two
+clusters (two runs: one per cluster and release), and the reference payload of each NodePool
+is made by running HyperShift's steps with the same real binaries (real_release.mcs_reference_payload).
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any, Iterator
+from urllib.parse import unquote
+
+import pytest
+
+from harness import ServerProcess, wait_for, write_manifests
+from real_release import RealMCO, RealRelease, hypershift_mcs_config, mcs_reference_payload, push_real_release, real_mco  # noqa: F401
+from registry_world import Registry
+from test_registry_server import bearer, token_status
+from test_watcher_inputs import KUBECONFIG, secret_obj
+from ignition_server.http.tls import make_ca
+from ignition_server.sources.manifests import build_token_secret
+
+RENDERED = re.compile(r"rendered-master-[0-9a-f]{32}")
+
+
+@pytest.fixture(scope="module")
+def real_world(real_mco: RealMCO, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Registry, RealRelease]]:  # noqa: F811
+    registry = Registry(tmp_path_factory.mktemp("registry")).start()
+    try:
+        yield registry, push_real_release(registry, real_mco)
+    finally:
+        registry.stop()
+
+
+def machineconfig(name: str, config: dict[str, Any], kernel_arguments: list[str] | None = None) -> dict[str, Any]:
+    return {"apiVersion": "machineconfiguration.openshift.io/v1", "kind": "MachineConfig",
+            "metadata": {"name": name, "labels": {"machineconfiguration.openshift.io/role": "worker"}},
+            "spec": {"config": {"ignition": {"version": "3.2.0"}, **config}, "kernelArguments": kernel_arguments or []}}
+
+
+def data_url(text: str) -> dict[str, str]:
+    return {"source": "data:," + "".join(c if c.isalnum() or c in "-_.~" else "%%%02X" % ord(c) for c in text)}
+
+
+def decoded(entry: dict[str, Any]) -> bytes:
+    header, _, data = entry["contents"]["source"].partition(",")
+    raw = base64.b64decode(data) if header.endswith(";base64") else unquote(data).encode()
+    return gzip.decompress(raw) if entry["contents"].get("compression") == "gzip" else raw
+
+
+def items(body: bytes) -> dict[str, Any]:
+    """The payload item by item: files by path (mode, owner, overwrite, contents with the rendered
+    name normalised: a deliberate difference, README), units by name, users, kernel arguments."""
+    config = json.loads(body)
+    out: dict[str, Any] = {}
+    for entry in (config.get("storage") or {}).get("files") or []:
+        contents = RENDERED.sub("rendered-master-NAME", decoded(entry).decode())
+        out["file " + entry["path"]] = (entry.get("mode"), entry.get("overwrite"), entry.get("user"), entry.get("group"), contents)
+    for unit in (config.get("systemd") or {}).get("units") or []:
+        out["unit " + unit["name"]] = (unit.get("enabled"), unit.get("mask"), unit.get("contents"),
+                                       sorted((d["name"], d.get("contents")) for d in unit.get("dropins") or []))
+    for user in (config.get("passwd") or {}).get("users") or []:
+        out["user " + user["name"]] = user
+    out["kernelArguments"] = config.get("kernelArguments")
+    return out
+
+
+def differences(ours: bytes, theirs: bytes) -> list[str]:
+    a, b = items(ours), items(theirs)
+    return sorted(f"{key}: {'ours only' if key not in b else 'theirs only' if key not in a else 'differs'}"
+                  for key in set(a) | set(b) if a.get(key) != b.get(key))
+
+
+def test_generated_bases_equal_the_bootstrap_mcs_payload_item_by_item(real_world, real_mco: RealMCO, tmp_path: Path) -> None:  # noqa: F811
+    registry, release = real_world
+    ca_a, ca_b = make_ca()[0].decode(), make_ca()[0].decode()
+    clusters = {"clusters-a": hypershift_mcs_config("a", root_ca=ca_a, signer_ca=ca_a, tls_profile="Modern"),
+                "clusters-b": hypershift_mcs_config("b", root_ca=ca_b, signer_ca=ca_b, tls_profile="Old")}
+    pools = {
+        # A NodePool MachineConfig with a file and a kernel argument.
+        ("clusters-a", "plain"): [machineconfig("50-plain", {"storage": {"files": [
+            {"path": "/etc/plain.conf", "mode": 420, "contents": data_url("plain\n")}]}}, ["foo=bar"])],
+        # One that overrides a base file and disables a base unit, and one more after it.
+        ("clusters-a", "override"): [
+            machineconfig("50-override", {
+                "storage": {"files": [{"path": "/etc/crio/crio.conf.d/00-default", "mode": 384, "overwrite": True,
+                                       "contents": data_url("[crio]\n# the NodePool's own\n")}]},
+                "systemd": {"units": [{"name": "chrony-wait.service", "enabled": False}]}}),
+            machineconfig("60-extra", {"systemd": {"units": [{"name": "extra.service", "enabled": True,
+                                                             "contents": "[Service]\nExecStart=/bin/true\n"}]}})],
+        ("clusters-b", "plain"): [machineconfig("50-plain", {"storage": {"files": [
+            {"path": "/etc/plain.conf", "mode": 420, "contents": data_url("plain b\n")}]}})],
+    }
+    source = tmp_path / "source"
+    for namespace, files in clusters.items():
+        write_manifests(source / f"{namespace}.yaml",
+                        secret_obj("Secret", namespace, "pull-secret", {".dockerconfigjson": registry.pull_secret()}),
+                        secret_obj("Secret", namespace, "bootstrap-kubeconfig", {"kubeconfig": KUBECONFIG}),
+                        secret_obj("ConfigMap", namespace, "user-ca-bundle", {"ca-bundle.crt": registry.ca_file.read_text()}),
+                        secret_obj("ConfigMap", namespace, "machine-config-server", files))
+    paths = {}
+    for (namespace, name), mcs in pools.items():
+        import yaml
+
+        text = yaml.safe_dump_all(mcs, sort_keys=False)
+        paths[(namespace, name)] = write_manifests(source / f"{namespace}-{name}.yaml", build_token_secret(
+            namespace=namespace, nodepool=f"clusters/{namespace}-{name}", token=f"tok-{namespace}-{name}",
+            release=release.pullspec, release_version=release.version, machineconfigs_yaml=text, generation_time=time.time()))
+    started = time.monotonic()
+    proc = ServerProcess(source, tmp_path / "cache", extra=["--release-resolve", "--generate-bases"]).start()
+    bodies = {}
+    for key in pools:
+        status = wait_for(lambda key=key: (s := token_status(paths[key])).reason in ("AsExpected", "InvalidConfig") and s,
+                          timeout=120, what=f"{key} rendered")
+        assert status.reason == "AsExpected", status.message
+        code, _, bodies[key] = proc.get("/ignition", bearer(f"tok-{key[0]}-{key[1]}"))
+        assert code == 200
+    cold = time.monotonic() - started
+    assert proc.metrics().get('ign_server_base_generations_total{result="ok"}') == 2  # one per cluster and release
+
+    for (namespace, name), mcs in pools.items():
+        import yaml
+
+        reference = mcs_reference_payload(
+            real_mco, tmp_path / f"ref-{namespace}-{name}", cluster_files=clusters[namespace],
+            custom_yaml=yaml.safe_dump_all(mcs, sort_keys=False), bootstrap_kubeconfig=KUBECONFIG,
+            pull_secret=registry.pull_secret(), release=release)
+        assert differences(bodies[(namespace, name)], reference) == [], (namespace, name)
+
+    ours = {key: items(body) for key, body in bodies.items()}
+    # The kubelet's client CA (kubelet.conf points at it) is the cluster's signer CA.
+    assert ours[("clusters-a", "plain")]["file /etc/kubernetes/kubelet-ca.crt"][4] == ca_a
+    # The NodePool's override of a base file and unit wins, as in MCO's merge by name.
+    assert "the NodePool's own" in ours[("clusters-a", "override")]["file /etc/crio/crio.conf.d/00-default"][4]
+    assert ours[("clusters-a", "override")]["unit chrony-wait.service"][0] is False
+    # Each cluster's TLS profile reaches the kubelet.
+    kubelet_a = ours[("clusters-a", "plain")]["file /etc/kubernetes/kubelet.conf"][4]
+    kubelet_b = ours[("clusters-b", "plain")]["file /etc/kubernetes/kubelet.conf"][4]
+    assert "VersionTLS13" in kubelet_a and "VersionTLS10" in kubelet_b
+    print(f"cold start to three payloads (two MCO runs): {cold:.1f} s")
