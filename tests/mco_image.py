@@ -50,6 +50,13 @@ if MODE == "fail-once" and not os.path.exists(COUNTER + ".failed"):
 if MODE == "fail":
     for i in range(2000):
         print(f"I1123 noise line {i:05d} of the bootstrap render")
+    with open(args["pull-secret"]) as f:  # a binary that prints its input: the pull secret must not reach a status
+        text = f.read()
+    import base64, json
+    encoded = text.split(".dockerconfigjson:", 1)[1].split()[0]
+    print("E1123 bad pull secret file:", text)
+    print("E1123 decoded:", base64.b64decode(encoded).decode())
+    print("E1123 auth:", json.loads(base64.b64decode(encoded))["auths"].popitem()[1]["auth"])
     print("F1123 bootstrap.go:93] error rendering the controller config: infrastructure has no status.platformStatus")
     sys.exit(255)
 out = os.path.join(args["dest-dir"], "bootstrap", "manifests")

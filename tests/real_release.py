@@ -178,6 +178,11 @@ def hypershift_mcs_config(name: str, *, infra_id: str | None = None, platform: s
                         "apiServerURL": f"https://api.{name}.example.com:6443", "controlPlaneTopology": "External",
                         "cpuPartitioning": "None", "etcdDiscoveryDomain": "", "infrastructureName": infra_id or f"{name}-abcde",
                         "infrastructureTopology": "HighlyAvailable", "platform": platform, "platformStatus": {"type": platform}}}
+    if platform == "Azure":  # as globalconfig.ReconcileInfrastructure writes it for Azure
+        infra["spec"]["cloudConfig"] = {"key": "cloud.conf", "name": "azure-cloud-config"}
+        infra["spec"]["platformSpec"]["azure"] = {}
+        infra["status"]["platformStatus"]["azure"] = {"cloudName": "AzurePublicCloud", "resourceGroupName": f"{name}-rg",
+                                                      "networkResourceGroupName": f"{name}-rg"}
     networks = {"clusterNetwork": [{"cidr": "10.132.0.0/14", "hostPrefix": 23}], "networkType": "OVNKubernetes",
                 "serviceNetwork": ["172.31.0.0/16"]}
     network = {"apiVersion": "config.openshift.io/v1", "kind": "Network", "metadata": meta,
@@ -222,8 +227,18 @@ def hypershift_mcs_config(name: str, *, infra_id: str | None = None, platform: s
 
 
 
+def azure_cloud_config(namespace: str, location: str = "eastus") -> dict[str, Any]:
+    """The `azure-cloud-config` ConfigMap of a control-plane namespace (its `cloud.conf`)."""
+    conf = {"cloud": "AzurePublicCloud", "tenantId": "00000000-0000-0000-0000-000000000000",
+            "subscriptionId": "00000000-0000-0000-0000-000000000000", "resourceGroup": "example-rg", "location": location,
+            "vmType": "standard", "useManagedIdentityExtension": True}
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "azure-cloud-config", "namespace": namespace},
+            "data": {"cloud.conf": json.dumps(conf, indent=2)}}
+
+
 def mcs_reference_payload(real: RealMCO, work: Path, *, cluster_files: dict[str, str], custom_yaml: str,
-                          bootstrap_kubeconfig: str, pull_secret: str, release: RealRelease, os_stream: str = "") -> bytes:
+                          bootstrap_kubeconfig: str, pull_secret: str, release: RealRelease, os_stream: str = "",
+                          cloud_config: dict[str, Any] | None = None) -> bytes:
     """What HyperShift's ignition server serves for these inputs, made by running its steps 3-7
     (../shared/real/README.md) with the real binaries directly: render, the operator, the
     controller with the NodePool's MachineConfigs (`mcc/custom.yaml`), then the bootstrap MCS's
@@ -270,6 +285,9 @@ def mcs_reference_payload(real: RealMCO, work: Path, *, cluster_files: dict[str,
             f"--image-references={config}/release-manifests/image-references", f"--kube-ca={config}/signer-ca.crt"]
     if cluster_files.get("user-ca-bundle-config.yaml"):
         args.append(f"--additional-trust-bundle-config-file={config}/user-ca-bundle-config.yaml")
+    if cloud_config is not None:  # Azure, OpenStack
+        (mco / "cloud.conf.configmap.yaml").write_text(_dump(cloud_config))
+        args.append(f"--cloud-config-file={mco}/cloud.conf.configmap.yaml")
     run([str(real.binary("machine-config-operator")), "bootstrap", *args], work)
     for source in (mco / "bootstrap" / "manifests").iterdir():
         shutil.copyfile(source, mcc / source.name)

@@ -9,6 +9,7 @@ SIGKILL, address-space limit), the encrypted cache that keeps the result across 
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import time
@@ -104,6 +105,10 @@ def test_one_run_per_cluster_and_release_cached_across_restarts_failures_keep_th
     assert "machine-config-operator exited with 255" in secret.message
     assert "noise line 01999" in secret.message and "noise line 00001 " not in secret.message  # the tail only
     assert len(secret.message.encode()) < 8192 + 512
+    assert "<redacted>" in secret.message and registry.password not in secret.message  # the stand-in printed it
+    for leaked in (registry.pull_secret(), base64.b64encode(registry.pull_secret().encode()).decode(),
+                   json.loads(registry.pull_secret())["auths"][registry.host]["auth"]):
+        assert leaked not in secret.message
     assert generations(proc, "failed") == 1
     status, _, body = proc.get("/ignition", bearer("tok-clusters-a-p0"))
     assert status == 200 and body == served["clusters-a-p0"]

@@ -145,3 +145,55 @@ def test_generated_bases_equal_the_bootstrap_mcs_payload_item_by_item(real_world
     kubelet_b = ours[("clusters-b", "plain")]["file /etc/kubernetes/kubelet.conf"][4]
     assert "VersionTLS13" in kubelet_a and "VersionTLS10" in kubelet_b
     print(f"cold start to three payloads (two MCO runs): {cold:.1f} s")
+
+
+def test_azure_cloud_config_waits_for_its_hash_and_an_os_stream_is_its_own_run(real_world, real_mco: RealMCO, tmp_path: Path) -> None:  # noqa: F811
+    import yaml
+
+    from real_release import azure_cloud_config
+    from ignition_server.watch.generated_bases import hash_simple
+
+    registry, release = real_world
+    ca = make_ca()[0].decode()
+    namespace = "clusters-az"
+    files = hypershift_mcs_config("az", platform="Azure", root_ca=ca, signer_ca=ca)
+    cloud = azure_cloud_config(namespace)
+    source = tmp_path / "source"
+    common = [secret_obj("Secret", namespace, "pull-secret", {".dockerconfigjson": registry.pull_secret()}),
+              secret_obj("Secret", namespace, "bootstrap-kubeconfig", {"kubeconfig": KUBECONFIG}),
+              secret_obj("ConfigMap", namespace, "user-ca-bundle", {"ca-bundle.crt": registry.ca_file.read_text()}),
+              secret_obj("ConfigMap", namespace, "machine-config-server", files)]
+    write_manifests(source / "cluster.yaml", *common)
+    mcs = [machineconfig("50-az", {"storage": {"files": [{"path": "/etc/az.conf", "mode": 420, "contents": data_url("az\n")}]}})]
+    text = yaml.safe_dump_all(mcs, sort_keys=False)
+    paths = {}
+    for name, stream in (("default", ""), ("streamed", "rhel-10")):
+        secret = build_token_secret(namespace=namespace, nodepool=f"clusters/{name}", token=f"tok-{name}", release=release.pullspec,
+                                    release_version=release.version, machineconfigs_yaml=text, generation_time=time.time())
+        secret["data"]["cloud-config-hash"] = base64.b64encode(hash_simple(cloud["data"]).encode()).decode()
+        if stream:
+            secret["data"]["os-stream"] = base64.b64encode(stream.encode()).decode()
+        paths[name] = write_manifests(source / f"{name}.yaml", secret)
+    proc = ServerProcess(source, tmp_path / "cache", extra=["--release-resolve", "--generate-bases"]).start()
+    # No cloud config yet: CloudConfigPending, nothing run.
+    status = wait_for(lambda: (s := token_status(paths["default"])).reason == "CloudConfigPending" and s, timeout=60,
+                      what="CloudConfigPending")
+    assert "azure-cloud-config" in status.message
+    assert proc.metrics().get('ign_server_base_generations_total{result="ok"}', 0) == 0
+    # Another cloud config than the one asked for: still pending.
+    other = azure_cloud_config(namespace, location="westeurope")
+    write_manifests(source / "cloud.yaml", other)
+    wait_for(lambda: "does not match" in token_status(paths["default"]).message, timeout=60, what="hash mismatch said")
+    write_manifests(source / "cloud.yaml", cloud)
+    for name in paths:
+        wait_for(lambda name=name: token_status(paths[name]).reason == "AsExpected", timeout=120, what=f"{name} rendered")
+    # One run per (cluster, release, os-stream): the streamed NodePool's is its own.
+    assert proc.metrics().get('ign_server_base_generations_total{result="ok"}') == 2
+    for name, stream in (("default", ""), ("streamed", "rhel-10")):
+        code, _, body = proc.get("/ignition", bearer(f"tok-{name}"))
+        assert code == 200
+        reference = mcs_reference_payload(real_mco, tmp_path / f"ref-{name}", cluster_files=files, custom_yaml=text,
+                                          bootstrap_kubeconfig=KUBECONFIG, pull_secret=registry.pull_secret(),
+                                          release=release, os_stream=stream, cloud_config=cloud)
+        assert differences(body, reference) == [], name
+        assert '"location": "eastus"' in items(body)["file /etc/kubernetes/cloud.conf"][4]

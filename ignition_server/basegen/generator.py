@@ -198,6 +198,7 @@ class BaseGenerator:
         self.on_done(job.key)
 
     def _failed(self, job: BaseJob, message: str) -> None:
+        message = redact(message, job.pull_secret)
         self.counted("failed")
         attempts = self._failures[job.key][1] + 1 if job.key in self._failures else 1
         delay = min(self.settings.retry_max, self.settings.retry_min * 2 ** (attempts - 1))
@@ -258,6 +259,38 @@ class BaseGenerator:
             shutil.rmtree(staging, ignore_errors=True)
             raise
         return target
+
+
+def secrets_of(pull_secret: str | None) -> list[str]:
+    """The strings of a pull secret that must never reach a status or a log: the whole (as text
+    and as the base64 the steps' input holds), each registry's `auth` and the password in it."""
+    if not pull_secret:
+        return []
+    found = [pull_secret, base64.b64encode(pull_secret.encode()).decode()]
+    try:
+        auths = (json.loads(pull_secret) or {}).get("auths") or {}
+    except (ValueError, AttributeError):
+        return found
+    for entry in auths.values() if isinstance(auths, dict) else ():
+        if not isinstance(entry, dict):
+            continue
+        for field in ("auth", "password", "identitytoken", "registrytoken"):
+            value = entry.get(field)
+            if isinstance(value, str) and value:
+                found.append(value)
+                if field == "auth":
+                    try:
+                        found.append(base64.b64decode(value).decode().partition(":")[2])
+                    except ValueError:
+                        pass
+    # Longest first, so a part never leaves the rest of a longer one readable.
+    return sorted({f for f in found if len(f) >= 4}, key=len, reverse=True)
+
+
+def redact(message: str, pull_secret: str | None) -> str:
+    for secret in secrets_of(pull_secret):
+        message = message.replace(secret, "<redacted>")
+    return message
 
 
 def cluster_key(cluster_fingerprint: str, release_digest: str) -> str:

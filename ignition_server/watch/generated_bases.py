@@ -22,7 +22,7 @@ import json
 import logging
 from typing import Any, Callable, Mapping
 
-from ..basegen.generator import BaseGenerator, BaseJob, cluster_key
+from ..basegen.generator import BaseGenerator, BaseJob, cluster_key, platform
 from ..render.inputs import NodePoolInputs
 from ..sources.manifests import LargeValue, ObjectKey, TokenSecret, annotations, data_text
 from .bases import BASE_KEY, BaseIndex, base_key
@@ -34,6 +34,28 @@ from .status import Status
 log = logging.getLogger("ignition_server.watch")
 
 CLUSTER_CONFIG = InputObject("ConfigMap", "machine-config-server", None)
+# On Azure and OpenStack HyperShift hands the cloud provider's ConfigMap to the operator
+# (--cloud-config-file), and waits (CloudConfigPending) until the token Secret's
+# `cloud-config-hash` is that ConfigMap's.
+CLOUD_CONFIGS = {"Azure": InputObject("ConfigMap", "azure-cloud-config", None),
+                 "OpenStack": InputObject("ConfigMap", "openstack-cloud-config", None)}
+
+
+def hash_simple(data: Mapping[str, Any]) -> str:
+    """HyperShift's util.HashSimple of a ConfigMap's data: FNV-1a (32 bit) of Go's `%v` of the
+    map (`map[k1:v1 k2:v2]`, keys sorted), in hex."""
+    text = "map[" + " ".join(f"{k}:{data[k]}" for k in sorted(data)) + "]"
+    value = 0x811C9DC5
+    for byte in text.encode():
+        value = ((value ^ byte) * 0x01000193) & 0xFFFFFFFF
+    return format(value, "x")
+
+
+def cloud_config_input(config: Mapping[str, Any] | None) -> InputObject | None:
+    """The cloud config ConfigMap a cluster's MCO run needs (None: its platform needs none)."""
+    if config is None:
+        return None
+    return CLOUD_CONFIGS.get(platform(data_text(config)))
 ANNOTATION_GENERATED_BASE = "ignition-server.openshift.io/generated-base"  # its value: the pair's key
 
 
@@ -64,10 +86,18 @@ def generated_key(secret: TokenSecret, notes: Mapping[str, str], lookup: Lookup,
     if config is None:
         return None, deps  # no cluster configuration: no generated base, and no need of the release
     deps |= {release_key(secret.release), base_key(namespace, "generated:" + secret.release)}
+    cloud = cloud_config_input(config)
+    cloud_fingerprint = ""
+    if cloud is not None:
+        cloud_key = input_key(secret, cloud, notes)
+        deps.add(cloud_key)
+        cloud_fingerprint = fingerprint(lookup(cloud_key))
     digest = releases.digest(secret.release) if secret.release else None
     if not digest:
         return None, deps
-    cluster = hashlib.sha256((fingerprint(config) + fingerprint(lookup(secret_key))).encode()).hexdigest()
+    # The OS stream is the NodePool's, so two NodePools of a cluster on two streams are two runs.
+    cluster = hashlib.sha256("\n".join((fingerprint(config), fingerprint(lookup(secret_key)), cloud_fingerprint,
+                                         secret.os_stream)).encode()).hexdigest()
     return cluster_key(cluster, digest), deps
 
 
@@ -133,6 +163,9 @@ class GeneratedBases:
         release = self.releases.get(secret.release)
         if key is None or release is None:
             return None  # no cluster configuration (no base), or the release waits (release_waits.py)
+        pending = self._cloud_config_pending(secret)
+        if pending is not None:
+            return pending
         self._base_waiters.setdefault(key, set()).add(base_key(secret.key.namespace, "generated:" + secret.release))
         if self.share_namespace and not self.writer():
             return WAIT  # the writer generates it and publishes it (shared_base_changed)
@@ -144,6 +177,19 @@ class GeneratedBases:
             return WAIT
         return Status("InvalidConfig", failure)
 
+    def _cloud_config_pending(self, secret: TokenSecret) -> Status | None:
+        """CloudConfigPending while an Azure/OpenStack cluster's cloud config is not the one asked for."""
+        notes = secret.annotations
+        cloud = cloud_config_input(self.source.get(input_key(secret, CLUSTER_CONFIG, notes)))
+        if cloud is None:
+            return None
+        obj = self.source.get(input_key(secret, cloud, notes))  # slim: a cloud.conf is far under its limit
+        if obj is None:
+            return Status("CloudConfigPending", f"waiting for ConfigMap {secret.key.namespace}/{cloud.name} (the cloud provider's configuration)")
+        if secret.cloud_config_hash and hash_simple(data_text(obj)) != secret.cloud_config_hash:
+            return Status("CloudConfigPending", f"ConfigMap {cloud.name} does not match the token Secret's cloud-config-hash yet")
+        return None
+
     async def _ask_base(self, key: str, secret: TokenSecret) -> None:
         try:
             # In full: the cluster configuration and the pull secret are often past the slim size.
@@ -152,23 +198,33 @@ class GeneratedBases:
             digest = self.releases.digest(secret.release)
             if release is None or digest is None:
                 return
-            config, pull_secret, ca_bundle = full
+            config, pull_secret, ca_bundle, cloud_config = full
             assert self.generator is not None
             self.generator.request(BaseJob(
                 key=key, namespace=secret.key.namespace, release=secret.release, release_digest=digest,
                 version=release.version or secret.release_version, images=dict(release.images),
                 cluster_files=config, pull_secret=pull_secret, ca_bundle=ca_bundle,
+                os_stream=secret.os_stream, cloud_config=cloud_config,
             ))
         except Exception:
             log.exception("asking for the MCO base of %s failed", secret.ref)
         finally:
             self._base_asking.discard(key)
 
-    def _full_inputs(self, secret: TokenSecret) -> tuple[dict[str, str], str | None, str | None]:
+    def _full_inputs(self, secret: TokenSecret) -> tuple[dict[str, str], str | None, str | None, dict[str, Any] | None]:
         notes = secret.annotations
         config = self.source.get_full(input_key(secret, CLUSTER_CONFIG, notes))
         values = []
         for wanted in (JOIN_INPUTS[0], JOIN_INPUTS[2]):  # pull-secret, user-ca-bundle
             obj = self.source.get_full(input_key(secret, wanted, notes))
             values.append((data_text(obj).get(wanted.key or "") or None) if obj is not None else None)
-        return (data_text(config) if config is not None else {}), values[0], values[1]
+        cloud = cloud_config_input(config)
+        cloud_config = None
+        if cloud is not None:
+            obj = self.source.get_full(input_key(secret, cloud, notes))
+            if obj is not None:  # as HyperShift writes it: the ConfigMap, YAML
+                meta = obj.get("metadata") or {}
+                cloud_config = {"apiVersion": "v1", "kind": "ConfigMap",
+                                "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace")},
+                                "data": data_text(obj)}
+        return (data_text(config) if config is not None else {}), values[0], values[1], cloud_config
