@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import gzip
 import json
-import re
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -27,7 +26,6 @@ from test_watcher_inputs import KUBECONFIG, secret_obj
 from ignition_server.http.tls import make_ca
 from ignition_server.sources.manifests import build_token_secret
 
-RENDERED = re.compile(r"rendered-master-[0-9a-f]{32}")
 
 
 @pytest.fixture(scope="module")
@@ -56,12 +54,12 @@ def decoded(entry: dict[str, Any]) -> bytes:
 
 
 def items(body: bytes) -> dict[str, Any]:
-    """The payload item by item: files by path (mode, owner, overwrite, contents with the rendered
-    name normalised: a deliberate difference, README), units by name, users, kernel arguments."""
+    """The payload item by item: files by path (mode, owner, overwrite, contents: the rendered
+    name in them included), units by name, users, kernel arguments."""
     config = json.loads(body)
     out: dict[str, Any] = {}
     for entry in (config.get("storage") or {}).get("files") or []:
-        contents = RENDERED.sub("rendered-master-NAME", decoded(entry).decode())
+        contents = decoded(entry).decode()
         out["file " + entry["path"]] = (entry.get("mode"), entry.get("overwrite"), entry.get("user"), entry.get("group"), contents)
     for unit in (config.get("systemd") or {}).get("units") or []:
         out["unit " + unit["name"]] = (unit.get("enabled"), unit.get("mask"), unit.get("contents"),
@@ -133,6 +131,14 @@ def test_generated_bases_equal_the_bootstrap_mcs_payload_item_by_item(real_world
             custom_yaml=yaml.safe_dump_all(mcs, sort_keys=False), bootstrap_kubeconfig=KUBECONFIG,
             pull_secret=registry.pull_secret(), release=release)
         assert differences(bodies[(namespace, name)], reference) == [], (namespace, name)
+        # The same items at every spec version a client may ask for (the reference answers 3.2.0 to all).
+        for version in ("3.0.0", "3.1.0", "3.3.0", "3.4.0", "3.5.0", "3.6.0"):
+            accept = {"Accept": f"application/vnd.coreos.ignition+json;version={version}, */*;q=0.1"}
+            code, _, body = proc.get("/ignition", {**bearer(f"tok-{namespace}-{name}"), **accept})
+            if version == "3.0.0" and code == 406:
+                continue  # a payload that needs 3.1 (its files carry `compression`): said, not served wrong
+            assert code == 200 and json.loads(body)["ignition"]["version"] == version, (version, code)
+            assert differences(body, reference) == [], (namespace, name, version)
 
     ours = {key: items(body) for key, body in bodies.items()}
     # The kubelet's client CA (kubelet.conf points at it) is the cluster's signer CA.
