@@ -28,7 +28,7 @@ for path in (_REPO, _REPO / "tests"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from tests.harness import ServerProcess, wait_for, write_manifests  # noqa: E402
+from tests.harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for, write_manifests  # noqa: E402
 from real_release import hypershift_mcs_config, push_real_release, require_real_dir, unpack  # noqa: E402
 from registry_world import Registry  # noqa: E402
 from test_registry_server import bearer  # noqa: E402
@@ -36,23 +36,6 @@ from test_watcher_inputs import KUBECONFIG, secret_obj  # noqa: E402
 from ignition_server.http.tls import make_ca  # noqa: E402
 from ignition_server.sources.manifests import build_token_secret  # noqa: E402
 
-MC = """apiVersion: machineconfiguration.openshift.io/v1
-kind: MachineConfig
-metadata:
-  name: 50-{name}
-  labels:
-    machineconfiguration.openshift.io/role: worker
-spec:
-  config:
-    ignition:
-      version: 3.2.0
-    storage:
-      files:
-      - path: /etc/{name}.conf
-        mode: 420
-        contents:
-          source: data:,{name}
-"""
 
 
 def run(work: Path, clusters: int, pools: int) -> dict[str, object]:
@@ -78,7 +61,7 @@ def run(work: Path, clusters: int, pools: int) -> dict[str, object]:
             started = time.monotonic()
             write_manifests(source / f"{name}.yaml", build_token_secret(
                 namespace=namespace, nodepool=f"clusters/{name}", token=f"tok-{name}", release=release.pullspec,
-                release_version=release.version, machineconfigs_yaml=MC.format(name=name), generation_time=time.time()))
+                release_version=release.version, machineconfigs_yaml=EXAMPLE_MACHINECONFIG.format(name=name), generation_time=time.time()))
             wait_for(lambda: server.get("/ignition", bearer(f"tok-{name}"))[0] == 200, timeout=300, interval=0.05,
                      what=f"{name} served")
             return time.monotonic() - started

@@ -42,55 +42,23 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Callable
 
-import yaml
-
-from .. import bounded_yaml
 from ..registry.auth import AuthError
 from ..registry.client import RegistryError
 from ..registry.image_files import ImageFiles
 from ..registry.layers import NotARelease
 from ..render.machineconfig import parse_machineconfigs
+from .output import read_base
 from .run import Limits, StepFailed, run_step
+from .steps import (  # noqa: F401 (BaseJob: the generator's interface)
+    CONFIG_API_IMAGE, IMAGE_PATHS, MCO_IMAGE, RENDER_PATHS, BaseJob, controller_args, operator_args,
+    prepare_controller_input, prepare_feature_gate, render_args, write_config,
+)
 
 log = logging.getLogger("ignition_server.basegen")
 
-MCO_IMAGE = "machine-config-operator"
-IMAGE_PATHS = ("usr/bin/machine-config-operator", "usr/bin/machine-config-controller", "etc/mcc/templates")
-CONFIG_API_IMAGE = "cluster-config-api"
-RENDER_PATHS = ("usr/bin/render",)
 STATE_PREFIX = "mco-base-"
-MAX_OUTPUT_FILE = 32 << 20
-# HyperShift's deployment mounts this FeatureGate (`spec: {}`: the release's defaults for the profile).
-FEATURE_GATE = "apiVersion: config.openshift.io/v1\nkind: FeatureGate\nmetadata:\n  name: cluster\nspec: {}\n"
-SERVED_POOL = "master"  # HyperShift's `master` pool selects the worker role; the bootstrap MCS serves only it
-# A pool of our own in the controller's input: it selects only the MachineConfigs the controller
-# generates for it (97-/98-/99-<pool>-generated-*), which are the worker's generated ones.
-PROBE_POOL = "ignition-server-generated"
-# What the base's MachineConfigs carry for the renderer (render/mco.py reads them).
-ANNOTATION_SERVED_POOL = "ignition-server.openshift.io/served-pool"
-ANNOTATION_KUBELET_CA = "ignition-server.openshift.io/kubelet-ca"
-ANNOTATION_CONTROLLER_VERSION = "ignition-server.openshift.io/controller-version"
-CLOUD_CONFIG_PLATFORMS = ("Azure", "OpenStack")
-GENERATED_BY_CONTROLLER_ANNOTATION = "machineconfiguration.openshift.io/generated-by-controller-version"
-
-
-@dataclass(frozen=True)
-class BaseJob:
-    """Everything a run reads; `key` names the (cluster configuration, release digest) pair."""
-
-    key: str
-    namespace: str
-    release: str
-    release_digest: str
-    version: str
-    images: Mapping[str, str]
-    cluster_files: Mapping[str, str]
-    pull_secret: str | None
-    ca_bundle: str | None = None
-    os_stream: str = ""  # the token Secret's `os-stream`: part of the key
-    cloud_config: Mapping[str, Any] | None = None  # Azure/OpenStack: the cloud provider's ConfigMap
 
 
 @dataclass(frozen=True)
@@ -297,202 +265,3 @@ def cluster_key(cluster_fingerprint: str, release_digest: str) -> str:
     return hashlib.sha256(f"{cluster_fingerprint}\n{release_digest}".encode()).hexdigest()
 
 
-def platform(cluster_files: Mapping[str, str]) -> str:
-    """The Infrastructure's platform type (`status.platformStatus.type`), "" when it says none."""
-    try:
-        infra = bounded_yaml.load(cluster_files.get("cluster-infrastructure-02-config.yaml") or "")
-    except ValueError:
-        return ""
-    status = (infra or {}).get("status") if isinstance(infra, dict) else None
-    if not isinstance(status, dict):
-        return ""
-    kind = (status.get("platformStatus") or {}).get("type") if isinstance(status.get("platformStatus"), dict) else None
-    return str(kind or status.get("platform") or "")
-
-
-def needs_cloud_config(cluster_files: Mapping[str, str]) -> bool:
-    return platform(cluster_files) in CLOUD_CONFIG_PLATFORMS
-
-
-def write_config(config: Path, mco: Path, job: BaseJob) -> None:
-    for name, text in job.cluster_files.items():
-        if not name or "/" in name or name.startswith(".") or name == "configuration-hash":
-            continue
-        (config / name).write_text(text)
-    # Under `data` (base64), as HyperShift serializes it: the controller reads only `data`.
-    secret = (job.pull_secret or '{"auths":{}}').encode()
-    pull_secret = {
-        "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/dockerconfigjson",
-        "metadata": {"name": "pull-secret", "namespace": "openshift-config"},
-        "data": {".dockerconfigjson": base64.b64encode(secret).decode()},
-    }
-    (config / "pull-secret.yaml").write_text(yaml.safe_dump(pull_secret))
-    (config / "pull-secret.yaml").chmod(0o600)
-    stream = {"kind": "ImageStream", "apiVersion": "image.openshift.io/v1", "metadata": {"name": job.version},
-              "spec": {"tags": [{"name": n, "from": {"kind": "DockerImage", "name": i}} for n, i in sorted(job.images.items())]}}
-    (config / "release-manifests").mkdir()
-    (config / "release-manifests" / "image-references").write_text(json.dumps(stream, indent=2))
-    if job.cloud_config is not None:
-        (mco / "cloud.conf.configmap.yaml").write_text(yaml.safe_dump(dict(job.cloud_config)))
-
-
-def prepare_feature_gate(gates: Path) -> None:
-    for name in ("input", "output", "manifests"):
-        (gates / name).mkdir()
-    (gates / "manifests" / "99_feature-gate.yaml").write_text(FEATURE_GATE)
-
-
-def render_args(gates: Path, job: BaseJob) -> list[str]:
-    """The cluster-config-api `render` flags HyperShift passes for 4.15 and later (run in `gates`)."""
-    return [
-        "--asset-output-dir", str(gates / "output"),
-        "--image-manifests=input",
-        f"--rendered-manifest-dir={gates / 'manifests'}",
-        "--cluster-profile=ibm-cloud-managed",
-        f"--payload-version={job.version}",
-    ]
-
-
-def operator_args(config: Path, dest: Path, job: BaseJob) -> list[str]:
-    """`machine-config-operator bootstrap`'s flags as HyperShift passes them (4.14 and later)."""
-    args = [
-        "bootstrap",
-        f"--root-ca={config}/root-ca.crt",
-        f"--infra-config-file={config}/cluster-infrastructure-02-config.yaml",
-        f"--network-config-file={config}/cluster-network-02-config.yaml",
-        f"--proxy-config-file={config}/cluster-proxy-01-config.yaml",
-        f"--config-file={config}/install-config.yaml",
-        f"--dns-config-file={config}/cluster-dns-02-config.yaml",
-        f"--pull-secret={config}/pull-secret.yaml",
-        f"--dest-dir={dest}",
-        f"--release-image={job.release}",
-        f"--payload-version={job.version}",
-        f"--image-references={config}/release-manifests/image-references",
-        f"--kube-ca={config}/signer-ca.crt",
-    ]
-    if (job.cluster_files.get("user-ca-bundle-config.yaml") or "").strip():
-        args.append(f"--additional-trust-bundle-config-file={config}/user-ca-bundle-config.yaml")
-    if job.cloud_config is not None:
-        args.append(f"--cloud-config-file={dest}/cloud.conf.configmap.yaml")
-    return args
-
-
-def controller_args(mcc: Path, image_dir: Path, dest: Path, job: BaseJob) -> list[str]:
-    return [
-        "bootstrap",
-        f"--manifest-dir={mcc}",
-        f"--templates={image_dir}/etc/mcc/templates",
-        f"--pull-secret={mcc}/machineconfigcontroller-pull-secret",
-        f"--dest-dir={dest}",
-        f"--payload-version={job.version}",
-    ]
-
-
-def os_image_stream(stream: str) -> str:
-    """`mcc/99_osimagestream.yaml`: the NodePool's OS stream as the cluster's default."""
-    return yaml.safe_dump({"apiVersion": "machineconfiguration.openshift.io/v1", "kind": "OSImageStream",
-                           "metadata": {"name": "cluster"}, "spec": {"defaultStream": stream}}, sort_keys=False)
-
-
-def prepare_controller_input(config: Path, mco: Path, mcc: Path, gates: Path, job: BaseJob) -> None:
-    manifests = mco / "bootstrap" / "manifests"
-    if not manifests.is_dir():
-        raise ValueError(f"machine-config-operator wrote no {manifests.relative_to(mco.parent)}")
-    feature_gate = gates / "manifests" / "99_feature-gate.yaml"
-    if "FeatureGate" not in feature_gate.read_text() or "status" not in feature_gate.read_text():
-        raise ValueError("render wrote no FeatureGate status into manifests/99_feature-gate.yaml")
-    # The operator's output first; the cluster's pools replace its own (as HyperShift does).
-    for source in [*manifests.iterdir(), *config.glob("*.machineconfigpool.yaml"), config / "image-config.yaml",
-                   config / "cluster-apiserver-config.yaml", feature_gate]:
-        if source.is_file():
-            shutil.copyfile(source, mcc / source.name)
-    if job.os_stream:
-        (mcc / "99_osimagestream.yaml").write_text(os_image_stream(job.os_stream))
-    probe = {"apiVersion": "machineconfiguration.openshift.io/v1", "kind": "MachineConfigPool",
-             "metadata": {"name": PROBE_POOL},
-             "spec": {"machineConfigSelector": {"matchLabels": {"machineconfiguration.openshift.io/role": PROBE_POOL}},
-                      "nodeSelector": {"matchLabels": {"node-role.kubernetes.io/" + PROBE_POOL: ""}}}}
-    (mcc / f"{PROBE_POOL}.machineconfigpool.yaml").write_text(yaml.safe_dump(probe))
-
-
-def _rendered(mcs: Path, pool: str) -> dict[str, Any]:
-    pool_file = mcs / "machine-pools" / f"{pool}.yaml"
-    if not pool_file.is_file():
-        raise ValueError(f"machine-config-controller wrote no machine-pools/{pool}.yaml")
-    doc: Any = bounded_yaml.load(_read(pool_file))
-    name = (((doc or {}).get("status") or {}).get("configuration") or {}).get("name") if isinstance(doc, dict) else None
-    if not isinstance(name, str) or not name or "/" in name:
-        raise ValueError(f"machine-pools/{pool}.yaml names no rendered configuration (status.configuration.name)")
-    rendered = mcs / "machine-configs" / f"{name}.yaml"
-    if not rendered.is_file():
-        raise ValueError(f"machine-config-controller wrote no machine-configs/{name}.yaml")
-    mc: Any = bounded_yaml.load(_read(rendered))
-    if not isinstance(mc, dict) or not isinstance(mc.get("spec"), dict):
-        raise ValueError(f"machine-configs/{name}.yaml is not a MachineConfig")
-    sources = [str(s.get("name")) for s in (((doc.get("status") or {}).get("configuration") or {}).get("source") or [])
-               if isinstance(s, dict)]
-    mc["_sources"] = sources
-    return mc
-
-
-def _without_suffix(items: list[Any], suffix: list[Any]) -> list[Any]:
-    if suffix and items[-len(suffix):] == suffix:
-        return items[:-len(suffix)]
-    return items
-
-
-def split_base(served: dict[str, Any], generated: dict[str, Any], kubelet_ca: str, controller_version: str) -> list[dict[str, Any]]:
-    """The served pool's rendered MachineConfig as two MachineConfigs MCO's merge by name can place.
-
-    MCO merges a pool's MachineConfigs in name order: the templates' (00-worker, 01-worker-*),
-    then a NodePool's (50-... by convention), then the controller's generated ones
-    (97-/98-/99-worker-generated-*). The controller writes only the merged result, so: `low`,
-    named as the last template one, is the whole merge with the generated ones' kernel
-    arguments and extensions taken off (they come back with `high`); `high`, named as the first
-    generated one, is the generated ones merged (the probe pool's render). Merged again, low
-    then high is the served pool's config; with a NodePool's MachineConfig between them, the
-    NodePool's wins over the templates' and the generated ones win over it, as in MCO (a
-    NodePool name between two template or two generated names is the one case placed
-    differently: README)."""
-    sources = served.pop("_sources", [])
-    generated.pop("_sources", None)
-    worker = sorted(n for n in sources if "worker" in n)
-    templates = [n for n in worker if "-generated-" not in n] or ["00-worker"]
-    generated_names = [n for n in worker if "-generated-" in n] or ["97-worker-generated-kubelet"]
-    spec, gen_spec = served["spec"], generated["spec"]
-    low_spec = dict(spec)
-    low_spec["kernelArguments"] = _without_suffix(list(spec.get("kernelArguments") or []), list(gen_spec.get("kernelArguments") or []))
-    low_spec["extensions"] = _without_suffix(list(spec.get("extensions") or []), list(gen_spec.get("extensions") or []))
-    notes = {GENERATED_BY_CONTROLLER_ANNOTATION: controller_version, ANNOTATION_SERVED_POOL: SERVED_POOL,
-             ANNOTATION_CONTROLLER_VERSION: controller_version}
-    low = {"apiVersion": "machineconfiguration.openshift.io/v1", "kind": "MachineConfig",
-           "metadata": {"name": max(templates), "labels": {"machineconfiguration.openshift.io/role": "worker"},
-                        "annotations": {**notes, ANNOTATION_KUBELET_CA: kubelet_ca}},
-           "spec": low_spec}
-    high_spec = {k: v for k, v in gen_spec.items() if k in ("config", "kernelArguments", "extensions", "fips", "kernelType")}
-    high = {"apiVersion": "machineconfiguration.openshift.io/v1", "kind": "MachineConfig",
-            "metadata": {"name": min(generated_names), "labels": {"machineconfiguration.openshift.io/role": "worker"},
-                         "annotations": dict(notes)},
-            "spec": high_spec}
-    return [low, high]
-
-
-def read_base(mcs: Path) -> str:
-    """The served pool's rendered MachineConfig, split (split_base), with what the MCS appends from the run."""
-    served = _rendered(mcs, SERVED_POOL)
-    generated = _rendered(mcs, PROBE_POOL)
-    controller_file = mcs / "controller-config" / "machine-config-controller.yaml"
-    controller: Any = bounded_yaml.load(_read(controller_file)) if controller_file.is_file() else {}
-    ca = ((controller or {}).get("spec") or {}).get("kubeAPIServerServingCAData") if isinstance(controller, dict) else None
-    kubelet_ca = base64.b64decode(ca).decode() if isinstance(ca, str) and ca else ""
-    version = str(((served.get("metadata") or {}).get("annotations") or {}).get(GENERATED_BY_CONTROLLER_ANNOTATION, ""))
-    machineconfigs = split_base(served, generated, kubelet_ca, version)
-    text = yaml.safe_dump_all(machineconfigs, sort_keys=False)
-    parse_machineconfigs(text)  # what a render would refuse is a failed run, said now
-    return text
-
-
-def _read(path: Path) -> str:
-    if path.stat().st_size > MAX_OUTPUT_FILE:
-        raise ValueError(f"{path.name} is larger than {MAX_OUTPUT_FILE} bytes")
-    return path.read_text()

@@ -22,7 +22,8 @@ import json
 import logging
 from typing import Any, Callable, Mapping
 
-from ..basegen.generator import BaseGenerator, BaseJob, cluster_key, platform
+from ..basegen.generator import BaseGenerator, BaseJob, cluster_key
+from ..basegen.steps import platform
 from ..render.inputs import NodePoolInputs
 from ..sources.manifests import LargeValue, ObjectKey, TokenSecret, annotations, data_text
 from .bases import BASE_KEY, BaseIndex, base_key
