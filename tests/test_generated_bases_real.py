@@ -80,7 +80,11 @@ def test_generated_bases_equal_the_bootstrap_mcs_payload_item_by_item(real_world
     registry, release = real_world
     ca_a, ca_b = make_ca()[0].decode(), make_ca()[0].decode()
     clusters = {"clusters-a": hypershift_mcs_config("a", root_ca=ca_a, signer_ca=ca_a, tls_profile="Modern"),
-                "clusters-b": hypershift_mcs_config("b", root_ca=ca_b, signer_ca=ca_b, tls_profile="Old")}
+                # With an additional trust bundle (the operator gets --additional-trust-bundle-config-file).
+                "clusters-b": hypershift_mcs_config("b", root_ca=ca_b, signer_ca=ca_b, tls_profile="Old", user_ca_bundle=ca_a)}
+    # A ConfigMap without its network configuration: the real operator fails, and says why.
+    broken = hypershift_mcs_config("x", root_ca=ca_a, signer_ca=ca_a)
+    del broken["cluster-network-02-config.yaml"]
     pools = {
         # A NodePool MachineConfig with a file and a kernel argument.
         ("clusters-a", "plain"): [machineconfig("50-plain", {"storage": {"files": [
@@ -103,8 +107,13 @@ def test_generated_bases_equal_the_bootstrap_mcs_payload_item_by_item(real_world
                         secret_obj("Secret", namespace, "bootstrap-kubeconfig", {"kubeconfig": KUBECONFIG}),
                         secret_obj("ConfigMap", namespace, "user-ca-bundle", {"ca-bundle.crt": registry.ca_file.read_text()}),
                         secret_obj("ConfigMap", namespace, "machine-config-server", files))
+    write_manifests(source / "clusters-x.yaml",
+                    secret_obj("Secret", "clusters-x", "pull-secret", {".dockerconfigjson": registry.pull_secret()}),
+                    secret_obj("Secret", "clusters-x", "bootstrap-kubeconfig", {"kubeconfig": KUBECONFIG}),
+                    secret_obj("ConfigMap", "clusters-x", "user-ca-bundle", {"ca-bundle.crt": registry.ca_file.read_text()}),
+                    secret_obj("ConfigMap", "clusters-x", "machine-config-server", broken))
     paths = {}
-    for (namespace, name), mcs in pools.items():
+    for (namespace, name), mcs in [*pools.items(), (("clusters-x", "plain"), pools[("clusters-b", "plain")])]:
         import yaml
 
         text = yaml.safe_dump_all(mcs, sort_keys=False)
@@ -122,6 +131,11 @@ def test_generated_bases_equal_the_bootstrap_mcs_payload_item_by_item(real_world
         assert code == 200
     cold = time.monotonic() - started
     assert proc.metrics().get('ign_server_base_generations_total{result="ok"}') == 2  # one per cluster and release
+    failed = wait_for(lambda: (s := token_status(paths[("clusters-x", "plain")])).reason == "InvalidConfig" and s,
+                      timeout=60, what="the broken cluster's InvalidConfig")
+    assert "machine-config-operator exited with 255" in failed.message
+    assert "cannot read" in failed.message and "cluster-network-02-config.yaml" in failed.message
+    assert "s3cret" not in failed.message and registry.pull_secret() not in failed.message
 
     for (namespace, name), mcs in pools.items():
         import yaml
@@ -131,6 +145,8 @@ def test_generated_bases_equal_the_bootstrap_mcs_payload_item_by_item(real_world
             custom_yaml=yaml.safe_dump_all(mcs, sort_keys=False), bootstrap_kubeconfig=KUBECONFIG,
             pull_secret=registry.pull_secret(), release=release)
         assert differences(bodies[(namespace, name)], reference) == [], (namespace, name)
+        if namespace == "clusters-b":  # the trust bundle reached the node, as in the reference
+            assert items(bodies[(namespace, name)])["file /etc/pki/ca-trust/source/anchors/openshift-config-user-ca-bundle.crt"][4] == ca_a
         # The same items at every spec version a client may ask for (the reference answers 3.2.0 to all).
         for version in ("3.0.0", "3.1.0", "3.3.0", "3.4.0", "3.5.0", "3.6.0"):
             accept = {"Accept": f"application/vnd.coreos.ignition+json;version={version}, */*;q=0.1"}
