@@ -301,26 +301,34 @@ def mcs_reference_payload(real: RealMCO, work: Path, *, cluster_files: dict[str,
          f"--templates={real.root / 'etc' / 'mcc' / 'templates'}", f"--pull-secret={mcc}/machineconfigcontroller-pull-secret",
          f"--dest-dir={mcs}", f"--payload-version={release.version}"], work)
     tls = ensure_self_signed(work / "tls", "https://localhost")
-    secure, insecure = free_port(), free_port()
-    log = open(work / "mcs.log", "wb")
-    server = subprocess.Popen([str(real.binary("machine-config-server")), "bootstrap", f"--server-basedir={mcs}",
-                               f"--bootstrap-kubeconfig={mcs}/kubeconfig", f"--cert={tls.cert}", f"--key={tls.key}",
-                               f"--secure-port={secure}", f"--insecure-port={insecure}", f"--payload-version={release.version}"],
-                              stdout=log, stderr=subprocess.STDOUT)
-    try:
-        request = urllib.request.Request(f"http://127.0.0.1:{insecure}/config/master",
-                                         headers={"Accept": "application/vnd.coreos.ignition+json;version=3.2.0, */*;q=0.1"})
+    for attempt in range(3):  # its ports are picked free, but another process on the machine may take one first
+        secure, insecure = free_port(), free_port()
+        log_path = work / f"mcs-{attempt}.log"
+        with open(log_path, "wb") as log:
+            server = subprocess.Popen([str(real.binary("machine-config-server")), "bootstrap", f"--server-basedir={mcs}",
+                                       f"--bootstrap-kubeconfig={mcs}/kubeconfig", f"--cert={tls.cert}", f"--key={tls.key}",
+                                       f"--secure-port={secure}", f"--insecure-port={insecure}",
+                                       f"--payload-version={release.version}"], stdout=log, stderr=subprocess.STDOUT)
+        try:
+            request = urllib.request.Request(f"http://127.0.0.1:{insecure}/config/master",
+                                             headers={"Accept": "application/vnd.coreos.ignition+json;version=3.2.0, */*;q=0.1"})
 
-        def answer() -> bytes | None:
-            assert server.poll() is None, (work / "mcs.log").read_text()
-            try:
-                with urllib.request.urlopen(request, timeout=5) as response:
-                    return response.read()
-            except OSError:
-                return None
+            def answer() -> bytes | bool | None:
+                if server.poll() is not None:
+                    if b"address already in use" in log_path.read_bytes():
+                        return False
+                    raise AssertionError(log_path.read_text())
+                try:
+                    with urllib.request.urlopen(request, timeout=5) as response:
+                        return response.read()
+                except OSError:
+                    return None
 
-        return wait_for(answer, timeout=30, what="the bootstrap machine-config-server's answer")
-    finally:
-        server.kill()
-        server.wait()
-        log.close()
+            (body,) = wait_for(lambda: (a := answer()) is not None and (a,), timeout=30,
+                               what="the bootstrap machine-config-server's answer")
+            if isinstance(body, bytes):
+                return body
+        finally:
+            server.kill()
+            server.wait()
+    raise AssertionError("the bootstrap machine-config-server found no free port in three attempts")

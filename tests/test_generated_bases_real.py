@@ -168,6 +168,15 @@ def test_generated_bases_equal_the_bootstrap_mcs_payload_item_by_item(real_world
     assert "VersionTLS13" in kubelet_a and "VersionTLS10" in kubelet_b
     print(f"cold start to three payloads (two MCO runs): {cold:.1f} s")
 
+    # Restarted (SIGKILL): every payload from the encrypted cache, no run, no registry request.
+    proc.kill()
+    proc = ServerProcess(source, tmp_path / "cache", extra=["--release-resolve", "--generate-bases"]).start()
+    for key, body in bodies.items():
+        assert proc.get("/ignition", bearer(f"tok-{key[0]}-{key[1]}"))[2] == body
+    metrics = proc.metrics()
+    assert metrics.get('ign_server_base_generations_total{result="ok"}', 0) == 0
+    assert sum(v for k, v in metrics.items() if k.startswith("ign_server_registry_requests_total")) == 0
+
 
 def test_azure_cloud_config_waits_for_its_hash_and_an_os_stream_is_its_own_run(real_world, real_mco: RealMCO, tmp_path: Path) -> None:  # noqa: F811
     import yaml
@@ -178,14 +187,15 @@ def test_azure_cloud_config_waits_for_its_hash_and_an_os_stream_is_its_own_run(r
     registry, release = real_world
     ca = make_ca()[0].decode()
     namespace = "clusters-az"
-    files = hypershift_mcs_config("az", platform="Azure", root_ca=ca, signer_ca=ca)
+    files = hypershift_mcs_config("az", platform="Azure", root_ca=ca, signer_ca=ca, configuration_hash="h2")
     cloud = azure_cloud_config(namespace)
     source = tmp_path / "source"
+    stale = [secret_obj("ConfigMap", namespace, "machine-config-server", {**files, "configuration-hash": "h1"})]
     common = [secret_obj("Secret", namespace, "pull-secret", {".dockerconfigjson": registry.pull_secret()}),
               secret_obj("Secret", namespace, "bootstrap-kubeconfig", {"kubeconfig": KUBECONFIG}),
               secret_obj("ConfigMap", namespace, "user-ca-bundle", {"ca-bundle.crt": registry.ca_file.read_text()}),
               secret_obj("ConfigMap", namespace, "machine-config-server", files)]
-    write_manifests(source / "cluster.yaml", *common)
+    write_manifests(source / "cluster.yaml", *common[:-1], *stale)
     mcs = [machineconfig("50-az", {"storage": {"files": [{"path": "/etc/az.conf", "mode": 420, "contents": data_url("az\n")}]}})]
     text = yaml.safe_dump_all(mcs, sort_keys=False)
     paths = {}
@@ -193,10 +203,16 @@ def test_azure_cloud_config_waits_for_its_hash_and_an_os_stream_is_its_own_run(r
         secret = build_token_secret(namespace=namespace, nodepool=f"clusters/{name}", token=f"tok-{name}", release=release.pullspec,
                                     release_version=release.version, machineconfigs_yaml=text, generation_time=time.time())
         secret["data"]["cloud-config-hash"] = base64.b64encode(hash_simple(cloud["data"]).encode()).decode()
+        secret["data"]["hc-configuration-hash"] = base64.b64encode(b"h2").decode()
         if stream:
             secret["data"]["os-stream"] = base64.b64encode(stream.encode()).decode()
         paths[name] = write_manifests(source / f"{name}.yaml", secret)
     proc = ServerProcess(source, tmp_path / "cache", extra=["--release-resolve", "--generate-bases"]).start()
+    # The ConfigMap is older than the configuration the token Secret was made for: wait.
+    status = wait_for(lambda: (s := token_status(paths["default"])).reason == "InvalidConfig" and s, timeout=60,
+                      what="waiting for the machine-config-server ConfigMap")
+    assert status.message == "machine-config-server configmap is out of date, waiting for update h1 != h2"
+    write_manifests(source / "cluster.yaml", *common)
     # No cloud config yet: CloudConfigPending, nothing run.
     status = wait_for(lambda: (s := token_status(paths["default"])).reason == "CloudConfigPending" and s, timeout=60,
                       what="CloudConfigPending")

@@ -164,7 +164,7 @@ class GeneratedBases:
         release = self.releases.get(secret.release)
         if key is None or release is None:
             return None  # no cluster configuration (no base), or the release waits (release_waits.py)
-        pending = self._cloud_config_pending(secret)
+        pending = self._configuration_pending(secret) or self._cloud_config_pending(secret)
         if pending is not None:
             return pending
         self._base_waiters.setdefault(key, set()).add(base_key(secret.key.namespace, "generated:" + secret.release))
@@ -177,6 +177,16 @@ class GeneratedBases:
         if failure is None:
             return WAIT
         return Status("InvalidConfig", failure)
+
+    def _configuration_pending(self, secret: TokenSecret) -> Status | None:
+        """The token Secret asks for a cluster configuration (`hc-configuration-hash`) the
+        `machine-config-server` ConfigMap does not hold yet: wait, as HyperShift does (its words)."""
+        wanted = secret.preconditions.get("hc-configuration-hash", "")
+        config = self.source.get(input_key(secret, CLUSTER_CONFIG, secret.annotations))
+        have = data_text(config).get("configuration-hash", "") if config is not None else ""
+        if not wanted or have == wanted:
+            return None
+        return Status("InvalidConfig", f"machine-config-server configmap is out of date, waiting for update {have} != {wanted}")
 
     def _cloud_config_pending(self, secret: TokenSecret) -> Status | None:
         """CloudConfigPending while an Azure/OpenStack cluster's cloud config is not the one asked for."""
