@@ -1,7 +1,9 @@
-"""Generated MCO bases (--generate-bases) through the real server process.
+"""Generated MCO bases (--generate-bases) through the real server process, with STAND-IN binaries.
 
 The MCO binaries in the image are STAND-INS (tests/mco_image.py: python3 scripts with MCO's
-command line and output layout). Everything else is real: the docker-registry the image and
+command line and output layout) where a fault is injected (a step that fails with a long
+output, fails once, hangs) or runs are counted per process; the real binaries' payloads are
+tested in test_generated_bases_real.py. Everything else is real: the docker-registry the image and
 the release are pulled from (with the pull secret, over TLS), the layers (verified and
 streamed, an upper layer replacing a lower one's file), the subprocesses (time limit,
 SIGKILL, address-space limit), the encrypted cache that keeps the result across restarts.
@@ -264,34 +266,3 @@ async def test_generator_single_flight_back_off_and_retry(tmp_path: Path) -> Non
             assert again.known("k1") == text
     finally:
         registry.stop()
-
-
-def test_kubernetes_mode_the_writer_generates_and_shares(world, tmp_path: Path) -> None:  # noqa: F811
-    from kubeapi import KubeAPI
-
-    registry = world(Registry, tmp_path / "registry").start()
-    counter = tmp_path / "runs.log"
-    spec = release(registry, push_mco_image(registry, "ocp/mco", counter), "4.17.3")
-    with KubeAPI(tmp_path / "kubeapi", bookmark_interval=0.5) as api:
-        api.namespace("ignition")
-        api.namespace("clusters-a")
-        for obj in cluster("clusters-a", registry.pull_secret(), registry.ca_file.read_text()):
-            api.create(obj)
-        api.create(secret_obj("ConfigMap", "clusters-a", "machine-config-server", cluster_config("infra-k")))
-        api.create(pool("clusters-a", "workers", "tok-k", spec))
-        (tmp_path / "empty").mkdir()
-        procs = [world(ServerProcess, tmp_path / "empty", tmp_path / name / "cache", extra=[
-            "--kubernetes", "--kubeconfig", str(api.kubeconfig), "--pod-namespace", "ignition",
-            "--replica-id", name, "--lease-duration", "3s", "--release-resolve", "--generate-bases"]).start()
-            for name in ("r1", "r2")]
-        bodies = []
-        for proc in procs:
-            wait_for(lambda proc=proc: proc.get("/ignition", bearer("tok-k"))[0] == 200, timeout=60, what="served")
-            bodies.append(proc.get("/ignition", bearer("tok-k"))[2])
-            assert "infrastructure infra-k payload 4.17.3" in payload_text(bodies[-1])
-        assert bodies[0] == bodies[1]  # the same base on both replicas
-        assert sorted(generations(p) for p in procs) == [0, 1]  # generated once, by the writer
-        assert [s for _p, s, _v, _i in runs(counter)] == ["operator", "controller"]
-        shared = [cm for cm in api.list("configmaps", "ignition") if cm["metadata"]["name"].startswith("ignition-server-base-")]
-        assert len(shared) == 1 and "ignition-server.openshift.io/served-pool: master" in shared[0]["data"]["machineconfigs.yaml"]
-        assert len(shared[0]["metadata"]["annotations"]["ignition-server.openshift.io/generated-base"]) == 64

@@ -235,3 +235,38 @@ def test_azure_cloud_config_waits_for_its_hash_and_an_os_stream_is_its_own_run(r
                                           release=release, os_stream=stream, cloud_config=cloud)
         assert differences(body, reference) == [], name
         assert '"location": "eastus"' in items(body)["file /etc/kubernetes/cloud.conf"][4]
+
+
+def test_kubernetes_mode_the_writer_generates_and_shares(real_world, tmp_path: Path) -> None:
+    """Two replicas: the Lease holder runs the real MCO once and publishes the base; the other
+    serves the same bytes without a run."""
+    from kubeapi import KubeAPI
+
+    registry, release = real_world
+    ca = make_ca()[0].decode()
+    with KubeAPI(tmp_path / "kubeapi", bookmark_interval=0.5) as api:
+        api.namespace("ignition")
+        api.namespace("clusters-k")
+        for obj in (secret_obj("Secret", "clusters-k", "pull-secret", {".dockerconfigjson": registry.pull_secret()}),
+                    secret_obj("Secret", "clusters-k", "bootstrap-kubeconfig", {"kubeconfig": KUBECONFIG}),
+                    secret_obj("ConfigMap", "clusters-k", "user-ca-bundle", {"ca-bundle.crt": registry.ca_file.read_text()}),
+                    secret_obj("ConfigMap", "clusters-k", "machine-config-server", hypershift_mcs_config("k", root_ca=ca, signer_ca=ca))):
+            api.create(obj)
+        api.create(build_token_secret(namespace="clusters-k", nodepool="clusters/workers", token="tok-k", release=release.pullspec,
+                                      release_version=release.version, generation_time=time.time()))
+        (tmp_path / "empty").mkdir()
+        procs = [ServerProcess(tmp_path / "empty", tmp_path / name / "cache", extra=[
+            "--kubernetes", "--kubeconfig", str(api.kubeconfig), "--pod-namespace", "ignition",
+            "--replica-id", name, "--lease-duration", "3s", "--release-resolve", "--generate-bases"]).start()
+            for name in ("r1", "r2")]
+        bodies = []
+        for proc in procs:
+            wait_for(lambda proc=proc: proc.get("/ignition", bearer("tok-k"))[0] == 200, timeout=90, what="served")
+            bodies.append(proc.get("/ignition", bearer("tok-k"))[2])
+            assert items(bodies[-1])["file /etc/kubernetes/kubelet-ca.crt"][4] == ca
+        assert bodies[0] == bodies[1]  # the same base on both replicas
+        generated = sorted(p.metrics().get('ign_server_base_generations_total{result="ok"}', 0) for p in procs)
+        assert generated == [0, 1]  # generated once, by the writer
+        shared = [cm for cm in api.list("configmaps", "ignition") if cm["metadata"]["name"].startswith("ignition-server-base-")]
+        assert len(shared) == 1 and "ignition-server.openshift.io/served-pool: master" in shared[0]["data"]["machineconfigs.yaml"]
+        assert len(shared[0]["metadata"]["annotations"]["ignition-server.openshift.io/generated-base"]) == 64
