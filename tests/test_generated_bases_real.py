@@ -199,19 +199,29 @@ def test_azure_cloud_config_waits_for_its_hash_and_an_os_stream_is_its_own_run(r
     mcs = [machineconfig("50-az", {"storage": {"files": [{"path": "/etc/az.conf", "mode": 420, "contents": data_url("az\n")}]}})]
     text = yaml.safe_dump_all(mcs, sort_keys=False)
     paths = {}
-    for name, stream in (("default", ""), ("streamed", "rhel-10")):
+
+    def token_secret(name: str, stream: str, pull_secret_hash: str) -> Path:
         secret = build_token_secret(namespace=namespace, nodepool=f"clusters/{name}", token=f"tok-{name}", release=release.pullspec,
                                     release_version=release.version, machineconfigs_yaml=text, generation_time=time.time())
-        secret["data"]["cloud-config-hash"] = base64.b64encode(hash_simple(cloud["data"]).encode()).decode()
-        secret["data"]["hc-configuration-hash"] = base64.b64encode(b"h2").decode()
+        hashes = {"cloud-config-hash": hash_simple(cloud["data"]), "hc-configuration-hash": "h2",
+                  "pull-secret-hash": pull_secret_hash, "additional-trust-bundle-hash": hash_simple(registry.ca_file.read_text())}
+        for key, value in hashes.items():
+            secret["data"][key] = base64.b64encode(value.encode()).decode()
         if stream:
             secret["data"]["os-stream"] = base64.b64encode(stream.encode()).decode()
-        paths[name] = write_manifests(source / f"{name}.yaml", secret)
+        return write_manifests(source / f"{name}.yaml", secret)
+
+    right = hash_simple(registry.pull_secret().encode())
+    paths["default"] = token_secret("default", "", right)
+    paths["streamed"] = token_secret("streamed", "rhel-10", "0badc0de")  # made for another pull secret
     proc = ServerProcess(source, tmp_path / "cache", extra=["--release-resolve", "--generate-bases"]).start()
     # The ConfigMap is older than the configuration the token Secret was made for: wait.
     status = wait_for(lambda: (s := token_status(paths["default"])).reason == "InvalidConfig" and s, timeout=60,
                       what="waiting for the machine-config-server ConfigMap")
     assert status.message == "machine-config-server configmap is out of date, waiting for update h1 != h2"
+    assert wait_for(lambda: token_status(paths["streamed"]).message == "pull secret does not match hash", timeout=60,
+                    what="the pull secret's hash said")
+    token_secret("streamed", "rhel-10", right)
     write_manifests(source / "cluster.yaml", *common)
     # No cloud config yet: CloudConfigPending, nothing run.
     status = wait_for(lambda: (s := token_status(paths["default"])).reason == "CloudConfigPending" and s, timeout=60,

@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping
 from ..basegen.generator import BaseGenerator, BaseJob, cluster_key
 from ..basegen.steps import platform
 from ..render.inputs import NodePoolInputs
-from ..sources.manifests import LargeValue, ObjectKey, TokenSecret, annotations, data_text
+from ..sources.manifests import LargeValue, ObjectKey, TokenSecret, annotations, data_text, has_large_values
 from .bases import BASE_KEY, BaseIndex, base_key
 from .gather import JOIN_INPUTS, InputObject, Lookup, input_key
 from .release_waits import WAIT
@@ -42,14 +42,19 @@ CLOUD_CONFIGS = {"Azure": InputObject("ConfigMap", "azure-cloud-config", None),
                  "OpenStack": InputObject("ConfigMap", "openstack-cloud-config", None)}
 
 
-def hash_simple(data: Mapping[str, Any]) -> str:
-    """HyperShift's util.HashSimple of a ConfigMap's data: FNV-1a (32 bit) of Go's `%v` of the
-    map (`map[k1:v1 k2:v2]`, keys sorted), in hex."""
-    text = "map[" + " ".join(f"{k}:{data[k]}" for k in sorted(data)) + "]"
-    value = 0x811C9DC5
+def hash_simple(value: Mapping[str, Any] | bytes | str) -> str:
+    """HyperShift's util.HashSimple: FNV-1a (32 bit, hex) of Go's `%v` of the value: a map
+    prints as `map[k1:v1 k2:v2]` (keys sorted), a []byte as `[123 34 …]`, a string as itself."""
+    if isinstance(value, bytes):
+        text = "[" + " ".join(str(b) for b in value) + "]"
+    elif isinstance(value, str):
+        text = value
+    else:
+        text = "map[" + " ".join(f"{k}:{value[k]}" for k in sorted(value)) + "]"
+    digest = 0x811C9DC5
     for byte in text.encode():
-        value = ((value ^ byte) * 0x01000193) & 0xFFFFFFFF
-    return format(value, "x")
+        digest = ((digest ^ byte) * 0x01000193) & 0xFFFFFFFF
+    return format(digest, "x")
 
 
 def cloud_config_input(config: Mapping[str, Any] | None) -> InputObject | None:
@@ -179,14 +184,24 @@ class GeneratedBases:
         return Status("InvalidConfig", failure)
 
     def _configuration_pending(self, secret: TokenSecret) -> Status | None:
-        """The token Secret asks for a cluster configuration (`hc-configuration-hash`) the
-        `machine-config-server` ConfigMap does not hold yet: wait, as HyperShift does (its words)."""
-        wanted = secret.preconditions.get("hc-configuration-hash", "")
-        config = self.source.get(input_key(secret, CLUSTER_CONFIG, secret.annotations))
+        """The token Secret was made for inputs the source does not hold yet (its `*-hash`
+        preconditions): wait, as HyperShift's GetPayload does, in its words."""
+        notes, wanted = secret.annotations, secret.preconditions
+        pull_secret = self.source.get(input_key(secret, JOIN_INPUTS[0], notes))
+        if wanted.get("pull-secret-hash") and pull_secret is not None and not has_large_values(pull_secret):
+            if hash_simple((data_text(pull_secret).get(".dockerconfigjson") or "").encode()) != wanted["pull-secret-hash"]:
+                return Status("InvalidConfig", "pull secret does not match hash")
+        bundle = self.source.get(input_key(secret, JOIN_INPUTS[2], notes))
+        if wanted.get("additional-trust-bundle-hash") and not has_large_values(bundle or {}):
+            text = data_text(bundle).get("ca-bundle.crt", "") if bundle is not None else ""
+            if hash_simple(text) != wanted["additional-trust-bundle-hash"]:
+                return Status("InvalidConfig", "additionalTrustBundle does not match hash")
+        config = self.source.get(input_key(secret, CLUSTER_CONFIG, notes))
         have = data_text(config).get("configuration-hash", "") if config is not None else ""
-        if not wanted or have == wanted:
-            return None
-        return Status("InvalidConfig", f"machine-config-server configmap is out of date, waiting for update {have} != {wanted}")
+        if wanted.get("hc-configuration-hash") and have != wanted["hc-configuration-hash"]:
+            return Status("InvalidConfig", "machine-config-server configmap is out of date, waiting for update "
+                                           f"{have} != {wanted['hc-configuration-hash']}")
+        return None
 
     def _cloud_config_pending(self, secret: TokenSecret) -> Status | None:
         """CloudConfigPending while an Azure/OpenStack cluster's cloud config is not the one asked for."""
