@@ -143,15 +143,58 @@ class RealRelease:
     images: dict[str, str]  # tag -> pull spec, as image-references names them
 
 
+DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+# The release's CoreOS boot images, as the installer's manifest carries them (HyperShift's release
+# lookup reads it: "couldn't read image lookup data as serialized ConfigMap: EOF" without it).
+BOOTIMAGES = {"apiVersion": "v1", "kind": "ConfigMap",
+              "metadata": {"name": "coreos-bootimages", "namespace": "openshift-machine-config-operator"},
+              "data": {"releaseVersion": "", "stream": json.dumps({
+                  "stream": "rhcos-9.6", "metadata": {"last-modified": "2026-08-20T00:00:00Z", "generator": "tests"},
+                  "architectures": {"x86_64": {"artifacts": {}, "images": {}, "rhel-coreos-extensions": {}}}})}}
+
+
+def release_tar_gz(images: dict[str, str], version: str) -> bytes:
+    """The release image's one layer: image-references, release-metadata and the boot images."""
+    import io
+
+    stream = {"kind": "ImageStream", "apiVersion": "image.openshift.io/v1", "metadata": {"name": version},
+              "spec": {"tags": [{"name": n, "from": {"kind": "DockerImage", "name": i}} for n, i in images.items()]}}
+    bootimages = dict(BOOTIMAGES, data={**BOOTIMAGES["data"], "releaseVersion": version})
+    files = {
+        "release-manifests/image-references": json.dumps(stream).encode(),
+        "release-manifests/release-metadata": json.dumps({"kind": "cincinnati-metadata-v0", "version": version}).encode(),
+        "release-manifests/0000_50_installer_coreos-bootimages.yaml": yaml.safe_dump(bootimages).encode(),
+    }
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return gzip.compress(raw.getvalue(), compresslevel=1)
+
+
 def push_real_release(registry: Registry, real: RealMCO, version: str = "4.21.0", repo: str = "ocp/release",
                       images: dict[str, str] | None = None) -> RealRelease:
-    """The real images and a release naming them (a single-architecture image, as `oc adm release new` makes for amd64)."""
+    """The real images and a release naming them, pushed as `oc adm release new` pushes a
+    single-architecture release: a Docker schema 2 manifest (HyperShift's client refuses an OCI
+    index at a release's root)."""
     components = {name: ART + hashed(name) for name in PLACEHOLDERS}
     components["machine-config-operator"] = push_image(registry, "ocp/machine-config-operator", real.mco_layer)
     components["cluster-config-api"] = push_image(registry, "ocp/cluster-config-api", real.render_layer)
     components.update(images or {})
-    digests = registry.push_release(repo, {"amd64": components}, version)
-    return RealRelease(f"{registry.host}/{repo}@{digests['index']}", version, components)
+    layer = release_tar_gz(components, version)
+    config = json.dumps({"architecture": "amd64", "os": "linux",
+                         "rootfs": {"type": "layers", "diff_ids": [sha256(gzip.decompress(layer))]}}).encode()
+    manifest = json.dumps({
+        "schemaVersion": 2, "mediaType": DOCKER_MANIFEST,
+        "config": {"mediaType": "application/vnd.docker.container.image.v1+json",
+                   "digest": registry.push_blob(repo, config), "size": len(config)},
+        "layers": [{"mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip",
+                    "digest": registry.push_blob(repo, layer), "size": len(layer)}],
+    }).encode()
+    digest = registry.push_manifest(repo, sha256(manifest), manifest, DOCKER_MANIFEST)
+    return RealRelease(f"{registry.host}/{repo}@{digest}", version, components)
 
 
 def hashed(text: str) -> str:
