@@ -98,7 +98,10 @@ def test_generated_bases_equal_the_bootstrap_mcs_payload_item_by_item(real_world
             machineconfig("60-extra", {"systemd": {"units": [{"name": "extra.service", "enabled": True,
                                                              "contents": "[Service]\nExecStart=/bin/true\n"}]}})],
         ("clusters-b", "plain"): [machineconfig("50-plain", {"storage": {"files": [
-            {"path": "/etc/plain.conf", "mode": 420, "contents": data_url("plain b\n")}]}})],
+            {"path": "/etc/plain.conf", "mode": 420, "contents": data_url("plain b\n")}]}}),
+            # HyperShift's own SSH key MachineConfig.
+            machineconfig("99-worker-ssh", {"passwd": {"users": [
+                {"name": "core", "sshAuthorizedKeys": ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOc0re core@b"]}]}})],
     }
     source = tmp_path / "source"
     for namespace, files in clusters.items():
@@ -166,6 +169,7 @@ def test_generated_bases_equal_the_bootstrap_mcs_payload_item_by_item(real_world
     kubelet_a = ours[("clusters-a", "plain")]["file /etc/kubernetes/kubelet.conf"][4]
     kubelet_b = ours[("clusters-b", "plain")]["file /etc/kubernetes/kubelet.conf"][4]
     assert "VersionTLS13" in kubelet_a and "VersionTLS10" in kubelet_b
+    assert ours[("clusters-b", "plain")]["user core"]["sshAuthorizedKeys"] == ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOc0re core@b"]
     print(f"cold start to three payloads (two MCO runs): {cold:.1f} s")
 
     # Restarted (SIGKILL): every payload from the encrypted cache, no run, no registry request.
