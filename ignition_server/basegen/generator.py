@@ -261,7 +261,12 @@ def redact(message: str, pull_secret: str | None) -> str:
     return message
 
 
+# What a stored base holds; a new layout is a new key, so a base kept by an older server (one
+# `rendered-worker-…` MachineConfig, served with the old appenders) is generated again, not served.
+BASE_LAYOUT = "2: served pool split in two, MCS annotations"
+
+
 def cluster_key(cluster_fingerprint: str, release_digest: str) -> str:
-    return hashlib.sha256(f"{cluster_fingerprint}\n{release_digest}".encode()).hexdigest()
+    return hashlib.sha256(f"{BASE_LAYOUT}\n{cluster_fingerprint}\n{release_digest}".encode()).hexdigest()
 
 
