@@ -74,9 +74,17 @@ print("bootstrap manifests written")
 CONTROLLER = r'''#!/usr/bin/python3
 # STAND-IN for machine-config-controller (tests/mco_image.py): MCO's flags and output layout only.
 import hashlib, json, os, sys, urllib.parse
-COUNTER = __COUNTER__
+COUNTER, MODE = __COUNTER__, __MODE__
 args = dict(a[2:].split("=", 1) for a in sys.argv[2:] if a.startswith("--") and "=" in a)
 assert sys.argv[1] == "bootstrap", sys.argv
+if MODE == "garbage":  # exits 0 having written a pool that names a rendered config which is not YAML
+    for sub in ("machine-configs", "machine-pools"):
+        os.makedirs(os.path.join(args["dest-dir"], sub))
+    with open(os.path.join(args["dest-dir"], "machine-pools", "master.yaml"), "w") as f:
+        f.write("status:\n  configuration:\n    name: rendered-master-0\n")
+    with open(os.path.join(args["dest-dir"], "machine-configs", "rendered-master-0.yaml"), "w") as f:
+        f.write("spec: {config: [unclosed\n")
+    sys.exit(0)
 with open(os.path.join(args["manifest-dir"], "controllerconfig.yaml")) as f:
     controller = f.read()
 assert os.path.isfile(args["pull-secret"]), args["pull-secret"]

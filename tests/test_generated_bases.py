@@ -266,3 +266,38 @@ async def test_generator_single_flight_back_off_and_retry(tmp_path: Path) -> Non
             assert again.known("k1") == text
     finally:
         registry.stop()
+
+
+async def test_a_controller_that_writes_garbage_is_a_failed_run_that_says_where(tmp_path: Path) -> None:
+    """Exit 0 is not enough: what the controller wrote is read as a render would, and a file
+    that is not YAML fails the run with its name (not a traceback)."""
+    import asyncio
+    import ssl
+
+    import aiohttp
+
+    from ignition_server.basegen.generator import BaseGenerator, BaseJob
+    from ignition_server.registry.client import RegistryClient
+    from ignition_server.registry.image_files import ImageFiles
+    from ignition_server.registry.mirrors import Mirrors
+
+    registry = Registry(tmp_path / "registry").start()
+    try:
+        mco = push_mco_image(registry, "ocp/mco", tmp_path / "runs.log", mode="garbage")
+        async with aiohttp.ClientSession() as session:
+            client = RegistryClient(session, ssl.create_default_context(cafile=str(registry.ca_file)))
+            done: asyncio.Queue[str] = asyncio.Queue()
+            (tmp_path / "work").mkdir()
+            store: dict[str, bytes] = {}
+            generator = BaseGenerator(files=ImageFiles(client, Mirrors(), work_dir=tmp_path / "work"), load=store.get,
+                                      save=store.__setitem__, work_dir=tmp_path / "work", on_done=done.put_nowait)
+            generator.request(BaseJob(key="g", namespace="clusters-a", release="example/release@sha256:" + "1" * 64,
+                                      release_digest="sha256:" + "1" * 64, version="4.17.3",
+                                      images={"machine-config-operator": mco, "cluster-config-api": mco},
+                                      cluster_files=cluster_config("infra-a"), pull_secret=registry.pull_secret()))
+            assert await asyncio.wait_for(done.get(), 30) == "g"
+            failure = generator.failure("g") or ""
+            assert "machine-config-controller wrote machine-configs/rendered-master-0.yaml, which is not YAML" in failure, failure
+            assert generator.known("g") is None and store == {}
+    finally:
+        registry.stop()

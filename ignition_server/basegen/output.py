@@ -22,14 +22,14 @@ def _rendered(mcs: Path, pool: str) -> dict[str, Any]:
     pool_file = mcs / "machine-pools" / f"{pool}.yaml"
     if not pool_file.is_file():
         raise ValueError(f"machine-config-controller wrote no machine-pools/{pool}.yaml")
-    doc: Any = bounded_yaml.load(_read(pool_file))
+    doc: Any = _load(pool_file, mcs)
     name = (((doc or {}).get("status") or {}).get("configuration") or {}).get("name") if isinstance(doc, dict) else None
     if not isinstance(name, str) or not name or "/" in name:
         raise ValueError(f"machine-pools/{pool}.yaml names no rendered configuration (status.configuration.name)")
     rendered = mcs / "machine-configs" / f"{name}.yaml"
     if not rendered.is_file():
         raise ValueError(f"machine-config-controller wrote no machine-configs/{name}.yaml")
-    mc: Any = bounded_yaml.load(_read(rendered))
+    mc: Any = _load(rendered, mcs)
     if not isinstance(mc, dict) or not isinstance(mc.get("spec"), dict):
         raise ValueError(f"machine-configs/{name}.yaml is not a MachineConfig")
     sources = [str(s.get("name")) for s in (((doc.get("status") or {}).get("configuration") or {}).get("source") or [])
@@ -85,7 +85,7 @@ def read_base(mcs: Path) -> str:
     served = _rendered(mcs, SERVED_POOL)
     generated = _rendered(mcs, PROBE_POOL)
     controller_file = mcs / "controller-config" / "machine-config-controller.yaml"
-    controller: Any = bounded_yaml.load(_read(controller_file)) if controller_file.is_file() else {}
+    controller: Any = _load(controller_file, mcs) if controller_file.is_file() else {}
     ca = ((controller or {}).get("spec") or {}).get("kubeAPIServerServingCAData") if isinstance(controller, dict) else None
     kubelet_ca = base64.b64decode(ca).decode() if isinstance(ca, str) and ca else ""
     version = str(((served.get("metadata") or {}).get("annotations") or {}).get(GENERATED_BY_CONTROLLER, ""))
@@ -93,6 +93,15 @@ def read_base(mcs: Path) -> str:
     text = yaml.safe_dump_all(machineconfigs, sort_keys=False)
     parse_machineconfigs(text)  # what a render would refuse is a failed run, said now
     return text
+
+
+def _load(path: Path, dest: Path) -> Any:
+    """One file the controller wrote, as YAML; ValueError naming it (a run that failed, not a bug)."""
+    try:
+        return bounded_yaml.load(_read(path))
+    except yaml.YAMLError as exc:
+        raise ValueError(f"machine-config-controller wrote {path.relative_to(dest)}, which is not YAML: "
+                         f"{str(exc).splitlines()[0]}") from None
 
 
 def _read(path: Path) -> str:
