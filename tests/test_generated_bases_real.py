@@ -193,20 +193,23 @@ def test_azure_cloud_config_waits_for_its_hash_and_an_os_stream_is_its_own_run(r
     cloud = azure_cloud_config(namespace)
     source = tmp_path / "source"
     stale = [secret_obj("ConfigMap", namespace, "machine-config-server", {**files, "configuration-hash": "h1"})]
+    bundle = registry.ca_file.read_text() + "".join(make_ca()[0].decode() for _ in range(8))
+    assert len(bundle) > 4096
     common = [secret_obj("Secret", namespace, "pull-secret", {".dockerconfigjson": registry.pull_secret()}),
               secret_obj("Secret", namespace, "bootstrap-kubeconfig", {"kubeconfig": KUBECONFIG}),
-              secret_obj("ConfigMap", namespace, "user-ca-bundle", {"ca-bundle.crt": registry.ca_file.read_text()}),
+              # Past the slim size (4 KiB): its hash is checked on the full text.
+              secret_obj("ConfigMap", namespace, "user-ca-bundle", {"ca-bundle.crt": bundle}),
               secret_obj("ConfigMap", namespace, "machine-config-server", files)]
     write_manifests(source / "cluster.yaml", *common[:-1], *stale)
     mcs = [machineconfig("50-az", {"storage": {"files": [{"path": "/etc/az.conf", "mode": 420, "contents": data_url("az\n")}]}})]
     text = yaml.safe_dump_all(mcs, sort_keys=False)
     paths = {}
 
-    def token_secret(name: str, stream: str, pull_secret_hash: str) -> Path:
+    def token_secret(name: str, stream: str, pull_secret_hash: str, bundle_hash: str = hash_simple(bundle)) -> Path:
         secret = build_token_secret(namespace=namespace, nodepool=f"clusters/{name}", token=f"tok-{name}", release=release.pullspec,
                                     release_version=release.version, machineconfigs_yaml=text, generation_time=time.time())
         hashes = {"cloud-config-hash": hash_simple(cloud["data"]), "hc-configuration-hash": "h2",
-                  "pull-secret-hash": pull_secret_hash, "additional-trust-bundle-hash": hash_simple(registry.ca_file.read_text())}
+                  "pull-secret-hash": pull_secret_hash, "additional-trust-bundle-hash": bundle_hash}
         for key, value in hashes.items():
             secret["data"][key] = base64.b64encode(value.encode()).decode()
         if stream:
@@ -223,7 +226,7 @@ def test_azure_cloud_config_waits_for_its_hash_and_an_os_stream_is_its_own_run(r
     assert status.message == "machine-config-server configmap is out of date, waiting for update h1 != h2"
     assert wait_for(lambda: token_status(paths["streamed"]).message == "pull secret does not match hash", timeout=60,
                     what="the pull secret's hash said")
-    token_secret("streamed", "rhel-10", right)
+    token_secret("streamed", "rhel-10", right, bundle_hash="0badc0de")  # now made for another trust bundle
     write_manifests(source / "cluster.yaml", *common)
     # No cloud config yet: CloudConfigPending, nothing run.
     status = wait_for(lambda: (s := token_status(paths["default"])).reason == "CloudConfigPending" and s, timeout=60,
@@ -235,6 +238,10 @@ def test_azure_cloud_config_waits_for_its_hash_and_an_os_stream_is_its_own_run(r
     write_manifests(source / "cloud.yaml", other)
     wait_for(lambda: "does not match" in token_status(paths["default"]).message, timeout=60, what="hash mismatch said")
     write_manifests(source / "cloud.yaml", cloud)
+    # The large bundle's hash, checked on its full text once the run is asked for: held back, said.
+    wait_for(lambda: token_status(paths["streamed"]).message == "additionalTrustBundle does not match hash", timeout=60,
+             what="the trust bundle's hash said")
+    token_secret("streamed", "rhel-10", right)
     for name in paths:
         wait_for(lambda name=name: token_status(paths[name]).reason == "AsExpected", timeout=120, what=f"{name} rendered")
     # One run per (cluster, release, os-stream): the streamed NodePool's is its own.

@@ -57,6 +57,21 @@ def hash_simple(value: Mapping[str, Any] | bytes | str) -> str:
     return format(digest, "x")
 
 
+def precondition_failure(wanted: Mapping[str, str], pull_secret: str | None, trust_bundle: str | None,
+                         configuration_hash: str) -> str | None:
+    """Why the token Secret's preconditions do not hold, in HyperShift's words (None: they do).
+    A None value is not known yet (past the slim size): not checked here."""
+    if wanted.get("pull-secret-hash") and pull_secret is not None \
+            and hash_simple(pull_secret.encode()) != wanted["pull-secret-hash"]:
+        return "pull secret does not match hash"
+    if wanted.get("additional-trust-bundle-hash") and trust_bundle is not None \
+            and hash_simple(trust_bundle) != wanted["additional-trust-bundle-hash"]:
+        return "additionalTrustBundle does not match hash"
+    if wanted.get("hc-configuration-hash") and configuration_hash != wanted["hc-configuration-hash"]:
+        return f"machine-config-server configmap is out of date, waiting for update {configuration_hash} != {wanted['hc-configuration-hash']}"
+    return None
+
+
 def cloud_config_input(config: Mapping[str, Any] | None) -> InputObject | None:
     """The cloud config ConfigMap a cluster's MCO run needs (None: its platform needs none)."""
     if config is None:
@@ -118,6 +133,7 @@ class GeneratedBases:
     writer: Callable[[], bool]
     _base_waiters: dict[str, set[ObjectKey]]
     _base_asking: set[str]
+    _base_held: dict[ObjectKey, tuple[str, Status]]
 
     def _inputs_changed(self, dependency: ObjectKey) -> None: ...
 
@@ -185,23 +201,28 @@ class GeneratedBases:
 
     def _configuration_pending(self, secret: TokenSecret) -> Status | None:
         """The token Secret was made for inputs the source does not hold yet (its `*-hash`
-        preconditions): wait, as HyperShift's GetPayload does, in its words."""
-        notes, wanted = secret.annotations, secret.preconditions
-        pull_secret = self.source.get(input_key(secret, JOIN_INPUTS[0], notes))
-        if wanted.get("pull-secret-hash") and pull_secret is not None and not has_large_values(pull_secret):
-            if hash_simple((data_text(pull_secret).get(".dockerconfigjson") or "").encode()) != wanted["pull-secret-hash"]:
-                return Status("InvalidConfig", "pull secret does not match hash")
-        bundle = self.source.get(input_key(secret, JOIN_INPUTS[2], notes))
-        if wanted.get("additional-trust-bundle-hash") and not has_large_values(bundle or {}):
-            text = data_text(bundle).get("ca-bundle.crt", "") if bundle is not None else ""
-            if hash_simple(text) != wanted["additional-trust-bundle-hash"]:
-                return Status("InvalidConfig", "additionalTrustBundle does not match hash")
+        preconditions): wait, as HyperShift's GetPayload does, in its words. Values past the
+        slim size are checked on their full text when the run is asked for (_ask_base)."""
+        held = self._base_held.get(secret.key)
+        if held is not None:
+            if held[0] == self._precondition_inputs(secret):
+                return held[1]
+            del self._base_held[secret.key]  # an input changed: look again
+        notes = secret.annotations
+        values = []
+        for wanted in (JOIN_INPUTS[0], JOIN_INPUTS[2]):  # pull-secret, user-ca-bundle
+            obj = self.source.get(input_key(secret, wanted, notes))
+            values.append(None if obj is not None and has_large_values(obj) else
+                          (data_text(obj).get(wanted.key or "", "") if obj is not None else ""))
         config = self.source.get(input_key(secret, CLUSTER_CONFIG, notes))
-        have = data_text(config).get("configuration-hash", "") if config is not None else ""
-        if wanted.get("hc-configuration-hash") and have != wanted["hc-configuration-hash"]:
-            return Status("InvalidConfig", "machine-config-server configmap is out of date, waiting for update "
-                                           f"{have} != {wanted['hc-configuration-hash']}")
-        return None
+        why = precondition_failure(secret.preconditions, values[0], values[1],
+                                   data_text(config).get("configuration-hash", "") if config is not None else "")
+        return Status("InvalidConfig", why) if why else None
+
+    def _precondition_inputs(self, secret: TokenSecret) -> str:
+        notes = secret.annotations
+        return json.dumps([sorted(secret.preconditions.items())] + [
+            fingerprint(self.source.get(input_key(secret, wanted, notes))) for wanted in (JOIN_INPUTS[0], JOIN_INPUTS[2])])
 
     def _cloud_config_pending(self, secret: TokenSecret) -> Status | None:
         """CloudConfigPending while an Azure/OpenStack cluster's cloud config is not the one asked for."""
@@ -225,6 +246,12 @@ class GeneratedBases:
             if release is None or digest is None:
                 return
             config, pull_secret, ca_bundle, cloud_config = full
+            why = precondition_failure(secret.preconditions, pull_secret or "", ca_bundle or "", config.get("configuration-hash", ""))
+            if why:  # seen only on the full text of a large value
+                self._base_held[secret.key] = (self._precondition_inputs(secret), Status("InvalidConfig", why))
+                for dependency in self._base_waiters.get(key, set()):
+                    self._inputs_changed(dependency)
+                return
             assert self.generator is not None
             self.generator.request(BaseJob(
                 key=key, namespace=secret.key.namespace, release=secret.release, release_digest=digest,
