@@ -72,6 +72,12 @@ def precondition_failure(wanted: Mapping[str, str], pull_secret: str | None, tru
     return None
 
 
+def cloud_config_mismatch(secret: TokenSecret, data: Mapping[str, str], name: str) -> Status | None:
+    if secret.cloud_config_hash and hash_simple(data) != secret.cloud_config_hash:
+        return Status("CloudConfigPending", f"ConfigMap {name} does not match the token Secret's cloud-config-hash yet")
+    return None
+
+
 def cloud_config_input(config: Mapping[str, Any] | None) -> InputObject | None:
     """The cloud config ConfigMap a cluster's MCO run needs (None: its platform needs none)."""
     if config is None:
@@ -221,8 +227,12 @@ class GeneratedBases:
 
     def _precondition_inputs(self, secret: TokenSecret) -> str:
         notes = secret.annotations
-        return json.dumps([sorted(secret.preconditions.items())] + [
-            fingerprint(self.source.get(input_key(secret, wanted, notes))) for wanted in (JOIN_INPUTS[0], JOIN_INPUTS[2])])
+        wanted = [JOIN_INPUTS[0], JOIN_INPUTS[2]]
+        cloud = cloud_config_input(self.source.get(input_key(secret, CLUSTER_CONFIG, notes)))
+        if cloud is not None:
+            wanted.append(cloud)
+        return json.dumps([sorted(secret.preconditions.items()), secret.cloud_config_hash] + [
+            fingerprint(self.source.get(input_key(secret, w, notes))) for w in wanted])
 
     def _cloud_config_pending(self, secret: TokenSecret) -> Status | None:
         """CloudConfigPending while an Azure/OpenStack cluster's cloud config is not the one asked for."""
@@ -233,8 +243,8 @@ class GeneratedBases:
         obj = self.source.get(input_key(secret, cloud, notes))  # slim: a cloud.conf is far under its limit
         if obj is None:
             return Status("CloudConfigPending", f"waiting for ConfigMap {secret.key.namespace}/{cloud.name} (the cloud provider's configuration)")
-        if secret.cloud_config_hash and hash_simple(data_text(obj)) != secret.cloud_config_hash:
-            return Status("CloudConfigPending", f"ConfigMap {cloud.name} does not match the token Secret's cloud-config-hash yet")
+        if not has_large_values(obj):  # else checked on its full text when the run is asked for
+            return cloud_config_mismatch(secret, data_text(obj), cloud.name)
         return None
 
     async def _ask_base(self, key: str, secret: TokenSecret) -> None:
@@ -247,8 +257,10 @@ class GeneratedBases:
                 return
             config, pull_secret, ca_bundle, cloud_config = full
             why = precondition_failure(secret.preconditions, pull_secret or "", ca_bundle or "", config.get("configuration-hash", ""))
-            if why:  # seen only on the full text of a large value
-                self._base_held[secret.key] = (self._precondition_inputs(secret), Status("InvalidConfig", why))
+            held = Status("InvalidConfig", why) if why else (
+                cloud_config_mismatch(secret, cloud_config["data"], cloud_config["metadata"]["name"]) if cloud_config else None)
+            if held is not None:  # seen only on the full text of a large value
+                self._base_held[secret.key] = (self._precondition_inputs(secret), held)
                 for dependency in self._base_waiters.get(key, set()):
                     self._inputs_changed(dependency)
                 return
