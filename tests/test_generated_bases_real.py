@@ -97,6 +97,7 @@ def test_generated_bases_equal_the_bootstrap_mcs_payload_item_by_item(real_world
                 "systemd": {"units": [{"name": "chrony-wait.service", "enabled": False}]}}),
             machineconfig("60-extra", {"systemd": {"units": [{"name": "extra.service", "enabled": True,
                                                              "contents": "[Service]\nExecStart=/bin/true\n"}]}})],
+        ("clusters-a", "empty"): [],  # no MachineConfigs of its own: the base alone
         ("clusters-b", "plain"): [machineconfig("50-plain", {"storage": {"files": [
             {"path": "/etc/plain.conf", "mode": 420, "contents": data_url("plain b\n")}]}}),
             # HyperShift's own SSH key MachineConfig.
