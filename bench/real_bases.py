@@ -68,7 +68,7 @@ def run(work: Path, clusters: int, pools: int) -> dict[str, object]:
 
         # The timer's own polling (a 511 every 50 ms until the token is known) must not trip the
         # failed-attempt limit, which would then answer 503 for seconds.
-        server = ServerProcess(source, work / "cache", extra=["--release-resolve", "--generate-bases",
+        server = ServerProcess(source, work / "cache", extra=["--release-resolve", "--generate-bases", "--registry-allow", registry.host,
                                                               "--auth-failure-burst", "1000000"]).start()
         cold = add_pool(0, 0)
         further = [add_pool(0, p) for p in range(1, pools)]

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from harness import Listener
-from ignition_server.basegen.run import Limits, StepFailed, run_step
+from ignition_server.basegen.run import Limits, StepFailed, redact, run_step
 from ignition_server.basegen.sandbox import Sandbox, SandboxUnavailable
 
 PROBE = r'''#!/usr/bin/python3
@@ -187,6 +187,20 @@ def test_only_klog_error_lines_reach_the_message_redacted_and_bounded(tmp_path: 
     assert "pull secret rejected: auth=[redacted]" in message
     assert "dXNlcjpodW50ZXIy" not in message and "noise" not in message and "goroutine" not in message
     assert "quay.io" not in message and len(message) < 4096
+
+
+@pytest.mark.parametrize(("line", "kept", "hidden"), [
+    ("cannot read /tmp/ignition-basegen-x1y2/config/cluster-network-02-config.yaml file",
+     "config/cluster-network-02-config.yaml", None),
+    ("registry said dXNlcjpodW50ZXIyc2VjcmV0cGFzcw in reply", "registry said", "dXNlcjpodW50ZXIy"),
+    ("token tok-9f3a1c7e5b2d4f60a8e1c3b5d7f9a2c4 refused", "refused", "9f3a1c7e5b2d4f60"),
+    ("node 9f3a1c7e-5b2d-4f60-a8e1-c3b5d7f9a2c4 refused", "refused", "9f3a1c7e-5b2d"),
+])
+def test_redaction_keeps_paths_and_hides_what_may_be_a_credential(line: str, kept: str, hidden: str | None) -> None:
+    """A path in MCO's error (the file it could not read) is what makes the message useful."""
+    redacted = redact(line)
+    assert kept in redacted
+    assert hidden is None or hidden not in redacted
 
 
 def test_a_host_without_the_namespaces_is_refused_at_start(tmp_path: Path) -> None:

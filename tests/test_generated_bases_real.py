@@ -129,7 +129,7 @@ def test_generated_bases_equal_the_bootstrap_mcs_payload_item_by_item(real_world
             namespace=namespace, nodepool=f"clusters/{namespace}-{name}", token=f"tok-{namespace}-{name}",
             release=release.pullspec, release_version=release.version, machineconfigs_yaml=text, generation_time=time.time()))
     started = time.monotonic()
-    proc = ServerProcess(source, tmp_path / "cache", extra=["--release-resolve", "--generate-bases"]).start()
+    proc = ServerProcess(source, tmp_path / "cache", extra=["--release-resolve", "--generate-bases", "--registry-allow", registry.host]).start()
     bodies = {}
     for key in pools:
         status = wait_for(lambda key=key: (s := token_status(paths[key])).reason in ("AsExpected", "InvalidConfig") and s,
@@ -180,7 +180,7 @@ def test_generated_bases_equal_the_bootstrap_mcs_payload_item_by_item(real_world
 
     # Restarted (SIGKILL): every payload from the encrypted cache, no run, no registry request.
     proc.kill()
-    proc = ServerProcess(source, tmp_path / "cache", extra=["--release-resolve", "--generate-bases"]).start()
+    proc = ServerProcess(source, tmp_path / "cache", extra=["--release-resolve", "--generate-bases", "--registry-allow", registry.host]).start()
     for key, body in bodies.items():
         assert proc.get("/ignition", bearer(f"tok-{key[0]}-{key[1]}"))[2] == body
     metrics = proc.metrics()
@@ -227,7 +227,7 @@ def test_azure_cloud_config_waits_for_its_hash_and_an_os_stream_is_its_own_run(r
     right = hash_simple(registry.pull_secret().encode())
     paths["default"] = token_secret("default", "", right)
     paths["streamed"] = token_secret("streamed", "rhel-10", "0badc0de")  # made for another pull secret
-    proc = ServerProcess(source, tmp_path / "cache", extra=["--release-resolve", "--generate-bases"]).start()
+    proc = ServerProcess(source, tmp_path / "cache", extra=["--release-resolve", "--generate-bases", "--registry-allow", registry.host]).start()
     # The ConfigMap is older than the configuration the token Secret was made for: wait.
     status = wait_for(lambda: (s := token_status(paths["default"])).reason == "InvalidConfig" and s, timeout=60,
                       what="waiting for the machine-config-server ConfigMap")
@@ -284,7 +284,8 @@ def test_kubernetes_mode_the_writer_generates_and_shares(real_world, tmp_path: P
         (tmp_path / "empty").mkdir()
         procs = [ServerProcess(tmp_path / "empty", tmp_path / name / "cache", extra=[
             "--kubernetes", "--kubeconfig", str(api.kubeconfig), "--pod-namespace", "ignition",
-            "--replica-id", name, "--lease-duration", "3s", "--release-resolve", "--generate-bases"]).start()
+            "--replica-id", name, "--lease-duration", "3s", "--release-resolve", "--generate-bases",
+            "--registry-allow", registry.host]).start()
             for name in ("r1", "r2")]
         bodies = []
         for proc in procs:

@@ -30,8 +30,11 @@ MESSAGE_LINES = 8  # error lines an error's message keeps (the last ones)
 MESSAGE_LINE_CHARS = 400
 # klog's header: severity, MMDD, time, thread id, file:line, then "] ".
 _KLOG_ERROR = re.compile(r"^[EF]\d{4} \d{2}:\d{2}:\d{2}\.\d+\s+\d+ [^\]\s]+\] ")
-# Anything that may be a credential: long base64/hex runs, and key: value pairs that name one.
-_SECRETISH = re.compile(r"[A-Za-z0-9+/_=-]{24,}")
+# Anything that may be a credential: long runs of base64 (mixed case and digits) or hex, and
+# key: value pairs that name one. A long run of lower-case words and digits is a path or a
+# name (`config/cluster-network-02-config.yaml`), which a readable error needs.
+_LONG_RUN = re.compile(r"[A-Za-z0-9+/_=-]{24,}")
+_HEX_RUN = re.compile(r"[0-9a-fA-F]{32,}|[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-")  # a digest, a token, a UUID
 _SECRET_FIELD = re.compile(r'(?i)("?(?:auth|password|token|secret|key)"?\s*[:=]\s*)("[^"]*"|\S+)')
 
 
@@ -58,7 +61,12 @@ def tail(data: bytes, limit: int = TAIL_BYTES) -> str:
 
 def redact(line: str) -> str:
     line = _SECRET_FIELD.sub(lambda m: m.group(1) + "[redacted]", line)
-    return _SECRETISH.sub("[redacted]", line)
+    return _LONG_RUN.sub(lambda m: "[redacted]" if _secretish(m.group()) else m.group(), line)
+
+
+def _secretish(run: str) -> bool:
+    mixed = any(c.isupper() for c in run) and any(c.islower() for c in run) and any(c.isdigit() for c in run)
+    return mixed or bool(_HEX_RUN.search(run))
 
 
 def error_lines(data: bytes) -> str:
