@@ -141,3 +141,48 @@ async def test_kubernetes_asyncio_list_watch_bookmark_gone_conflict(api: KubeAPI
             await core.read_namespaced_secret("nope", "ns1")
         assert missing.value.status == 404
     wait_for(lambda: api.server.live_watches == 0, what="watches closed")
+
+
+async def test_watch_list_streams_the_state_then_the_initial_events_end_bookmark(api: KubeAPI) -> None:
+    """client-go's reflectors (1.35+, the reference server's controller-runtime) open a
+    watch-list: sendInitialEvents=true, then wait for the bookmark annotated
+    k8s.io/initial-events-end. A server without it would leave them waiting forever."""
+    import ssl
+
+    import aiohttp
+
+    api.create(SECRET)
+    headers = {"Authorization": f"Bearer {api.server.token}"}
+    context = ssl.create_default_context(cafile=str(api.tls.ca))
+    base = f"{api.url}/api/v1/namespaces/ns1/secrets?watch=1&timeoutSeconds=5"
+    async with aiohttp.ClientSession(headers=headers) as session:
+        query = "&allowWatchBookmarks=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan"
+        async with session.get(base + query, ssl=context) as response:
+            added = json.loads(await response.content.readline())
+            end = json.loads(await response.content.readline())
+            assert (added["type"], added["object"]["metadata"]["name"]) == ("ADDED", "s1")
+            assert end["type"] == "BOOKMARK" and end["object"]["metadata"]["annotations"] == {"k8s.io/initial-events-end": "true"}
+            assert int(end["object"]["metadata"]["resourceVersion"]) >= int(added["object"]["metadata"]["resourceVersion"])
+            api.create({**SECRET, "metadata": {"name": "s2", "namespace": "ns1"}})
+            later = json.loads(await response.content.readline())
+            assert (later["type"], later["object"]["metadata"]["name"]) == ("ADDED", "s2")
+        # What a real API server refuses, this one refuses (422), so a client's fallback is exercised.
+        for bad in ("&sendInitialEvents=true&allowWatchBookmarks=true",  # no resourceVersionMatch
+                    "&sendInitialEvents=true&resourceVersionMatch=NotOlderThan",  # no bookmarks
+                    "&resourceVersionMatch=NotOlderThan"):  # a match without sendInitialEvents
+            async with session.get(base + bad, ssl=context) as response:
+                assert response.status == 422, bad
+        # An API server with the WatchList gate off refuses watch-lists; client-go then lists.
+        api.server.watch_list = False
+        async with session.get(base + query, ssl=context) as response:
+            assert response.status == 422 and "WatchList feature gate" in (await response.json())["message"]
+        # sendInitialEvents=false from no version: only what happens from now on.
+        api.server.watch_list = True
+        query = "&allowWatchBookmarks=true&sendInitialEvents=false&resourceVersionMatch=NotOlderThan"
+        async with session.get(base + query, ssl=context) as response:
+            api.create({**SECRET, "metadata": {"name": "s3", "namespace": "ns1"}})
+            first = {"type": "BOOKMARK"}
+            while first["type"] == "BOOKMARK":  # periodic bookmarks may come first
+                first = json.loads(await response.content.readline())
+            assert (first["type"], first["object"]["metadata"]["name"]) == ("ADDED", "s3")
+    wait_for(lambda: api.server.live_watches == 0, what="watches closed")
