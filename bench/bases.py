@@ -48,7 +48,8 @@ def run(work: Path, clusters: int, per_cluster: int, releases: int, concurrency:
         mco = push_mco_image(registry, "ocp/mco", counter)
         specs = []
         for r in range(releases):
-            images = {"haproxy-router": ART + f"{r:064x}", "rhel-coreos": ART + f"{r + 1000:064x}", "machine-config-operator": mco}
+            images = {"haproxy-router": ART + f"{r:064x}", "rhel-coreos": ART + f"{r + 1000:064x}", "machine-config-operator": mco,
+                      "cluster-config-api": mco}
             digests = registry.push_release("ocp/release", {"amd64": images}, f"4.17.{r}")
             specs.append(f"{registry.host}/ocp/release@{digests['index']}")
         source = work / "source"

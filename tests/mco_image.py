@@ -1,11 +1,14 @@
-"""A machine-config-operator image for the tests, pushed to the real test registry.
+"""A machine-config-operator image with STAND-IN binaries, for injecting faults.
 
-Its two binaries are STAND-INS (small python3 scripts), not MCO: they take MCO's command
+The tests of the real thing use the real binaries (tests/real_release.py); these stand-ins
+exist for what the real ones cannot be made to do on demand: hang, fail with a long output,
+fail once. Its binaries are small python3 scripts, not MCO: they take MCO's command
 line (`machine-config-operator bootstrap --root-ca=... --dest-dir=...`,
 `machine-config-controller bootstrap --manifest-dir=... --templates=... --dest-dir=...`, as
 HyperShift's local_ignitionprovider.go passes them) and write MCO's output layout
 (`<dest>/bootstrap/manifests/...`; `<dest>/machine-pools/<pool>.yaml` naming
-`<dest>/machine-configs/rendered-<pool>-<hash>.yaml`). The worker MachineConfig they write
+`<dest>/machine-configs/rendered-<pool>-<hash>.yaml`, for every pool in the manifest dir;
+`render` writes a FeatureGate with a status). The served (`master`) MachineConfig they write
 is built from the image's templates (`etc/mcc/templates/worker/...`) and the cluster's
 configuration files, so what reaches the payload proves both were read. Every run appends
 a line to `counter` (pid, step, release version). Everything else in the tests that use it
@@ -47,6 +50,13 @@ if MODE == "fail-once" and not os.path.exists(COUNTER + ".failed"):
 if MODE == "fail":
     for i in range(2000):
         print(f"I1123 noise line {i:05d} of the bootstrap render")
+    with open(args["pull-secret"]) as f:  # a binary that prints its input: the pull secret must not reach a status
+        text = f.read()
+    import base64, json
+    encoded = text.split(".dockerconfigjson:", 1)[1].split()[0]
+    print("E1123 bad pull secret file:", text)
+    print("E1123 decoded:", base64.b64decode(encoded).decode())
+    print("E1123 auth:", json.loads(base64.b64decode(encoded))["auths"].popitem()[1]["auth"])
     print("F1123 bootstrap.go:93] error rendering the controller config: infrastructure has no status.platformStatus")
     sys.exit(255)
 out = os.path.join(args["dest-dir"], "bootstrap", "manifests")
@@ -64,9 +74,17 @@ print("bootstrap manifests written")
 CONTROLLER = r'''#!/usr/bin/python3
 # STAND-IN for machine-config-controller (tests/mco_image.py): MCO's flags and output layout only.
 import hashlib, json, os, sys, urllib.parse
-COUNTER = __COUNTER__
+COUNTER, MODE = __COUNTER__, __MODE__
 args = dict(a[2:].split("=", 1) for a in sys.argv[2:] if a.startswith("--") and "=" in a)
 assert sys.argv[1] == "bootstrap", sys.argv
+if MODE == "garbage":  # exits 0 having written a pool that names a rendered config which is not YAML
+    for sub in ("machine-configs", "machine-pools"):
+        os.makedirs(os.path.join(args["dest-dir"], sub))
+    with open(os.path.join(args["dest-dir"], "machine-pools", "master.yaml"), "w") as f:
+        f.write("status:\n  configuration:\n    name: rendered-master-0\n")
+    with open(os.path.join(args["dest-dir"], "machine-configs", "rendered-master-0.yaml"), "w") as f:
+        f.write("spec: {config: [unclosed\n")
+    sys.exit(0)
 with open(os.path.join(args["manifest-dir"], "controllerconfig.yaml")) as f:
     controller = f.read()
 assert os.path.isfile(args["pull-secret"]), args["pull-secret"]
@@ -85,14 +103,17 @@ for name in sorted(os.listdir(os.path.join(base, "units"))):
         units.append({"name": name, "enabled": True, "contents": f.read()})
 files.append({"path": "/etc/mco-generated/cluster", "mode": 420, "overwrite": True,
               "contents": {"source": "data:," + urllib.parse.quote(f"infrastructure {infra} payload {args['payload-version']}\n")}})
-for pool in ("worker", "master"):
-    config = {"ignition": {"version": "3.2.0"}, "storage": {"files": files if pool == "worker" else []},
-              "systemd": {"units": units if pool == "worker" else []}}
+assert "FeatureGate" in open(os.path.join(args["manifest-dir"], "99_feature-gate.yaml")).read()
+pools = sorted(n[:-len(".machineconfigpool.yaml")] for n in os.listdir(args["manifest-dir"]) if n.endswith(".machineconfigpool.yaml"))
+for pool in pools:
+    ours = pool in ("worker", "master")
+    config = {"ignition": {"version": "3.2.0"}, "storage": {"files": files if ours else []},
+              "systemd": {"units": units if ours else []}}
     name = f"rendered-{pool}-" + hashlib.md5(json.dumps(config, sort_keys=True).encode()).hexdigest()
     mc = {"apiVersion": "machineconfiguration.openshift.io/v1", "kind": "MachineConfig",
           "metadata": {"name": name, "annotations": {
               "machineconfiguration.openshift.io/generated-by-controller-version": "stand-in"}},
-          "spec": {"config": config, "kernelArguments": ["systemd.unified_cgroup_hierarchy=1"],
+          "spec": {"config": config, "kernelArguments": ["systemd.unified_cgroup_hierarchy=1"] if pool != "worker" else [],
                    "osImageURL": "", "fips": False, "kernelType": "default", "extensions": []}}
     for sub, doc in (("machine-configs", mc), ("machine-pools", {
             "apiVersion": "machineconfiguration.openshift.io/v1", "kind": "MachineConfigPool",
@@ -102,6 +123,18 @@ for pool in ("worker", "master"):
         with open(target, "w") as f:
             json.dump(doc, f)  # JSON is YAML
 print("machine configs written")
+'''
+
+RENDER = r'''#!/usr/bin/python3
+# STAND-IN for cluster-config-api's render (tests/mco_image.py): writes the FeatureGate's status.
+import sys
+args = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--") and "=" in a)
+path = args["rendered-manifest-dir"] + "/99_feature-gate.yaml"
+with open(path) as f:
+    assert "kind: FeatureGate" in f.read()
+with open(path, "w") as f:
+    f.write('{"apiVersion": "config.openshift.io/v1", "kind": "FeatureGate", "metadata": {"name": "cluster"}, '
+            '"spec": {}, "status": {"featureGates": [{"version": "' + args["payload-version"] + '", "enabled": [], "disabled": []}]}}')
 '''
 
 KUBELET_UNIT = "[Unit]\nDescription=Kubernetes Kubelet (from the MCO image's templates)\n[Service]\nExecStart=/usr/local/bin/kubenswrapper\n"
@@ -120,7 +153,8 @@ def _tar_gz(files: dict[str, tuple[bytes, int]]) -> bytes:
 
 def push_mco_image(registry: Registry, repo: str, counter: Path, mode: str = "ok") -> str:
     """Push the stand-in MCO image (two layers: a lower one whose controller an upper one
-    replaces, as image layers do); its pull spec by digest."""
+    replaces, as image layers do); its pull spec by digest. It also holds a stand-in
+    `usr/bin/render`: name it as the release's `cluster-config-api` too."""
     def script(text: str) -> bytes:
         return text.replace("__COUNTER__", repr(str(counter))).replace("__MODE__", repr(mode)).encode()
 
@@ -133,6 +167,7 @@ def push_mco_image(registry: Registry, repo: str, counter: Path, mode: str = "ok
     upper = _tar_gz({
         "usr/bin/machine-config-operator": (script(OPERATOR), 0o755),
         "usr/bin/machine-config-controller": (script(CONTROLLER), 0o755),
+        "usr/bin/render": (RENDER.encode(), 0o755),  # this image is the release's cluster-config-api too
         templates + "files/crio.json": (json.dumps({"path": "/etc/crio/crio.conf.d/00-default", "mode": 420,
                                                     "contents": CRIO_CONF}).encode(), 0o644),
         templates + "units/kubelet.service": (KUBELET_UNIT.encode(), 0o644),
@@ -160,6 +195,7 @@ def cluster_config(infrastructure_name: str) -> dict[str, str]:
         "root-ca.crt": "-----BEGIN CERTIFICATE-----\nroot\n-----END CERTIFICATE-----\n",
         "signer-ca.crt": "-----BEGIN CERTIFICATE-----\nsigner\n-----END CERTIFICATE-----\n",
         "worker.machineconfigpool.yaml": "kind: MachineConfigPool\nmetadata:\n  name: worker\n",
+        "master.machineconfigpool.yaml": "kind: MachineConfigPool\nmetadata:\n  name: master\n",
         "configuration-hash": "abc",
     }
 

@@ -143,15 +143,58 @@ class RealRelease:
     images: dict[str, str]  # tag -> pull spec, as image-references names them
 
 
+DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+# The release's CoreOS boot images, as the installer's manifest carries them (HyperShift's release
+# lookup reads it: "couldn't read image lookup data as serialized ConfigMap: EOF" without it).
+BOOTIMAGES = {"apiVersion": "v1", "kind": "ConfigMap",
+              "metadata": {"name": "coreos-bootimages", "namespace": "openshift-machine-config-operator"},
+              "data": {"releaseVersion": "", "stream": json.dumps({
+                  "stream": "rhcos-9.6", "metadata": {"last-modified": "2026-08-20T00:00:00Z", "generator": "tests"},
+                  "architectures": {"x86_64": {"artifacts": {}, "images": {}, "rhel-coreos-extensions": {}}}})}}
+
+
+def release_tar_gz(images: dict[str, str], version: str) -> bytes:
+    """The release image's one layer: image-references, release-metadata and the boot images."""
+    import io
+
+    stream = {"kind": "ImageStream", "apiVersion": "image.openshift.io/v1", "metadata": {"name": version},
+              "spec": {"tags": [{"name": n, "from": {"kind": "DockerImage", "name": i}} for n, i in images.items()]}}
+    bootimages = dict(BOOTIMAGES, data={**BOOTIMAGES["data"], "releaseVersion": version})
+    files = {
+        "release-manifests/image-references": json.dumps(stream).encode(),
+        "release-manifests/release-metadata": json.dumps({"kind": "cincinnati-metadata-v0", "version": version}).encode(),
+        "release-manifests/0000_50_installer_coreos-bootimages.yaml": yaml.safe_dump(bootimages).encode(),
+    }
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return gzip.compress(raw.getvalue(), compresslevel=1)
+
+
 def push_real_release(registry: Registry, real: RealMCO, version: str = "4.21.0", repo: str = "ocp/release",
                       images: dict[str, str] | None = None) -> RealRelease:
-    """The real images and a release naming them (a single-architecture image, as `oc adm release new` makes for amd64)."""
+    """The real images and a release naming them, pushed as `oc adm release new` pushes a
+    single-architecture release: a Docker schema 2 manifest (HyperShift's client refuses an OCI
+    index at a release's root)."""
     components = {name: ART + hashed(name) for name in PLACEHOLDERS}
     components["machine-config-operator"] = push_image(registry, "ocp/machine-config-operator", real.mco_layer)
     components["cluster-config-api"] = push_image(registry, "ocp/cluster-config-api", real.render_layer)
     components.update(images or {})
-    digests = registry.push_release(repo, {"amd64": components}, version)
-    return RealRelease(f"{registry.host}/{repo}@{digests['index']}", version, components)
+    layer = release_tar_gz(components, version)
+    config = json.dumps({"architecture": "amd64", "os": "linux",
+                         "rootfs": {"type": "layers", "diff_ids": [sha256(gzip.decompress(layer))]}}).encode()
+    manifest = json.dumps({
+        "schemaVersion": 2, "mediaType": DOCKER_MANIFEST,
+        "config": {"mediaType": "application/vnd.docker.container.image.v1+json",
+                   "digest": registry.push_blob(repo, config), "size": len(config)},
+        "layers": [{"mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip",
+                    "digest": registry.push_blob(repo, layer), "size": len(layer)}],
+    }).encode()
+    digest = registry.push_manifest(repo, sha256(manifest), manifest, DOCKER_MANIFEST)
+    return RealRelease(f"{registry.host}/{repo}@{digest}", version, components)
 
 
 def hashed(text: str) -> str:
@@ -178,6 +221,11 @@ def hypershift_mcs_config(name: str, *, infra_id: str | None = None, platform: s
                         "apiServerURL": f"https://api.{name}.example.com:6443", "controlPlaneTopology": "External",
                         "cpuPartitioning": "None", "etcdDiscoveryDomain": "", "infrastructureName": infra_id or f"{name}-abcde",
                         "infrastructureTopology": "HighlyAvailable", "platform": platform, "platformStatus": {"type": platform}}}
+    if platform == "Azure":  # as globalconfig.ReconcileInfrastructure writes it for Azure
+        infra["spec"]["cloudConfig"] = {"key": "cloud.conf", "name": "azure-cloud-config"}
+        infra["spec"]["platformSpec"]["azure"] = {}
+        infra["status"]["platformStatus"]["azure"] = {"cloudName": "AzurePublicCloud", "resourceGroupName": f"{name}-rg",
+                                                      "networkResourceGroupName": f"{name}-rg"}
     networks = {"clusterNetwork": [{"cidr": "10.132.0.0/14", "hostPrefix": 23}], "networkType": "OVNKubernetes",
                 "serviceNetwork": ["172.31.0.0/16"]}
     network = {"apiVersion": "config.openshift.io/v1", "kind": "Network", "metadata": meta,
@@ -220,3 +268,110 @@ def hypershift_mcs_config(name: str, *, infra_id: str | None = None, platform: s
                                                     "data": {"ca-bundle.crt": user_ca_bundle}})
     return data
 
+
+
+def azure_cloud_config(namespace: str, location: str = "eastus") -> dict[str, Any]:
+    """The `azure-cloud-config` ConfigMap of a control-plane namespace (its `cloud.conf`)."""
+    conf = {"cloud": "AzurePublicCloud", "tenantId": "00000000-0000-0000-0000-000000000000",
+            "subscriptionId": "00000000-0000-0000-0000-000000000000", "resourceGroup": "example-rg", "location": location,
+            "vmType": "standard", "useManagedIdentityExtension": True}
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "azure-cloud-config", "namespace": namespace},
+            "data": {"cloud.conf": json.dumps(conf, indent=2)}}
+
+
+def mcs_reference_payload(real: RealMCO, work: Path, *, cluster_files: dict[str, str], custom_yaml: str,
+                          bootstrap_kubeconfig: str, pull_secret: str, release: RealRelease, os_stream: str = "",
+                          cloud_config: dict[str, Any] | None = None) -> bytes:
+    """What HyperShift's ignition server serves for these inputs, made by running its steps 3-7
+    (../shared/real/README.md) with the real binaries directly: render, the operator, the
+    controller with the NodePool's MachineConfigs (`mcc/custom.yaml`), then the bootstrap MCS's
+    answer to `/config/master` at 3.2.0. About 2 s; `work` must not exist yet."""
+    import base64
+    import subprocess
+    import urllib.request
+
+    from harness import free_port, wait_for
+    from ignition_server.http.tls import ensure_self_signed
+
+    config, mco, mcc, mcs, gates = (work / n for n in ("config", "mco", "mcc", "mcs", "cca"))
+    for directory in (config, mco, mcc, mcs, gates / "input", gates / "output", gates / "manifests"):
+        directory.mkdir(parents=True)
+    for name, text in cluster_files.items():
+        if name != "configuration-hash":
+            (config / name).write_text(text)
+    (config / "pull-secret.yaml").write_text(_dump({
+        "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/dockerconfigjson",
+        "metadata": {"name": "pull-secret", "namespace": "openshift-config"},
+        "data": {".dockerconfigjson": base64.b64encode(pull_secret.encode()).decode()}}))
+    (config / "release-manifests").mkdir()
+    (config / "release-manifests" / "image-references").write_text(json.dumps(
+        {"kind": "ImageStream", "apiVersion": "image.openshift.io/v1", "metadata": {"name": release.version},
+         "spec": {"tags": [{"name": n, "from": {"kind": "DockerImage", "name": i}} for n, i in release.images.items()]}}))
+    (mcc / "custom.yaml").write_text(custom_yaml)
+    (mcs / "kubeconfig").write_text(bootstrap_kubeconfig)
+
+    def run(argv: list[str], cwd: Path) -> None:
+        done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, f"{argv[0]} failed:\n{done.stdout[-4000:]}{done.stderr[-4000:]}"
+
+    (gates / "manifests" / "99_feature-gate.yaml").write_text(
+        "apiVersion: config.openshift.io/v1\nkind: FeatureGate\nmetadata:\n  name: cluster\nspec: {}\n")
+    run([str(real.binary("render")), "--asset-output-dir", str(gates / "output"), "--image-manifests=input",
+         f"--rendered-manifest-dir={gates / 'manifests'}", "--cluster-profile=ibm-cloud-managed",
+         f"--payload-version={release.version}"], gates)
+    shutil.copyfile(gates / "manifests" / "99_feature-gate.yaml", mcc / "99_feature-gate.yaml")
+    args = [f"--root-ca={config}/root-ca.crt", f"--infra-config-file={config}/cluster-infrastructure-02-config.yaml",
+            f"--network-config-file={config}/cluster-network-02-config.yaml",
+            f"--proxy-config-file={config}/cluster-proxy-01-config.yaml", f"--config-file={config}/install-config.yaml",
+            f"--dns-config-file={config}/cluster-dns-02-config.yaml", f"--pull-secret={config}/pull-secret.yaml",
+            f"--dest-dir={mco}", f"--release-image={release.pullspec}", f"--payload-version={release.version}",
+            f"--image-references={config}/release-manifests/image-references", f"--kube-ca={config}/signer-ca.crt"]
+    if cluster_files.get("user-ca-bundle-config.yaml"):
+        args.append(f"--additional-trust-bundle-config-file={config}/user-ca-bundle-config.yaml")
+    if cloud_config is not None:  # Azure, OpenStack
+        (mco / "cloud.conf.configmap.yaml").write_text(_dump(cloud_config))
+        args.append(f"--cloud-config-file={mco}/cloud.conf.configmap.yaml")
+    run([str(real.binary("machine-config-operator")), "bootstrap", *args], work)
+    for source in (mco / "bootstrap" / "manifests").iterdir():
+        shutil.copyfile(source, mcc / source.name)
+    for source in [*config.glob("*.machineconfigpool.yaml"), config / "image-config.yaml", config / "cluster-apiserver-config.yaml"]:
+        shutil.copyfile(source, mcc / source.name)
+    if os_stream:
+        (mcc / "99_osimagestream.yaml").write_text(_dump({"apiVersion": "machineconfiguration.openshift.io/v1",
+                                                          "kind": "OSImageStream", "metadata": {"name": "cluster"},
+                                                          "spec": {"defaultStream": os_stream}}))
+    run([str(real.binary("machine-config-controller")), "bootstrap", f"--manifest-dir={mcc}",
+         f"--templates={real.root / 'etc' / 'mcc' / 'templates'}", f"--pull-secret={mcc}/machineconfigcontroller-pull-secret",
+         f"--dest-dir={mcs}", f"--payload-version={release.version}"], work)
+    tls = ensure_self_signed(work / "tls", "https://localhost")
+    for attempt in range(3):  # its ports are picked free, but another process on the machine may take one first
+        secure, insecure = free_port(), free_port()
+        log_path = work / f"mcs-{attempt}.log"
+        with open(log_path, "wb") as log:
+            server = subprocess.Popen([str(real.binary("machine-config-server")), "bootstrap", f"--server-basedir={mcs}",
+                                       f"--bootstrap-kubeconfig={mcs}/kubeconfig", f"--cert={tls.cert}", f"--key={tls.key}",
+                                       f"--secure-port={secure}", f"--insecure-port={insecure}",
+                                       f"--payload-version={release.version}"], stdout=log, stderr=subprocess.STDOUT)
+        try:
+            request = urllib.request.Request(f"http://127.0.0.1:{insecure}/config/master",
+                                             headers={"Accept": "application/vnd.coreos.ignition+json;version=3.2.0, */*;q=0.1"})
+
+            def answer() -> bytes | bool | None:
+                if server.poll() is not None:
+                    if b"address already in use" in log_path.read_bytes():
+                        return False
+                    raise AssertionError(log_path.read_text())
+                try:
+                    with urllib.request.urlopen(request, timeout=5) as response:
+                        return response.read()
+                except OSError:
+                    return None
+
+            (body,) = wait_for(lambda: (a := answer()) is not None and (a,), timeout=30,
+                               what="the bootstrap machine-config-server's answer")
+            if isinstance(body, bytes):
+                return body
+        finally:
+            server.kill()
+            server.wait()
+    raise AssertionError("the bootstrap machine-config-server found no free port in three attempts")

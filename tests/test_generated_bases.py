@@ -1,7 +1,9 @@
-"""Generated MCO bases (--generate-bases) through the real server process.
+"""Generated MCO bases (--generate-bases) through the real server process, with STAND-IN binaries.
 
 The MCO binaries in the image are STAND-INS (tests/mco_image.py: python3 scripts with MCO's
-command line and output layout). Everything else is real: the docker-registry the image and
+command line and output layout) where a fault is injected (a step that fails with a long
+output, fails once, hangs) or runs are counted per process; the real binaries' payloads are
+tested in test_generated_bases_real.py. Everything else is real: the docker-registry the image and
 the release are pulled from (with the pull secret, over TLS), the layers (verified and
 streamed, an upper layer replacing a lower one's file), the subprocesses (time limit,
 SIGKILL, address-space limit), the encrypted cache that keeps the result across restarts.
@@ -9,6 +11,7 @@ SIGKILL, address-space limit), the encrypted cache that keeps the result across 
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import time
@@ -26,7 +29,7 @@ RHCOS = "quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:" + "f" * 64
 
 
 def release(registry: Registry, mco: str, version: str) -> str:
-    components = {"haproxy-router": HAPROXY, "machine-config-operator": mco, "rhel-coreos": RHCOS}
+    components = {"haproxy-router": HAPROXY, "machine-config-operator": mco, "cluster-config-api": mco, "rhel-coreos": RHCOS}
     digests = registry.push_release("ocp/release", {"amd64": components}, version)
     return f"{registry.host}/ocp/release@{digests['index']}"
 
@@ -82,7 +85,7 @@ def test_one_run_per_cluster_and_release_cached_across_restarts_failures_keep_th
         assert units["kubelet.service"]["contents"] == KUBELET_UNIT
         assert "/etc/ignition-machine-config-encapsulated.json" in files  # merged as a base: MCS appenders
         assert f"/etc/{name}.conf" in files  # and the NodePool's own MachineConfig
-    assert token_status(paths["clusters-a-p0"]).message.startswith("MCO base merged: rendered-worker-")
+    assert token_status(paths["clusters-a-p0"]).message.startswith("MCO base merged: rendered-master-")  # the pool HyperShift serves
 
     # Restart (SIGKILL): the bases come from the encrypted cache: no run, no registry request, no render.
     proc.kill()
@@ -104,6 +107,10 @@ def test_one_run_per_cluster_and_release_cached_across_restarts_failures_keep_th
     assert "machine-config-operator exited with 255" in secret.message
     assert "noise line 01999" in secret.message and "noise line 00001 " not in secret.message  # the tail only
     assert len(secret.message.encode()) < 8192 + 512
+    assert "<redacted>" in secret.message and registry.password not in secret.message  # the stand-in printed it
+    for leaked in (registry.pull_secret(), base64.b64encode(registry.pull_secret().encode()).decode(),
+                   json.loads(registry.pull_secret())["auths"][registry.host]["auth"]):
+        assert leaked not in secret.message
     assert generations(proc, "failed") == 1
     status, _, body = proc.get("/ignition", bearer("tok-clusters-a-p0"))
     assert status == 200 and body == served["clusters-a-p0"]
@@ -234,7 +241,7 @@ async def test_generator_single_flight_back_off_and_retry(tmp_path: Path) -> Non
                 clock=lambda: now[0])
             job = BaseJob(key="k1", namespace="clusters-a", release="example/release@sha256:" + "1" * 64,
                           release_digest="sha256:" + "1" * 64, version="4.17.3",
-                          images={"machine-config-operator": mco}, cluster_files=cluster_config("infra-a"),
+                          images={"machine-config-operator": mco, "cluster-config-api": mco}, cluster_files=cluster_config("infra-a"),
                           pull_secret=registry.pull_secret())
             for _ in range(5):
                 generator.request(job)  # one run however many ask
@@ -261,32 +268,36 @@ async def test_generator_single_flight_back_off_and_retry(tmp_path: Path) -> Non
         registry.stop()
 
 
-def test_kubernetes_mode_the_writer_generates_and_shares(world, tmp_path: Path) -> None:  # noqa: F811
-    from kubeapi import KubeAPI
+async def test_a_controller_that_writes_garbage_is_a_failed_run_that_says_where(tmp_path: Path) -> None:
+    """Exit 0 is not enough: what the controller wrote is read as a render would, and a file
+    that is not YAML fails the run with its name (not a traceback)."""
+    import asyncio
+    import ssl
 
-    registry = world(Registry, tmp_path / "registry").start()
-    counter = tmp_path / "runs.log"
-    spec = release(registry, push_mco_image(registry, "ocp/mco", counter), "4.17.3")
-    with KubeAPI(tmp_path / "kubeapi", bookmark_interval=0.5) as api:
-        api.namespace("ignition")
-        api.namespace("clusters-a")
-        for obj in cluster("clusters-a", registry.pull_secret(), registry.ca_file.read_text()):
-            api.create(obj)
-        api.create(secret_obj("ConfigMap", "clusters-a", "machine-config-server", cluster_config("infra-k")))
-        api.create(pool("clusters-a", "workers", "tok-k", spec))
-        (tmp_path / "empty").mkdir()
-        procs = [world(ServerProcess, tmp_path / "empty", tmp_path / name / "cache", extra=[
-            "--kubernetes", "--kubeconfig", str(api.kubeconfig), "--pod-namespace", "ignition",
-            "--replica-id", name, "--lease-duration", "3s", "--release-resolve", "--generate-bases"]).start()
-            for name in ("r1", "r2")]
-        bodies = []
-        for proc in procs:
-            wait_for(lambda proc=proc: proc.get("/ignition", bearer("tok-k"))[0] == 200, timeout=60, what="served")
-            bodies.append(proc.get("/ignition", bearer("tok-k"))[2])
-            assert "infrastructure infra-k payload 4.17.3" in payload_text(bodies[-1])
-        assert bodies[0] == bodies[1]  # the same base on both replicas
-        assert sorted(generations(p) for p in procs) == [0, 1]  # generated once, by the writer
-        assert [s for _p, s, _v, _i in runs(counter)] == ["operator", "controller"]
-        shared = [cm for cm in api.list("configmaps", "ignition") if cm["metadata"]["name"].startswith("ignition-server-base-")]
-        assert len(shared) == 1 and "rendered-worker-" in shared[0]["data"]["machineconfigs.yaml"]
-        assert len(shared[0]["metadata"]["annotations"]["ignition-server.openshift.io/generated-base"]) == 64
+    import aiohttp
+
+    from ignition_server.basegen.generator import BaseGenerator, BaseJob
+    from ignition_server.registry.client import RegistryClient
+    from ignition_server.registry.image_files import ImageFiles
+    from ignition_server.registry.mirrors import Mirrors
+
+    registry = Registry(tmp_path / "registry").start()
+    try:
+        mco = push_mco_image(registry, "ocp/mco", tmp_path / "runs.log", mode="garbage")
+        async with aiohttp.ClientSession() as session:
+            client = RegistryClient(session, ssl.create_default_context(cafile=str(registry.ca_file)))
+            done: asyncio.Queue[str] = asyncio.Queue()
+            (tmp_path / "work").mkdir()
+            store: dict[str, bytes] = {}
+            generator = BaseGenerator(files=ImageFiles(client, Mirrors(), work_dir=tmp_path / "work"), load=store.get,
+                                      save=store.__setitem__, work_dir=tmp_path / "work", on_done=done.put_nowait)
+            generator.request(BaseJob(key="g", namespace="clusters-a", release="example/release@sha256:" + "1" * 64,
+                                      release_digest="sha256:" + "1" * 64, version="4.17.3",
+                                      images={"machine-config-operator": mco, "cluster-config-api": mco},
+                                      cluster_files=cluster_config("infra-a"), pull_secret=registry.pull_secret()))
+            assert await asyncio.wait_for(done.get(), 30) == "g"
+            failure = generator.failure("g") or ""
+            assert "machine-config-controller wrote machine-configs/rendered-master-0.yaml, which is not YAML" in failure, failure
+            assert generator.known("g") is None and store == {}
+    finally:
+        registry.stop()

@@ -10,13 +10,17 @@ but once per (cluster configuration, release digest), not once per payload:
    namespace (install-config.yaml, cluster-*-config.yaml, root-ca.crt, signer-ca.crt,
    *.machineconfigpool.yaml, image-config.yaml, ...), written to `config/` with the pull
    secret (`pull-secret.yaml`) and the release's `release-manifests/image-references`;
-3. `machine-config-operator bootstrap ... --dest-dir=mco`, its `bootstrap/manifests/`
-   and the pools copied to `mcc/`, then `machine-config-controller bootstrap
-   --manifest-dir=mcc --templates=... --dest-dir=mcs`;
-4. the worker pool's rendered MachineConfig (`mcs/machine-pools/worker.yaml` names it
-   in `status.configuration.name`, `mcs/machine-configs/<name>.yaml` holds it), read
-   with `base import`'s bootstrap parsing. The machine-config-server step is not run:
-   it only serves that MachineConfig with its appenders, which render/mco.py applies.
+3. the FeatureGate, rendered by the release's `cluster-config-api` image (`usr/bin/render`,
+   HyperShift's flags for 4.15 and later, the `ibm-cloud-managed` profile) from `spec: {}`:
+   without one the controller stops ("no featuregate found in dir");
+4. `machine-config-operator bootstrap ... --dest-dir=mco`, its `bootstrap/manifests/`,
+   the cluster's pools, `image-config.yaml`, `cluster-apiserver-config.yaml` (the TLS
+   profile of kubelet and CRI-O), the FeatureGate and, for an `os-stream`, an OSImageStream
+   copied to `mcc/`; then `machine-config-controller bootstrap --manifest-dir=mcc ... --dest-dir=mcs`;
+5. the `master` pool's rendered MachineConfig (HyperShift's `master` pool selects the worker
+   role; the bootstrap MCS serves only it), split in two so that MCO's merge by name can be
+   kept when a NodePool's MachineConfigs join it (split_base below). The machine-config-server
+   step is not run: it serves that MachineConfig with its appenders, which render/mco.py applies.
 
 The result (the base's MachineConfigs as YAML) is kept in the encrypted state of the
 payload cache under the pair's digest: a restart never runs it again. One run per pair at
@@ -27,6 +31,7 @@ back-off.
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import json
 import logging
@@ -37,40 +42,23 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Callable
 
-import yaml
-
-from .. import bounded_yaml
-from ..base_import import from_bootstrap_documents
 from ..registry.auth import AuthError
 from ..registry.client import RegistryError
 from ..registry.image_files import ImageFiles
 from ..registry.layers import NotARelease
 from ..render.machineconfig import parse_machineconfigs
+from .output import read_base
 from .run import Limits, StepFailed, run_step
+from .steps import (  # noqa: F401 (BaseJob: the generator's interface)
+    CONFIG_API_IMAGE, IMAGE_PATHS, MCO_IMAGE, RENDER_PATHS, BaseJob, controller_args, operator_args,
+    prepare_controller_input, prepare_feature_gate, render_args, write_config,
+)
 
 log = logging.getLogger("ignition_server.basegen")
 
-MCO_IMAGE = "machine-config-operator"
-IMAGE_PATHS = ("usr/bin/machine-config-operator", "usr/bin/machine-config-controller", "etc/mcc/templates")
 STATE_PREFIX = "mco-base-"
-MAX_OUTPUT_FILE = 32 << 20
-
-
-@dataclass(frozen=True)
-class BaseJob:
-    """Everything a run reads; `key` names the (cluster configuration, release digest) pair."""
-
-    key: str
-    namespace: str
-    release: str
-    release_digest: str
-    version: str
-    images: Mapping[str, str]
-    cluster_files: Mapping[str, str]
-    pull_secret: str | None
-    ca_bundle: str | None = None
 
 
 @dataclass(frozen=True)
@@ -178,6 +166,7 @@ class BaseGenerator:
         self.on_done(job.key)
 
     def _failed(self, job: BaseJob, message: str) -> None:
+        message = redact(message, job.pull_secret)
         self.counted("failed")
         attempts = self._failures[job.key][1] + 1 if job.key in self._failures else 1
         delay = min(self.settings.retry_max, self.settings.retry_min * 2 ** (attempts - 1))
@@ -190,26 +179,33 @@ class BaseGenerator:
         image = job.images.get(MCO_IMAGE)
         if not image:
             raise ValueError(f"release {job.release} has no {MCO_IMAGE} image")
-        image_dir = await self._image_files(image, job)
+        config_api = job.images.get(CONFIG_API_IMAGE)
+        if not config_api:
+            raise ValueError(f"release {job.release} has no {CONFIG_API_IMAGE} image (its render writes the FeatureGate)")
+        image_dir, render_dir = await asyncio.gather(self._image_files(image, job, IMAGE_PATHS),
+                                                     self._image_files(config_api, job, RENDER_PATHS))
         with tempfile.TemporaryDirectory(dir=self.work_dir, prefix="mco-") as tmp:
             root = Path(tmp)
-            config, mco, mcc, mcs = (root / n for n in ("config", "mco", "mcc", "mcs"))
-            for directory in (config, mco, mcc, mcs):
+            config, mco, mcc, mcs, gates = (root / n for n in ("config", "mco", "mcc", "mcs", "featuregate"))
+            for directory in (config, mco, mcc, mcs, gates):
                 directory.mkdir()
-            await asyncio.to_thread(write_config, config, job)
+            await asyncio.to_thread(write_config, config, mco, job)
             env = {"PATH": "/usr/bin:/bin", "HOME": str(root), "LANG": "C.UTF-8"}
             limits = self.settings.limits
+            await asyncio.to_thread(prepare_feature_gate, gates)
+            await run_step([str(render_dir / RENDER_PATHS[0]), *render_args(gates, job)], gates, limits, env)
             await run_step([str(image_dir / IMAGE_PATHS[0]), *operator_args(config, mco, job)], root, limits, env)
-            await asyncio.to_thread(prepare_controller_input, config, mco, mcc)
+            await asyncio.to_thread(prepare_controller_input, config, mco, mcc, gates, job)
             await run_step([str(image_dir / IMAGE_PATHS[1]), *controller_args(mcc, image_dir, mcs, job)], root, limits, env)
-            return await asyncio.to_thread(read_worker_base, mcs)
+            return await asyncio.to_thread(read_base, mcs)
 
 
-    async def _image_files(self, image: str, job: BaseJob) -> Path:
+    async def _image_files(self, image: str, job: BaseJob, paths: tuple[str, ...]) -> Path:
         """The image's binaries and templates, extracted once (single-flight) and shared."""
-        task = self._images.get(image)
+        wanted = image + "\n" + "\n".join(paths)
+        task = self._images.get(wanted)
         if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
-            task = self._images[image] = asyncio.ensure_future(self._extract_image(image, job))
+            task = self._images[wanted] = asyncio.ensure_future(self._extract_image(image, job, paths))
             for old in list(self._images)[:-self.keep_images]:
                 gone = self._images.pop(old)
                 if gone.done() and not gone.cancelled() and gone.exception() is None:
@@ -217,13 +213,13 @@ class BaseGenerator:
                     shutil.rmtree(gone.result(), ignore_errors=True)
         return await asyncio.shield(task)
 
-    async def _extract_image(self, image: str, job: BaseJob) -> Path:
-        target = self.work_dir / ("image-" + hashlib.sha256(image.encode()).hexdigest()[:32])
+    async def _extract_image(self, image: str, job: BaseJob, paths: tuple[str, ...]) -> Path:
+        target = self.work_dir / ("image-" + hashlib.sha256("\n".join((image, *paths)).encode()).hexdigest()[:32])
         shutil.rmtree(target, ignore_errors=True)
         staging = Path(tempfile.mkdtemp(dir=self.work_dir, prefix="mco-image-"))
         try:
-            await self.files.extract(image, IMAGE_PATHS, staging, job.pull_secret, self.tls(job.ca_bundle))
-            for binary in IMAGE_PATHS[:2]:
+            await self.files.extract(image, paths, staging, job.pull_secret, self.tls(job.ca_bundle))
+            for binary in (p for p in paths if p.startswith("usr/bin/")):
                 if not (staging / binary).is_file():
                     raise ValueError(f"image {image} has no {binary}")
             staging.rename(target)
@@ -233,89 +229,44 @@ class BaseGenerator:
         return target
 
 
-def cluster_key(cluster_fingerprint: str, release_digest: str) -> str:
-    return hashlib.sha256(f"{cluster_fingerprint}\n{release_digest}".encode()).hexdigest()
-
-
-def write_config(config: Path, job: BaseJob) -> None:
-    for name, text in job.cluster_files.items():
-        if not name or "/" in name or name.startswith(".") or name == "configuration-hash":
+def secrets_of(pull_secret: str | None) -> list[str]:
+    """The strings of a pull secret that must never reach a status or a log: the whole (as text
+    and as the base64 the steps' input holds), each registry's `auth` and the password in it."""
+    if not pull_secret:
+        return []
+    found = [pull_secret, base64.b64encode(pull_secret.encode()).decode()]
+    try:
+        auths = (json.loads(pull_secret) or {}).get("auths") or {}
+    except (ValueError, AttributeError):
+        return found
+    for entry in auths.values() if isinstance(auths, dict) else ():
+        if not isinstance(entry, dict):
             continue
-        (config / name).write_text(text)
-    pull_secret = {
-        "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/dockerconfigjson",
-        "metadata": {"name": "pull-secret", "namespace": "openshift-config"},
-        "stringData": {".dockerconfigjson": job.pull_secret or '{"auths":{}}'},
-    }
-    (config / "pull-secret.yaml").write_text(yaml.safe_dump(pull_secret))
-    (config / "pull-secret.yaml").chmod(0o600)
-    stream = {"kind": "ImageStream", "apiVersion": "image.openshift.io/v1", "metadata": {"name": job.version},
-              "spec": {"tags": [{"name": n, "from": {"kind": "DockerImage", "name": i}} for n, i in sorted(job.images.items())]}}
-    (config / "release-manifests").mkdir()
-    (config / "release-manifests" / "image-references").write_text(json.dumps(stream, indent=2))
+        for field in ("auth", "password", "identitytoken", "registrytoken"):
+            value = entry.get(field)
+            if isinstance(value, str) and value:
+                found.append(value)
+                if field == "auth":
+                    try:
+                        found.append(base64.b64decode(value).decode().partition(":")[2])
+                    except ValueError:
+                        pass
+    # Longest first, so a part never leaves the rest of a longer one readable.
+    return sorted({f for f in found if len(f) >= 4}, key=len, reverse=True)
 
 
-def operator_args(config: Path, dest: Path, job: BaseJob) -> list[str]:
-    """`machine-config-operator bootstrap`'s flags as HyperShift passes them (4.14 and later)."""
-    args = [
-        "bootstrap",
-        f"--root-ca={config}/root-ca.crt",
-        f"--infra-config-file={config}/cluster-infrastructure-02-config.yaml",
-        f"--network-config-file={config}/cluster-network-02-config.yaml",
-        f"--proxy-config-file={config}/cluster-proxy-01-config.yaml",
-        f"--config-file={config}/install-config.yaml",
-        f"--dns-config-file={config}/cluster-dns-02-config.yaml",
-        f"--pull-secret={config}/pull-secret.yaml",
-        f"--dest-dir={dest}",
-        f"--release-image={job.release}",
-        f"--payload-version={job.version}",
-        f"--image-references={config}/release-manifests/image-references",
-        f"--kube-ca={config}/signer-ca.crt",
-    ]
-    if (job.cluster_files.get("user-ca-bundle-config.yaml") or "").strip():
-        args.append(f"--additional-trust-bundle-config-file={config}/user-ca-bundle-config.yaml")
-    return args
+def redact(message: str, pull_secret: str | None) -> str:
+    for secret in secrets_of(pull_secret):
+        message = message.replace(secret, "<redacted>")
+    return message
 
 
-def controller_args(mcc: Path, image_dir: Path, dest: Path, job: BaseJob) -> list[str]:
-    return [
-        "bootstrap",
-        f"--manifest-dir={mcc}",
-        f"--templates={image_dir}/etc/mcc/templates",
-        f"--pull-secret={mcc}/machineconfigcontroller-pull-secret",
-        f"--dest-dir={dest}",
-        f"--payload-version={job.version}",
-    ]
+# What a stored base holds; a new layout is a new key, so a base kept by an older server (one
+# `rendered-worker-…` MachineConfig, served with the old appenders) is generated again, not served.
+BASE_LAYOUT = "2: served pool split in two, MCS annotations"
 
 
-def prepare_controller_input(config: Path, mco: Path, mcc: Path) -> None:
-    manifests = mco / "bootstrap" / "manifests"
-    if not manifests.is_dir():
-        raise ValueError(f"machine-config-operator wrote no {manifests.relative_to(mco.parent)}")
-    for source in [*manifests.iterdir(), *config.glob("*.machineconfigpool.yaml"), config / "image-config.yaml"]:
-        if source.is_file():
-            shutil.copyfile(source, mcc / source.name)
+def cluster_key(cluster_fingerprint: str, release_digest: str) -> str:
+    return hashlib.sha256(f"{BASE_LAYOUT}\n{cluster_fingerprint}\n{release_digest}".encode()).hexdigest()
 
 
-def read_worker_base(mcs: Path) -> str:
-    """The worker pool's rendered MachineConfig, as `base import` reads a bootstrap directory."""
-    pool_file = mcs / "machine-pools" / "worker.yaml"
-    if not pool_file.is_file():
-        raise ValueError("machine-config-controller wrote no machine-pools/worker.yaml")
-    pool: Any = bounded_yaml.load(_read(pool_file))
-    name = (((pool or {}).get("status") or {}).get("configuration") or {}).get("name") if isinstance(pool, dict) else None
-    if not isinstance(name, str) or not name or "/" in name:
-        raise ValueError("machine-pools/worker.yaml names no rendered configuration (status.configuration.name)")
-    rendered = mcs / "machine-configs" / f"{name}.yaml"
-    if not rendered.is_file():
-        raise ValueError(f"machine-config-controller wrote no machine-configs/{name}.yaml")
-    machineconfigs = from_bootstrap_documents([(rendered.name, _read(rendered))])
-    text = yaml.safe_dump_all(machineconfigs, sort_keys=False)
-    parse_machineconfigs(text)  # what a render would refuse is a failed run, said now
-    return text
-
-
-def _read(path: Path) -> str:
-    if path.stat().st_size > MAX_OUTPUT_FILE:
-        raise ValueError(f"{path.name} is larger than {MAX_OUTPUT_FILE} bytes")
-    return path.read_text()

@@ -280,6 +280,8 @@ class TokenSecret:
     preconditions: Mapping[str, str]
     ignition_reached: bool
     annotations: Mapping[str, str]
+    os_stream: str = ""  # `os-stream`: the NodePool's OS image stream (generated bases render with it)
+    cloud_config_hash: str = ""  # `cloud-config-hash`: Azure/OpenStack cloud config the payload was asked for
 
     @property
     def ref(self) -> str:
@@ -327,6 +329,8 @@ def parse_token_secret(obj: Mapping[str, Any]) -> TokenSecret:
         preconditions={k: text(k) for k in PRECONDITION_KEYS if secret_value(obj, k) is not None},
         ignition_reached=str(notes.get(ANNOTATION_IGNITION_REACHED, "")).lower() == "true",
         annotations={str(k): str(v) for k, v in notes.items()},
+        os_stream=text("os-stream"),
+        cloud_config_hash=text("cloud-config-hash"),
     )
 
 

@@ -23,8 +23,9 @@ import logging
 from typing import Any, Callable, Mapping
 
 from ..basegen.generator import BaseGenerator, BaseJob, cluster_key
+from ..basegen.steps import platform
 from ..render.inputs import NodePoolInputs
-from ..sources.manifests import LargeValue, ObjectKey, TokenSecret, annotations, data_text
+from ..sources.manifests import LargeValue, ObjectKey, TokenSecret, annotations, data_text, has_large_values
 from .bases import BASE_KEY, BaseIndex, base_key
 from .gather import JOIN_INPUTS, InputObject, Lookup, input_key
 from .release_waits import WAIT
@@ -34,6 +35,54 @@ from .status import Status
 log = logging.getLogger("ignition_server.watch")
 
 CLUSTER_CONFIG = InputObject("ConfigMap", "machine-config-server", None)
+# On Azure and OpenStack HyperShift hands the cloud provider's ConfigMap to the operator
+# (--cloud-config-file), and waits (CloudConfigPending) until the token Secret's
+# `cloud-config-hash` is that ConfigMap's.
+CLOUD_CONFIGS = {"Azure": InputObject("ConfigMap", "azure-cloud-config", None),
+                 "OpenStack": InputObject("ConfigMap", "openstack-cloud-config", None)}
+
+
+def hash_simple(value: Mapping[str, Any] | bytes | str) -> str:
+    """HyperShift's util.HashSimple: FNV-1a (32 bit, hex) of Go's `%v` of the value: a map
+    prints as `map[k1:v1 k2:v2]` (keys sorted), a []byte as `[123 34 …]`, a string as itself."""
+    if isinstance(value, bytes):
+        text = "[" + " ".join(str(b) for b in value) + "]"
+    elif isinstance(value, str):
+        text = value
+    else:
+        text = "map[" + " ".join(f"{k}:{value[k]}" for k in sorted(value)) + "]"
+    digest = 0x811C9DC5
+    for byte in text.encode():
+        digest = ((digest ^ byte) * 0x01000193) & 0xFFFFFFFF
+    return format(digest, "x")
+
+
+def precondition_failure(wanted: Mapping[str, str], pull_secret: str | None, trust_bundle: str | None,
+                         configuration_hash: str) -> str | None:
+    """Why the token Secret's preconditions do not hold, in HyperShift's words (None: they do).
+    A None value is not known yet (past the slim size): not checked here."""
+    if wanted.get("pull-secret-hash") and pull_secret is not None \
+            and hash_simple(pull_secret.encode()) != wanted["pull-secret-hash"]:
+        return "pull secret does not match hash"
+    if wanted.get("additional-trust-bundle-hash") and trust_bundle is not None \
+            and hash_simple(trust_bundle) != wanted["additional-trust-bundle-hash"]:
+        return "additionalTrustBundle does not match hash"
+    if wanted.get("hc-configuration-hash") and configuration_hash != wanted["hc-configuration-hash"]:
+        return f"machine-config-server configmap is out of date, waiting for update {configuration_hash} != {wanted['hc-configuration-hash']}"
+    return None
+
+
+def cloud_config_mismatch(secret: TokenSecret, data: Mapping[str, str], name: str) -> Status | None:
+    if secret.cloud_config_hash and hash_simple(data) != secret.cloud_config_hash:
+        return Status("CloudConfigPending", f"ConfigMap {name} does not match the token Secret's cloud-config-hash yet")
+    return None
+
+
+def cloud_config_input(config: Mapping[str, Any] | None) -> InputObject | None:
+    """The cloud config ConfigMap a cluster's MCO run needs (None: its platform needs none)."""
+    if config is None:
+        return None
+    return CLOUD_CONFIGS.get(platform(data_text(config)))
 ANNOTATION_GENERATED_BASE = "ignition-server.openshift.io/generated-base"  # its value: the pair's key
 
 
@@ -64,10 +113,18 @@ def generated_key(secret: TokenSecret, notes: Mapping[str, str], lookup: Lookup,
     if config is None:
         return None, deps  # no cluster configuration: no generated base, and no need of the release
     deps |= {release_key(secret.release), base_key(namespace, "generated:" + secret.release)}
+    cloud = cloud_config_input(config)
+    cloud_fingerprint = ""
+    if cloud is not None:
+        cloud_key = input_key(secret, cloud, notes)
+        deps.add(cloud_key)
+        cloud_fingerprint = fingerprint(lookup(cloud_key))
     digest = releases.digest(secret.release) if secret.release else None
     if not digest:
         return None, deps
-    cluster = hashlib.sha256((fingerprint(config) + fingerprint(lookup(secret_key))).encode()).hexdigest()
+    # The OS stream is the NodePool's, so two NodePools of a cluster on two streams are two runs.
+    cluster = hashlib.sha256("\n".join((fingerprint(config), fingerprint(lookup(secret_key)), cloud_fingerprint,
+                                         secret.os_stream)).encode()).hexdigest()
     return cluster_key(cluster, digest), deps
 
 
@@ -82,6 +139,7 @@ class GeneratedBases:
     writer: Callable[[], bool]
     _base_waiters: dict[str, set[ObjectKey]]
     _base_asking: set[str]
+    _base_held: dict[ObjectKey, tuple[str, Status]]
 
     def _inputs_changed(self, dependency: ObjectKey) -> None: ...
 
@@ -133,6 +191,9 @@ class GeneratedBases:
         release = self.releases.get(secret.release)
         if key is None or release is None:
             return None  # no cluster configuration (no base), or the release waits (release_waits.py)
+        pending = self._configuration_pending(secret) or self._cloud_config_pending(secret)
+        if pending is not None:
+            return pending
         self._base_waiters.setdefault(key, set()).add(base_key(secret.key.namespace, "generated:" + secret.release))
         if self.share_namespace and not self.writer():
             return WAIT  # the writer generates it and publishes it (shared_base_changed)
@@ -144,6 +205,48 @@ class GeneratedBases:
             return WAIT
         return Status("InvalidConfig", failure)
 
+    def _configuration_pending(self, secret: TokenSecret) -> Status | None:
+        """The token Secret was made for inputs the source does not hold yet (its `*-hash`
+        preconditions): wait, as HyperShift's GetPayload does, in its words. Values past the
+        slim size are checked on their full text when the run is asked for (_ask_base)."""
+        held = self._base_held.get(secret.key)
+        if held is not None:
+            if held[0] == self._precondition_inputs(secret):
+                return held[1]
+            del self._base_held[secret.key]  # an input changed: look again
+        notes = secret.annotations
+        values = []
+        for wanted in (JOIN_INPUTS[0], JOIN_INPUTS[2]):  # pull-secret, user-ca-bundle
+            obj = self.source.get(input_key(secret, wanted, notes))
+            values.append(None if obj is not None and has_large_values(obj) else
+                          (data_text(obj).get(wanted.key or "", "") if obj is not None else ""))
+        config = self.source.get(input_key(secret, CLUSTER_CONFIG, notes))
+        why = precondition_failure(secret.preconditions, values[0], values[1],
+                                   data_text(config).get("configuration-hash", "") if config is not None else "")
+        return Status("InvalidConfig", why) if why else None
+
+    def _precondition_inputs(self, secret: TokenSecret) -> str:
+        notes = secret.annotations
+        wanted = [JOIN_INPUTS[0], JOIN_INPUTS[2]]
+        cloud = cloud_config_input(self.source.get(input_key(secret, CLUSTER_CONFIG, notes)))
+        if cloud is not None:
+            wanted.append(cloud)
+        return json.dumps([sorted(secret.preconditions.items()), secret.cloud_config_hash] + [
+            fingerprint(self.source.get(input_key(secret, w, notes))) for w in wanted])
+
+    def _cloud_config_pending(self, secret: TokenSecret) -> Status | None:
+        """CloudConfigPending while an Azure/OpenStack cluster's cloud config is not the one asked for."""
+        notes = secret.annotations
+        cloud = cloud_config_input(self.source.get(input_key(secret, CLUSTER_CONFIG, notes)))
+        if cloud is None:
+            return None
+        obj = self.source.get(input_key(secret, cloud, notes))  # slim: a cloud.conf is far under its limit
+        if obj is None:
+            return Status("CloudConfigPending", f"waiting for ConfigMap {secret.key.namespace}/{cloud.name} (the cloud provider's configuration)")
+        if not has_large_values(obj):  # else checked on its full text when the run is asked for
+            return cloud_config_mismatch(secret, data_text(obj), cloud.name)
+        return None
+
     async def _ask_base(self, key: str, secret: TokenSecret) -> None:
         try:
             # In full: the cluster configuration and the pull secret are often past the slim size.
@@ -152,23 +255,41 @@ class GeneratedBases:
             digest = self.releases.digest(secret.release)
             if release is None or digest is None:
                 return
-            config, pull_secret, ca_bundle = full
+            config, pull_secret, ca_bundle, cloud_config = full
+            why = precondition_failure(secret.preconditions, pull_secret or "", ca_bundle or "", config.get("configuration-hash", ""))
+            held = Status("InvalidConfig", why) if why else (
+                cloud_config_mismatch(secret, cloud_config["data"], cloud_config["metadata"]["name"]) if cloud_config else None)
+            if held is not None:  # seen only on the full text of a large value
+                self._base_held[secret.key] = (self._precondition_inputs(secret), held)
+                for dependency in self._base_waiters.get(key, set()):
+                    self._inputs_changed(dependency)
+                return
             assert self.generator is not None
             self.generator.request(BaseJob(
                 key=key, namespace=secret.key.namespace, release=secret.release, release_digest=digest,
                 version=release.version or secret.release_version, images=dict(release.images),
                 cluster_files=config, pull_secret=pull_secret, ca_bundle=ca_bundle,
+                os_stream=secret.os_stream, cloud_config=cloud_config,
             ))
         except Exception:
             log.exception("asking for the MCO base of %s failed", secret.ref)
         finally:
             self._base_asking.discard(key)
 
-    def _full_inputs(self, secret: TokenSecret) -> tuple[dict[str, str], str | None, str | None]:
+    def _full_inputs(self, secret: TokenSecret) -> tuple[dict[str, str], str | None, str | None, dict[str, Any] | None]:
         notes = secret.annotations
         config = self.source.get_full(input_key(secret, CLUSTER_CONFIG, notes))
         values = []
         for wanted in (JOIN_INPUTS[0], JOIN_INPUTS[2]):  # pull-secret, user-ca-bundle
             obj = self.source.get_full(input_key(secret, wanted, notes))
             values.append((data_text(obj).get(wanted.key or "") or None) if obj is not None else None)
-        return (data_text(config) if config is not None else {}), values[0], values[1]
+        cloud = cloud_config_input(config)
+        cloud_config = None
+        if cloud is not None:
+            obj = self.source.get_full(input_key(secret, cloud, notes))
+            if obj is not None:  # as HyperShift writes it: the ConfigMap, YAML
+                meta = obj.get("metadata") or {}
+                cloud_config = {"apiVersion": "v1", "kind": "ConfigMap",
+                                "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace")},
+                                "data": data_text(obj)}
+        return (data_text(config) if config is not None else {}), values[0], values[1], cloud_config

@@ -93,6 +93,7 @@ class Reconciler(Renders, WriterDuties, ReleaseWaits, GeneratedBases):
     _asking: set[str] = field(default_factory=set)  # releases whose inputs are being read for the resolver
     _base_waiters: dict[str, set[ObjectKey]] = field(default_factory=dict)  # generated base key -> its dependency keys
     _base_asking: set[str] = field(default_factory=set)
+    _base_held: dict[ObjectKey, tuple[str, Any]] = field(default_factory=dict)  # token Secret -> (its inputs, why it waits)
     # Secrets whose rotation lives in the cache dir although the source is writable: their
     # manifest (a symlink's target on a read-only mount) cannot be written.
     _rotated_in_cache: set[ObjectKey] = field(default_factory=set)
