@@ -16,6 +16,8 @@ servers generating at once would read each other's payloads, so a test runs one 
 from __future__ import annotations
 
 import base64
+import lzma
+import shutil
 import signal
 import ssl
 import subprocess
@@ -31,7 +33,7 @@ import pytest
 from harness import free_port, wait_for
 from ignition_server.http.tls import ensure_self_signed
 from kubeapi import KubeAPI
-from realtools import unpack_real
+from real_release import require_real_dir
 
 # The FeatureGate HyperShift's ignition-server deployment renders in its init container
 # (`fetch-feature-gate`, FEATURE_GATE_YAML): the reference copies it into `render`'s input.
@@ -51,8 +53,13 @@ MCS_PORTS = (22625, 22626)  # hard-coded in HyperShift's local_ignitionprovider.
 
 @pytest.fixture(scope="session")
 def reference_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The reference server's binary, decompressed once per test session."""
-    return unpack_real("hypershift-ignition-server", tmp_path_factory.mktemp("real-bin"))
+    """The reference server's binary, decompressed once per test session (from where
+    real_release finds the MCO binaries: it is the same directory)."""
+    target = tmp_path_factory.mktemp("reference") / "hypershift-ignition-server"
+    with lzma.open(require_real_dir() / "hypershift-ignition-server.xz") as packed, open(target, "wb") as out:
+        shutil.copyfileobj(packed, out, 1 << 20)
+    target.chmod(0o755)
+    return target
 
 
 def bearer(token: str) -> dict[str, str]:
@@ -143,7 +150,7 @@ class ReferenceServer:
                 raise AssertionError(f"the reference server exited with {self.proc.returncode}:\n{self.logs()[-4000:]}")
             if time.monotonic() - started > timeout:
                 raise AssertionError(f"no payload from the reference after {timeout:.0f}s:\n{self.logs()[-6000:]}")
-            time.sleep(0.2)
+            time.sleep(1.0)
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

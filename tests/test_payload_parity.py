@@ -1,0 +1,151 @@
+"""Parity: for the same objects, our payload equals the one HyperShift's REAL ignition server
+serves, item by item (tests/payload_diff.py), for every NodePool and every spec version a
+node's Ignition may ask for.
+
+Everything is real: the registry (TLS, htpasswd) holding a release with the real MCO binaries
+and `render` (tests/real_release.py), HyperShift's ignition server (../shared/real) as its
+deployment runs it, our server with `--release-resolve --generate-bases`, both against the one
+test API server holding HyperShift's objects (tests/parity_world.py). The NodePools: an
+override of a base file, of a base unit, an os-stream, extra user MachineConfigs (cluster A,
+default TLS profile) and one of cluster B (Modern TLS profile).
+
+The module's fixture runs every binary once: the reference per cluster (its machine-config-server
+step listens on fixed ports, so one at a time: ~12 s cold, ~4.4 s per further NodePool), then
+ours; the tests only compare what was fetched.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from harness import ServerProcess, wait_for
+from kubeapi import KubeAPI
+from parity_world import CLIENT_VERSIONS, CLUSTER_A, CLUSTER_B, NODEPOOLS, NodePool, accept, cluster_objects, new_cas, \
+    token_secret
+from payload_diff import diff_payloads, item_counts, report
+from real_release import RealMCO, push_real_release, real_mco  # noqa: F401 (fixture)
+from reference_server import ReferenceServer, bearer, reference_binary  # noqa: F401 (fixture)
+from registry_world import Registry
+
+
+@dataclass
+class Payloads:
+    reference: dict[str, bytes] = field(default_factory=dict)  # NodePool key -> the reference's payload
+    ours: dict[tuple[str, str], bytes] = field(default_factory=dict)  # (NodePool key, client version) -> ours
+    our_failures: dict[str, str] = field(default_factory=dict)  # NodePool key -> why ours served nothing
+    reference_seconds: dict[str, float] = field(default_factory=dict)  # cluster -> first payload, from start
+
+
+def _token_message(api: KubeAPI, pool: NodePool) -> str:
+    name = token_secret(pool, "", "")["metadata"]["name"]
+    secret = api.get("secrets", pool.cluster.namespace, name) or {}
+    data = secret.get("data") or {}
+    return " ".join(base64.b64decode(data[k]).decode(errors="replace") for k in ("reason", "message") if k in data)
+
+
+@pytest.fixture(scope="module")
+def payloads(tmp_path_factory: pytest.TempPathFactory, real_mco: RealMCO, reference_binary: Path) -> Payloads:  # noqa: F811
+    work = tmp_path_factory.mktemp("parity")
+    registry = Registry(work / "registry").start()
+    api = KubeAPI(work / "kubeapi", bookmark_interval=1.0)
+    found = Payloads()
+    try:
+        release = push_real_release(registry, real_mco)
+        pullspec = release.pullspec
+        for cluster in (CLUSTER_A, CLUSTER_B):
+            for obj in cluster_objects(cluster, registry, new_cas()):
+                api.create(obj)
+        for pool in NODEPOOLS:
+            api.create(token_secret(pool, pullspec, release.version))
+        # The reference: one process per control-plane namespace, as HyperShift deploys it; one
+        # at a time (its MCS step's fixed ports).
+        for cluster in (CLUSTER_A, CLUSTER_B):
+            reference = ReferenceServer(reference_binary, work / f"reference-{cluster.namespace}", api, cluster.namespace,
+                                        ca_files=[registry.ca_file])
+            started = time.monotonic()
+            reference.start()
+            try:
+                for pool in (p for p in NODEPOOLS if p.cluster == cluster):
+                    found.reference[pool.key] = reference.fetch(pool.token_value)
+                    found.reference_seconds.setdefault(cluster.namespace, time.monotonic() - started)
+            finally:
+                reference.kill()
+        # Ours: Kubernetes mode on the same API server and objects, generating its bases.
+        (work / "empty").mkdir()
+        ours = ServerProcess(work / "empty", work / "ours" / "cache", extra=[
+            "--kubernetes", "--kubeconfig", str(api.kubeconfig), "--pod-namespace", "ignition-server",
+            "--release-resolve", "--generate-bases", "--registry-ca-file", str(registry.ca_file)])
+        api.namespace("ignition-server")
+        ours.start()
+        try:
+            served: set[str] = set()
+
+            def all_served() -> bool:
+                served.update(p.key for p in NODEPOOLS
+                              if p.key not in served and ours.get("/ignition", bearer(p.token_value))[0] == 200)
+                return len(served) == len(NODEPOOLS)
+
+            try:  # one deadline for all: a generator that never succeeds costs minutes, not one per NodePool
+                wait_for(all_served, timeout=240, interval=0.5, what="our payloads")
+            except TimeoutError:
+                pass
+            for pool in NODEPOOLS:
+                if pool.key not in served:
+                    found.our_failures[pool.key] = _token_message(api, pool) or ours.logs()[-3000:]
+                    continue
+                for version in CLIENT_VERSIONS:
+                    status, _headers, body = ours.get("/ignition", {**bearer(pool.token_value), **accept(version)})
+                    if status == 200:
+                        found.ours[(pool.key, version)] = body
+                    else:
+                        found.our_failures[f"{pool.key}@{version}"] = f"{status} {body[:300]!r}"
+        finally:
+            ours.kill()
+        _keep(work, found)
+    finally:
+        api.close()
+        registry.stop()
+    return found
+
+
+def _keep(work: Path, found: Payloads) -> None:
+    """The fetched payloads beside the test's logs, to read a failure's whole context."""
+    for key, body in found.reference.items():
+        (work / f"reference-{key.replace('/', '_')}.json").write_bytes(body)
+    for (key, version), body in found.ours.items():
+        (work / f"ours-{key.replace('/', '_')}-{version}.json").write_bytes(body)
+
+
+def test_the_reference_served_a_real_worker_payload(payloads: Payloads) -> None:
+    """The reference ran for real: MCO's base (kubelet, CRI-O), the MCS's appended files, and
+    each NodePool's own MachineConfigs are in its payloads."""
+    assert set(payloads.reference) == {p.key for p in NODEPOOLS}
+    for key, body in payloads.reference.items():
+        config = json.loads(body)
+        files = {f["path"] for f in config["storage"]["files"]}
+        units = {u["name"] for u in config["systemd"]["units"]}
+        assert {"/etc/kubernetes/kubelet.conf", "/etc/ignition-machine-config-encapsulated.json",
+                "/etc/machine-config-daemon/node-annotations.json", "/etc/kubernetes/kubeconfig"} <= files, key
+        assert {"kubelet.service", "crio.service", "machine-config-daemon-firstboot.service"} <= units, key
+    assert "/etc/extra/settings.conf" in body_files(payloads.reference["clusters-a/extra"])
+
+
+def body_files(body: bytes) -> set[str]:
+    return {f["path"] for f in json.loads(body)["storage"]["files"]}
+
+
+@pytest.mark.parametrize("version", CLIENT_VERSIONS)
+@pytest.mark.parametrize("pool", NODEPOOLS, ids=lambda p: p.key)
+def test_our_payload_equals_the_references(payloads: Payloads, pool: NodePool, version: str) -> None:
+    assert pool.key not in payloads.our_failures, f"our server served nothing for {pool.key}: {payloads.our_failures[pool.key]}"
+    ours = payloads.ours.get((pool.key, version))
+    assert ours is not None, payloads.our_failures.get(f"{pool.key}@{version}")
+    differences = diff_payloads(payloads.reference[pool.key], ours)
+    equal, total = item_counts(payloads.reference[pool.key], ours)
+    assert not differences, f"{pool.key} at {version}: {equal} of {total} items equal\n{report(differences)}"
