@@ -32,7 +32,7 @@ for path in (_REPO, _REPO / "tests"):  # tests/ is not an installed package; its
 
 from tests.harness import ServerProcess  # noqa: E402
 from kubeapi import KubeAPI  # noqa: E402
-from parity_world import CLUSTER_A, NodePool, cluster_objects, new_cas, token_secret  # noqa: E402
+from parity_world import CLUSTER_A, NodePool, cluster_inputs, cluster_objects, token_secret, token_secret_name  # noqa: E402
 from real_release import push_real_release, real_dir, unpack  # noqa: E402
 from reference_server import ReferenceServer, bearer, unpack_reference  # noqa: E402
 from registry_world import Registry  # noqa: E402
@@ -67,27 +67,28 @@ def run(work: Path, pool_count: int, reference_binary: Path, real_root: Path) ->
     results: dict[str, dict[str, float]] = {}
     try:
         release = push_real_release(registry, unpack(real_root, work / "real"))
-        for obj in cluster_objects(CLUSTER_A, registry, new_cas()):
+        inputs = cluster_inputs(CLUSTER_A, registry)
+        for obj in cluster_objects(CLUSTER_A, inputs):
             api.create(obj)
         namespace = CLUSTER_A.namespace
 
         def measure(label: str, start: Callable[[], Callable[[str], int]], stop: Callable[[], None]) -> None:
             pools = [NodePool(CLUSTER_A, f"{label}-{i}") for i in range(pool_count)]
             for pool in pools:
-                api.create(token_secret(pool, release.pullspec, release.version))
+                api.create(token_secret(pool, release.pullspec, release.version, inputs))
             started = time.monotonic()
             get_status = start()
             try:
                 batch = served_times(get_status, pools, started, timeout=600)
                 extra = NodePool(CLUSTER_A, f"{label}-added")
                 created = time.monotonic()
-                api.create(token_secret(extra, release.pullspec, release.version))
+                api.create(token_secret(extra, release.pullspec, release.version, inputs))
                 added = served_times(get_status, [extra], created, timeout=600)[extra.key]
             finally:
                 stop()
                 for pool in [*pools, NodePool(CLUSTER_A, f"{label}-added")]:  # the next server starts on its own NodePools only
-                    if api.get("secrets", namespace, token_secret(pool, "", "")["metadata"]["name"]):
-                        api.delete("secrets", namespace, token_secret(pool, "", "")["metadata"]["name"])
+                    if api.get("secrets", namespace, token_secret_name(pool)):
+                        api.delete("secrets", namespace, token_secret_name(pool))
             results[label] = figures(batch, added)
             print(f"{label:9} first payload {results[label]['first_payload_s']:6.2f} s  all {pool_count} "
                   f"{results[label]['all_payloads_s']:6.2f} s  per further NodePool {results[label]['per_further_nodepool_s']:5.2f} s  "

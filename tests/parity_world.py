@@ -23,6 +23,7 @@ import yaml
 
 from ignition_server.http.tls import make_ca
 from ignition_server.sources.manifests import build_token_secret
+from ignition_server.watch.generated_bases import hash_simple
 from real_release import hypershift_mcs_config
 from registry_world import Registry
 
@@ -63,6 +64,7 @@ def data_url(text: str) -> str:
 class Cluster:
     namespace: str
     tls_profile: str | None  # the hosted cluster's APIServer tlsSecurityProfile type (None: the default)
+    trust_bundle: bool = False  # an additional trust bundle (HostedCluster.spec.additionalTrustBundle)
 
 
 @dataclass(frozen=True)
@@ -84,9 +86,12 @@ class NodePool:
 
 CLUSTER_A = Cluster("clusters-a", None)
 CLUSTER_B = Cluster("clusters-b", "Modern")
+CLUSTER_C = Cluster("clusters-c", "Old", trust_bundle=True)
+CLUSTERS = (CLUSTER_A, CLUSTER_B, CLUSTER_C)
 
-# The five NodePools of the issue: an override of a base file, of a base unit, two clusters
-# with different TLS profiles, an os-stream, extra user MachineConfigs.
+# The five NodePools of the issue: an override of a base file, of a base unit, clusters with
+# different TLS profiles, an os-stream, extra user MachineConfigs; and a cluster with an
+# additional trust bundle (`user-ca-bundle`, and the operator's --additional-trust-bundle-config-file).
 NODEPOOLS = (
     NodePool(CLUSTER_A, "override-file", (machineconfig("50-override-file", {"storage": {"files": [
         {"path": "/etc/sysctl.d/inotify.conf", "mode": 420, "overwrite": True,
@@ -106,35 +111,47 @@ NODEPOOLS = (
         machineconfig("99-extra-kargs", kernelArguments=["nosmt", "mitigations=auto"]),
     )),
     NodePool(CLUSTER_B, "tls"),
+    NodePool(CLUSTER_C, "trust-bundle"),
 )
 
 
 @dataclass(frozen=True)
-class ClusterCAs:
-    root: str
-    signer: str
+class ClusterInputs:
+    """What one hosted cluster's objects are made of (made per run: real CAs, the registry's pull secret)."""
+
+    root_ca: str
+    signer_ca: str
+    pull_secret: str
+    trust_bundle: str  # "" without one
+    configuration_hash: str = "parity-1"
 
 
-def cluster_objects(cluster: Cluster, registry: Registry, cas: ClusterCAs) -> list[dict[str, Any]]:
-    """The control-plane namespace's objects both servers read."""
+def cluster_inputs(cluster: Cluster, registry: Registry) -> ClusterInputs:
+    return ClusterInputs(make_ca()[0].decode(), make_ca()[0].decode(), registry.pull_secret(),
+                         make_ca()[0].decode() if cluster.trust_bundle else "")
+
+
+def cluster_objects(cluster: Cluster, inputs: ClusterInputs) -> list[dict[str, Any]]:
+    """The control-plane namespace's objects both servers read, as HyperShift writes them."""
     ns = cluster.namespace
     kubeconfig = yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": "bootstrap",
         "clusters": [{"name": "cluster", "cluster": {"server": f"https://api-int.{ns}.example.com:6443",
-                                                     "certificate-authority-data": base64.b64encode(cas.root.encode()).decode()}}],
+                                                     "certificate-authority-data": base64.b64encode(inputs.root_ca.encode()).decode()}}],
         "users": [{"name": "bootstrap", "user": {"token": f"bootstrap-token-{ns}"}}],
         "contexts": [{"name": "bootstrap", "context": {"cluster": "cluster", "user": "bootstrap"}}],
     })
-    return [
-        secret(ns, "pull-secret", {".dockerconfigjson": registry.pull_secret()}, "kubernetes.io/dockerconfigjson"),
+    objects = [
+        secret(ns, "pull-secret", {".dockerconfigjson": inputs.pull_secret}, "kubernetes.io/dockerconfigjson"),
         secret(ns, "bootstrap-kubeconfig", {"kubeconfig": kubeconfig}),
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "machine-config-server", "namespace": ns},
-         "data": hypershift_mcs_config(ns, root_ca=cas.root, signer_ca=cas.signer, tls_profile=cluster.tls_profile)},
+         "data": hypershift_mcs_config(ns, root_ca=inputs.root_ca, signer_ca=inputs.signer_ca, tls_profile=cluster.tls_profile,
+                                       user_ca_bundle=inputs.trust_bundle, configuration_hash=inputs.configuration_hash)},
     ]
-
-
-def new_cas() -> ClusterCAs:
-    return ClusterCAs(make_ca()[0].decode(), make_ca()[0].decode())
+    if inputs.trust_bundle:
+        objects.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "user-ca-bundle", "namespace": ns},
+                        "data": {"ca-bundle.crt": inputs.trust_bundle}})
+    return objects
 
 
 def secret(namespace: str, name: str, data: dict[str, str], type_: str = "Opaque") -> dict[str, Any]:
@@ -142,12 +159,24 @@ def secret(namespace: str, name: str, data: dict[str, str], type_: str = "Opaque
             "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}}
 
 
-def token_secret(pool: NodePool, release: str, version: str) -> dict[str, Any]:
-    """The NodePool's token Secret, generated now (so neither server rotates it during a test)."""
+def token_secret(pool: NodePool, release: str, version: str, inputs: ClusterInputs | None = None) -> dict[str, Any]:
+    """The NodePool's token Secret, generated now (so neither server rotates it during a test),
+    with the precondition hashes HyperShift's NodePool controller writes (util.HashSimple, as
+    the reference checks them) when the cluster's inputs are given."""
     config = "\n---\n".join([*core_machineconfigs(), *pool.machineconfigs])
     obj = build_token_secret(namespace=pool.cluster.namespace, nodepool=f"clusters/{pool.name}", token=pool.token_value,
                              release=release, release_version=version, machineconfigs_yaml=config,
                              generation_time=time.time())
+    if inputs is not None:
+        hashes = {"pull-secret-hash": hash_simple(inputs.pull_secret.encode()),
+                  "hc-configuration-hash": inputs.configuration_hash}
+        if inputs.trust_bundle:
+            hashes["additional-trust-bundle-hash"] = hash_simple(inputs.trust_bundle)
+        obj["data"].update({k: base64.b64encode(v.encode()).decode() for k, v in hashes.items()})
     if pool.os_stream:
         obj["data"]["os-stream"] = base64.b64encode(pool.os_stream.encode()).decode()
     return obj
+
+
+def token_secret_name(pool: NodePool) -> str:
+    return token_secret(pool, "", "")["metadata"]["name"]

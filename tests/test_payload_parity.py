@@ -7,7 +7,8 @@ and `render` (tests/real_release.py), HyperShift's ignition server (../shared/re
 deployment runs it, our server with `--release-resolve --generate-bases`, both against the one
 test API server holding HyperShift's objects (tests/parity_world.py). The NodePools: an
 override of a base file, of a base unit, an os-stream, extra user MachineConfigs (cluster A,
-default TLS profile) and one of cluster B (Modern TLS profile).
+default TLS profile), one of cluster B (Modern TLS profile), one of cluster C (Old TLS profile,
+an additional trust bundle). The token Secrets carry HyperShift's precondition hashes.
 
 The module's fixture runs every binary once: the reference per cluster (its machine-config-server
 step listens on fixed ports, so one at a time: ~12 s cold, ~4.4 s per further NodePool), then
@@ -26,8 +27,8 @@ import pytest
 
 from harness import ServerProcess, wait_for
 from kubeapi import KubeAPI
-from parity_world import CLIENT_VERSIONS, CLUSTER_A, CLUSTER_B, NODEPOOLS, NodePool, accept, cluster_objects, new_cas, \
-    token_secret
+from parity_world import CLIENT_VERSIONS, CLUSTERS, NODEPOOLS, NodePool, accept, cluster_inputs, cluster_objects, token_secret, \
+    token_secret_name
 from payload_diff import diff_payloads, item_counts, report
 from real_release import RealMCO, push_real_release, real_mco  # noqa: F401 (fixture)
 from reference_server import ReferenceServer, bearer, reference_binary  # noqa: F401 (fixture)
@@ -43,7 +44,7 @@ class Payloads:
 
 
 def _token_message(api: KubeAPI, pool: NodePool) -> str:
-    name = token_secret(pool, "", "")["metadata"]["name"]
+    name = token_secret_name(pool)
     secret = api.get("secrets", pool.cluster.namespace, name) or {}
     data = secret.get("data") or {}
     return " ".join(base64.b64decode(data[k]).decode(errors="replace") for k in ("reason", "message") if k in data)
@@ -58,14 +59,15 @@ def payloads(tmp_path_factory: pytest.TempPathFactory, real_mco: RealMCO, refere
     try:
         release = push_real_release(registry, real_mco)
         pullspec = release.pullspec
-        for cluster in (CLUSTER_A, CLUSTER_B):
-            for obj in cluster_objects(cluster, registry, new_cas()):
+        inputs = {cluster: cluster_inputs(cluster, registry) for cluster in CLUSTERS}
+        for cluster in CLUSTERS:
+            for obj in cluster_objects(cluster, inputs[cluster]):
                 api.create(obj)
         for pool in NODEPOOLS:
-            api.create(token_secret(pool, pullspec, release.version))
+            api.create(token_secret(pool, pullspec, release.version, inputs[pool.cluster]))
         # The reference: one process per control-plane namespace, as HyperShift deploys it; one
         # at a time (its MCS step's fixed ports).
-        for cluster in (CLUSTER_A, CLUSTER_B):
+        for cluster in CLUSTERS:
             reference = ReferenceServer(reference_binary, work / f"reference-{cluster.namespace}", api, cluster.namespace,
                                         ca_files=[registry.ca_file])
             started = time.monotonic()
