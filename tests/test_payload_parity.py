@@ -4,28 +4,29 @@ node's Ignition may ask for.
 
 Everything is real: the registry (TLS, htpasswd) holding a release with the real MCO binaries
 and `render` (tests/real_release.py), HyperShift's ignition server (../shared/real) as its
-deployment runs it, our server with `--release-resolve --generate-bases`, both against the one
-test API server holding HyperShift's objects (tests/parity_world.py). The NodePools: an
+deployment runs it, our server with `--release-resolve --generate-bases` (in Kubernetes mode on
+the one test API server holding HyperShift's objects, tests/parity_world.py, and on the same
+objects as manifests through the file source). The NodePools: an
 override of a base file, of a base unit, an os-stream, extra user MachineConfigs (cluster A,
 default TLS profile), one of cluster B (Modern TLS profile), one of cluster C (Old TLS profile,
 an additional trust bundle). The token Secrets carry HyperShift's precondition hashes.
 
 The module's fixture runs every binary once: the reference per cluster (its machine-config-server
-step listens on fixed ports, so one at a time: ~12 s cold, ~4.4 s per further NodePool), then
-ours; the tests only compare what was fetched.
+step listens on fixed ports, so one at a time: ~8-12 s cold, ~4 s per further NodePool), then
+ours in either source; the tests only compare what was fetched.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from harness import ServerProcess, wait_for
+from harness import ServerProcess, wait_for, write_manifests
 from kubeapi import KubeAPI
 from parity_world import CLIENT_VERSIONS, CLUSTERS, NODEPOOLS, NodePool, accept, cluster_inputs, cluster_objects, token_secret, \
     token_secret_name
@@ -33,21 +34,28 @@ from payload_diff import diff_payloads, item_counts, report
 from real_release import RealMCO, push_real_release, real_mco  # noqa: F401 (fixture)
 from reference_server import ReferenceServer, bearer, reference_binary  # noqa: F401 (fixture)
 from registry_world import Registry
+from test_registry_server import token_status
+
+
+SOURCES = ("kubernetes", "files")  # our server on the same API server, and on the same objects as manifests
 
 
 @dataclass
 class Payloads:
     reference: dict[str, bytes] = field(default_factory=dict)  # NodePool key -> the reference's payload
-    ours: dict[tuple[str, str], bytes] = field(default_factory=dict)  # (NodePool key, client version) -> ours
-    our_failures: dict[str, str] = field(default_factory=dict)  # NodePool key -> why ours served nothing
-    reference_seconds: dict[str, float] = field(default_factory=dict)  # cluster -> first payload, from start
+    ours: dict[tuple[str, str, str], bytes] = field(default_factory=dict)  # (source, NodePool key, client version) -> ours
+    our_failures: dict[tuple[str, str], str] = field(default_factory=dict)  # (source, NodePool key[@version]) -> why nothing
 
 
 def _token_message(api: KubeAPI, pool: NodePool) -> str:
-    name = token_secret_name(pool)
-    secret = api.get("secrets", pool.cluster.namespace, name) or {}
+    secret = api.get("secrets", pool.cluster.namespace, token_secret_name(pool)) or {}
     data = secret.get("data") or {}
     return " ".join(base64.b64decode(data[k]).decode(errors="replace") for k in ("reason", "message") if k in data)
+
+
+def _file_message(source: Path, pool: NodePool) -> str:
+    status = token_status(source / f"{pool.cluster.namespace}-{pool.name}.yaml")
+    return f"{status.reason} {status.message}"
 
 
 @pytest.fixture(scope="module")
@@ -58,57 +66,36 @@ def payloads(tmp_path_factory: pytest.TempPathFactory, real_mco: RealMCO, refere
     found = Payloads()
     try:
         release = push_real_release(registry, real_mco)
-        pullspec = release.pullspec
         inputs = {cluster: cluster_inputs(cluster, registry) for cluster in CLUSTERS}
+        objects = {cluster: cluster_objects(cluster, inputs[cluster]) for cluster in CLUSTERS}
+        tokens = {pool: token_secret(pool, release.pullspec, release.version, inputs[pool.cluster]) for pool in NODEPOOLS}
+        for obj in [*(o for objs in objects.values() for o in objs), *tokens.values()]:
+            api.create(obj)
+        # The same objects as manifests, for our file source.
+        source = work / "source"
         for cluster in CLUSTERS:
-            for obj in cluster_objects(cluster, inputs[cluster]):
-                api.create(obj)
-        for pool in NODEPOOLS:
-            api.create(token_secret(pool, pullspec, release.version, inputs[pool.cluster]))
+            write_manifests(source / f"{cluster.namespace}.yaml", *objects[cluster])
+        for pool, obj in tokens.items():
+            write_manifests(source / f"{pool.cluster.namespace}-{pool.name}.yaml", obj)
         # The reference: one process per control-plane namespace, as HyperShift deploys it; one
         # at a time (its MCS step's fixed ports).
         for cluster in CLUSTERS:
             reference = ReferenceServer(reference_binary, work / f"reference-{cluster.namespace}", api, cluster.namespace,
-                                        ca_files=[registry.ca_file])
-            started = time.monotonic()
-            reference.start()
+                                        ca_files=[registry.ca_file]).start()
             try:
                 for pool in (p for p in NODEPOOLS if p.cluster == cluster):
                     found.reference[pool.key] = reference.fetch(pool.token_value)
-                    found.reference_seconds.setdefault(cluster.namespace, time.monotonic() - started)
             finally:
                 reference.kill()
-        # Ours: Kubernetes mode on the same API server and objects, generating its bases.
+        # Ours, generating its bases: in Kubernetes mode on the same API server, and on the files.
+        common = ["--release-resolve", "--generate-bases", "--registry-ca-file", str(registry.ca_file)]
         (work / "empty").mkdir()
-        ours = ServerProcess(work / "empty", work / "ours" / "cache", extra=[
-            "--kubernetes", "--kubeconfig", str(api.kubeconfig), "--pod-namespace", "ignition-server",
-            "--release-resolve", "--generate-bases", "--registry-ca-file", str(registry.ca_file)])
         api.namespace("ignition-server")
-        ours.start()
-        try:
-            served: set[str] = set()
-
-            def all_served() -> bool:
-                served.update(p.key for p in NODEPOOLS
-                              if p.key not in served and ours.get("/ignition", bearer(p.token_value))[0] == 200)
-                return len(served) == len(NODEPOOLS)
-
-            try:  # one deadline for all: a generator that never succeeds costs minutes, not one per NodePool
-                wait_for(all_served, timeout=240, interval=0.5, what="our payloads")
-            except TimeoutError:
-                pass
-            for pool in NODEPOOLS:
-                if pool.key not in served:
-                    found.our_failures[pool.key] = _token_message(api, pool) or ours.logs()[-3000:]
-                    continue
-                for version in CLIENT_VERSIONS:
-                    status, _headers, body = ours.get("/ignition", {**bearer(pool.token_value), **accept(version)})
-                    if status == 200:
-                        found.ours[(pool.key, version)] = body
-                    else:
-                        found.our_failures[f"{pool.key}@{version}"] = f"{status} {body[:300]!r}"
-        finally:
-            ours.kill()
+        kubernetes = ServerProcess(work / "empty", work / "ours-kubernetes" / "cache", extra=[
+            "--kubernetes", "--kubeconfig", str(api.kubeconfig), "--pod-namespace", "ignition-server", *common])
+        _fetch_ours(kubernetes, "kubernetes", found, lambda pool: _token_message(api, pool))
+        files = ServerProcess(source, work / "ours-files" / "cache", extra=common)
+        _fetch_ours(files, "files", found, lambda pool: _file_message(source, pool))
         _keep(work, found)
     finally:
         api.close()
@@ -116,12 +103,41 @@ def payloads(tmp_path_factory: pytest.TempPathFactory, real_mco: RealMCO, refere
     return found
 
 
+def _fetch_ours(ours: ServerProcess, label: str, found: Payloads, message: Callable[[NodePool], str]) -> None:
+    """Every NodePool's payload from our server at every client version (one deadline for all:
+    a generator that never succeeds costs minutes, not minutes per NodePool)."""
+    ours.start()
+    try:
+        served: set[str] = set()
+
+        def all_served() -> bool:
+            served.update(p.key for p in NODEPOOLS if p.key not in served and ours.get("/ignition", bearer(p.token_value))[0] == 200)
+            return len(served) == len(NODEPOOLS)
+
+        try:
+            wait_for(all_served, timeout=240, interval=0.5, what=f"our payloads ({label})")
+        except AssertionError:
+            pass  # each NodePool not served says why, in its test
+        for pool in NODEPOOLS:
+            if pool.key not in served:
+                found.our_failures[(label, pool.key)] = message(pool) or ours.logs()[-3000:]
+                continue
+            for version in CLIENT_VERSIONS:
+                status, _headers, body = ours.get("/ignition", {**bearer(pool.token_value), **accept(version)})
+                if status == 200:
+                    found.ours[(label, pool.key, version)] = body
+                else:
+                    found.our_failures[(label, f"{pool.key}@{version}")] = f"{status} {body[:300]!r}"
+    finally:
+        ours.kill()
+
+
 def _keep(work: Path, found: Payloads) -> None:
     """The fetched payloads beside the test's logs, to read a failure's whole context."""
     for key, body in found.reference.items():
         (work / f"reference-{key.replace('/', '_')}.json").write_bytes(body)
-    for (key, version), body in found.ours.items():
-        (work / f"ours-{key.replace('/', '_')}-{version}.json").write_bytes(body)
+    for (label, key, version), body in found.ours.items():
+        (work / f"ours-{label}-{key.replace('/', '_')}-{version}.json").write_bytes(body)
 
 
 def test_the_reference_served_a_real_worker_payload(payloads: Payloads) -> None:
@@ -144,10 +160,12 @@ def body_files(body: bytes) -> set[str]:
 
 @pytest.mark.parametrize("version", CLIENT_VERSIONS)
 @pytest.mark.parametrize("pool", NODEPOOLS, ids=lambda p: p.key)
-def test_our_payload_equals_the_references(payloads: Payloads, pool: NodePool, version: str) -> None:
-    assert pool.key not in payloads.our_failures, f"our server served nothing for {pool.key}: {payloads.our_failures[pool.key]}"
-    ours = payloads.ours.get((pool.key, version))
-    assert ours is not None, payloads.our_failures.get(f"{pool.key}@{version}")
+@pytest.mark.parametrize("source", SOURCES)
+def test_our_payload_equals_the_references(payloads: Payloads, source: str, pool: NodePool, version: str) -> None:
+    failure = payloads.our_failures.get((source, pool.key))
+    assert failure is None, f"our server ({source}) served nothing for {pool.key}: {failure}"
+    ours = payloads.ours.get((source, pool.key, version))
+    assert ours is not None, payloads.our_failures.get((source, f"{pool.key}@{version}"))
     differences = diff_payloads(payloads.reference[pool.key], ours)
     equal, total = item_counts(payloads.reference[pool.key], ours)
-    assert not differences, f"{pool.key} at {version}: {equal} of {total} items equal\n{report(differences)}"
+    assert not differences, f"{pool.key} at {version} ({source}): {equal} of {total} items equal\n{report(differences)}"
