@@ -98,6 +98,10 @@ def test_generated_bases_equal_the_bootstrap_mcs_payload_item_by_item(real_world
             machineconfig("60-extra", {"systemd": {"units": [{"name": "extra.service", "enabled": True,
                                                              "contents": "[Service]\nExecStart=/bin/true\n"}]}})],
         ("clusters-a", "empty"): [],  # no MachineConfigs of its own: the base alone
+        # Named between two of MCO's generated MachineConfigs: merged after them here (README), said in
+        # `message`; its file touches none of theirs, so the payload is still equal.
+        ("clusters-a", "between"): [machineconfig("98-between", {"storage": {"files": [
+            {"path": "/etc/between.conf", "mode": 420, "contents": data_url("between\n")}]}})],
         ("clusters-b", "plain"): [machineconfig("50-plain", {"storage": {"files": [
             {"path": "/etc/plain.conf", "mode": 420, "contents": data_url("plain b\n")}]}}),
             # HyperShift's own SSH key MachineConfig.
@@ -159,6 +163,9 @@ def test_generated_bases_equal_the_bootstrap_mcs_payload_item_by_item(real_world
             assert differences(body, reference) == [], (namespace, name, version)
 
     ours = {key: items(body) for key, body in bodies.items()}
+    assert "MachineConfig '98-between' is merged after MCO's 97-worker-generated-kubelet" in \
+        token_status(paths[("clusters-a", "between")]).message
+    assert "is merged after" not in token_status(paths[("clusters-a", "override")]).message
     # The kubelet's client CA (kubelet.conf points at it) is the cluster's signer CA.
     assert ours[("clusters-a", "plain")]["file /etc/kubernetes/kubelet-ca.crt"][4] == ca_a
     # The NodePool's override of a base file and unit wins, as in MCO's merge by name.

@@ -11,7 +11,9 @@ import yaml
 
 from .. import bounded_yaml
 from ..render.machineconfig import parse_machineconfigs
-from ..render.mco import ANNOTATION_CONTROLLER_VERSION, ANNOTATION_KUBELET_CA, ANNOTATION_SERVED_POOL, GENERATED_BY_CONTROLLER
+from ..render.mco import (
+    ANNOTATION_CONTROLLER_VERSION, ANNOTATION_KUBELET_CA, ANNOTATION_MERGED_FROM, ANNOTATION_SERVED_POOL, GENERATED_BY_CONTROLLER,
+)
 from .steps import PROBE_POOL
 
 MAX_OUTPUT_FILE = 32 << 20
@@ -70,12 +72,12 @@ def split_base(served: dict[str, Any], generated: dict[str, Any], kubelet_ca: st
              ANNOTATION_CONTROLLER_VERSION: controller_version}
     low = {"apiVersion": "machineconfiguration.openshift.io/v1", "kind": "MachineConfig",
            "metadata": {"name": max(templates), "labels": {"machineconfiguration.openshift.io/role": "worker"},
-                        "annotations": {**notes, ANNOTATION_KUBELET_CA: kubelet_ca}},
+                        "annotations": {**notes, ANNOTATION_KUBELET_CA: kubelet_ca, ANNOTATION_MERGED_FROM: ",".join(templates)}},
            "spec": low_spec}
     high_spec = {k: v for k, v in gen_spec.items() if k in ("config", "kernelArguments", "extensions", "fips", "kernelType")}
     high = {"apiVersion": "machineconfiguration.openshift.io/v1", "kind": "MachineConfig",
             "metadata": {"name": min(generated_names), "labels": {"machineconfiguration.openshift.io/role": "worker"},
-                         "annotations": dict(notes)},
+                         "annotations": {**notes, ANNOTATION_MERGED_FROM: ",".join(generated_names)}},
             "spec": high_spec}
     return [low, high]
 

@@ -62,6 +62,7 @@ _SPECIAL_KERNELS = ("realtime", "64k-pages")
 ANNOTATION_SERVED_POOL = "ignition-server.openshift.io/served-pool"
 ANNOTATION_KUBELET_CA = "ignition-server.openshift.io/kubelet-ca"
 ANNOTATION_CONTROLLER_VERSION = "ignition-server.openshift.io/controller-version"
+ANNOTATION_MERGED_FROM = "ignition-server.openshift.io/merged-from"  # the MachineConfigs a base part merges
 MCO_SPEC_VERSION = "3.5.0"  # the Ignition version MCO keeps its configs in (ign3types)
 BOOTSTRAP_KUBECONFIG_PATH = "/etc/kubernetes/kubeconfig"
 
@@ -330,3 +331,23 @@ def mcs_appender_files(mc: dict, kubelet_ca: str | None, bootstrap_kubeconfig: s
     files.append(file_entry(CONTENT_PATH, go_json(mc, indent=4), 0o644))
     files.append(file_entry(ENCAPSULATED_PATH, go_json(encapsulated), 0o644))
     return files
+
+
+def placed_otherwise(mcs: list[dict]) -> list[str]:
+    """The MachineConfigs that MCO would merge between two of those one part of a generated base
+    holds (basegen/output.py split_base): this merge puts them after that whole part. Said, as
+    the one way a generated base's payload can differ from the reference's."""
+    def merged_from(mc: dict) -> list[str]:
+        notes = (mc.get("metadata") or {}).get("annotations") or {}
+        return [n for n in str(notes.get(ANNOTATION_MERGED_FROM, "")).split(",") if n]
+
+    names = sorted(mc["metadata"]["name"] for mc in mcs if not merged_from(mc))
+    notes = []
+    for mc in mcs:
+        merged = merged_from(mc)
+        if len(merged) < 2:
+            continue
+        for name in names:
+            if min(merged) < name < max(merged):
+                notes.append(f"MachineConfig {name!r} is merged after MCO's {', '.join(merged)} (MCO merges it between them)")
+    return notes

@@ -16,7 +16,7 @@ from .join import merge_ca_bundles
 from .mco import (
     ANNOTATION_CONTROLLER_VERSION, ANNOTATION_KUBELET_CA, ANNOTATION_SERVED_POOL, CLOUD_CA_PATH, KUBELET_CA_PATH,
     ReleaseImages, appender_files, check_spec, mcs_appender_files, mcs_machineconfig, migrate_kernel_arguments,
-    rendered_machineconfig, served_by_mcs, set_file,
+    placed_otherwise, rendered_machineconfig, served_by_mcs, set_file,
 )
 from .proxy import render_proxy_fragment, proxy_settings
 from .settings import HAPROXY_TEMPLATE_KEY, apiserver_access, ibmcloud_settings
@@ -145,7 +145,7 @@ def render_payload(inputs: NodePoolInputs) -> RenderedPayload:
     config, merge_notes = merge_machineconfigs(machineconfigs, carried=with_base)
     if with_base:
         config, name = _with_mcs_appenders(config, machineconfigs, inputs)
-        merge_notes = (f"MCO base merged: {name}",) + merge_notes
+        merge_notes = (f"MCO base merged: {name}", *placed_otherwise(machineconfigs)) + merge_notes
     version, reason = minimum_version_reason(config)
     config["ignition"]["version"] = version
     validate(config, version)
