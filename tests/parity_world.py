@@ -180,3 +180,10 @@ def token_secret(pool: NodePool, release: str, version: str, inputs: ClusterInpu
 
 def token_secret_name(pool: NodePool) -> str:
     return token_secret(pool, "", "")["metadata"]["name"]
+
+
+def pointer_headers(pool: NodePool) -> dict[str, str]:
+    """The headers HyperShift's pointer config (user-data) makes a node send with its token:
+    the reference names the token Secret from them (`token-<name>-<hash>`) to annotate it
+    `hypershift.openshift.io/ignition-reached` once served."""
+    return {"NodePool": f"clusters/{pool.name}", "TargetConfigVersionHash": token_secret_name(pool).rsplit("-", 1)[1]}

@@ -147,13 +147,14 @@ class ReferenceServer:
         except urllib.error.HTTPError as error:
             return error.code, error.read()
 
-    def fetch(self, token: str, timeout: float = 180.0) -> bytes:
+    def fetch(self, token: str, headers: dict[str, str] | None = None, timeout: float = 180.0) -> bytes:
         """The payload for `token`: asked until the reference stops answering 511 (it has not
-        generated it yet), as a node's Ignition does. Any other answer fails at once."""
+        generated it yet), as a node's Ignition does (with the pointer config's `headers`). Any
+        other answer fails at once."""
         def answered() -> bytes | None:
             if self.proc is not None and self.proc.poll() is not None:
                 raise AssertionError(f"the reference server exited with {self.proc.returncode}:\n{self.logs()[-4000:]}")
-            status, body = self.get("/ignition", bearer(token))
+            status, body = self.get("/ignition", {**bearer(token), **(headers or {})})
             if status not in (200, 511):
                 raise AssertionError(f"the reference answered {status}: {body[:300]!r}\n{self.logs()[-4000:]}")
             return body if status == 200 else None

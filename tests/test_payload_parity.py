@@ -19,6 +19,7 @@ ours in either source; the tests only compare what was fetched.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,8 +29,8 @@ import pytest
 
 from harness import ServerProcess, wait_for, write_manifests
 from kubeapi import KubeAPI
-from parity_world import CLIENT_VERSIONS, CLUSTERS, NODEPOOLS, NodePool, accept, cluster_inputs, cluster_objects, token_secret, \
-    token_secret_name
+from parity_world import CLIENT_VERSIONS, CLUSTERS, NODEPOOLS, NodePool, accept, cluster_inputs, cluster_objects, \
+    pointer_headers, token_secret, token_secret_name
 from payload_diff import diff_payloads, item_counts, report
 from real_release import RealMCO, push_real_release, real_mco  # noqa: F401 (fixture)
 from reference_server import ReferenceServer, bearer, reference_binary  # noqa: F401 (fixture)
@@ -37,6 +38,7 @@ from registry_world import Registry
 from test_registry_server import token_status
 
 
+IGNITION_REACHED = "hypershift.openshift.io/ignition-reached"
 SOURCES = ("kubernetes", "files")  # our server on the same API server, and on the same objects as manifests
 
 
@@ -45,6 +47,8 @@ class Payloads:
     reference: dict[str, bytes] = field(default_factory=dict)  # NodePool key -> the reference's payload
     ours: dict[tuple[str, str, str], bytes] = field(default_factory=dict)  # (source, NodePool key, client version) -> ours
     our_failures: dict[tuple[str, str], str] = field(default_factory=dict)  # (source, NodePool key[@version]) -> why nothing
+    reference_marked: set[str] = field(default_factory=set)  # NodePools whose token Secret the reference annotated
+    reference_events: set[tuple[str, str]] = field(default_factory=set)  # (reason, token Secret) of its Events
 
 
 def _token_message(api: KubeAPI, pool: NodePool) -> str:
@@ -84,7 +88,25 @@ def payloads(tmp_path_factory: pytest.TempPathFactory, real_mco: RealMCO, refere
                                         ca_files=[registry.ca_file]).start()
             try:
                 for pool in (p for p in NODEPOOLS if p.cluster == cluster):
-                    found.reference[pool.key] = reference.fetch(pool.token_value)
+                    found.reference[pool.key] = reference.fetch(pool.token_value, pointer_headers(pool))
+                # Served, it marks the token Secret (an update of the object it read from its cache):
+                # the test API server took the real client's writes.
+                # (Not met: the first test says so; the payloads are still compared.)
+                for pool in (p for p in NODEPOOLS if p.cluster == cluster):
+                    with contextlib.suppress(AssertionError):
+                        wait_for(lambda pool=pool: (api.get("secrets", cluster.namespace, token_secret_name(pool)) or {}).get(
+                            "metadata", {}).get("annotations", {}).get(IGNITION_REACHED) == "True", timeout=30,
+                            what=f"the reference's ignition-reached on {pool.key}")
+                        found.reference_marked.add(pool.key)
+                wanted = {("GetPayload", token_secret_name(p)) for p in NODEPOOLS if p.cluster == cluster}
+
+                def events() -> bool:  # the recorder posts them in the background
+                    found.reference_events.update((e.get("reason"), e.get("involvedObject", {}).get("name"))
+                                                  for e in api.list("events", cluster.namespace))
+                    return wanted <= found.reference_events
+
+                with contextlib.suppress(AssertionError):
+                    wait_for(events, timeout=30, what=f"the reference's Events in {cluster.namespace}")
             finally:
                 reference.kill()
         # Ours, generating its bases: in Kubernetes mode on the same API server, and on the files.
@@ -152,6 +174,10 @@ def test_the_reference_served_a_real_worker_payload(payloads: Payloads) -> None:
                 "/etc/machine-config-daemon/node-annotations.json", "/etc/kubernetes/kubeconfig"} <= files, key
         assert {"kubelet.service", "crio.service", "machine-config-daemon-firstboot.service"} <= units, key
     assert "/etc/extra/settings.conf" in body_files(payloads.reference["clusters-a/extra"])
+    # It wrote to the test API server as to a real one (client-go's protobuf bodies): the
+    # ignition-reached annotation (an Update) and its Events (Creates).
+    assert payloads.reference_marked == {p.key for p in NODEPOOLS}
+    assert {("GetPayload", token_secret_name(p)) for p in NODEPOOLS} <= payloads.reference_events
 
 
 def body_files(body: bytes) -> set[str]:
