@@ -11,6 +11,7 @@
   kube      Kubernetes mode at scale: empty-disk replica, API load per boot and rotation (bench/kube.py)
   releases  5,280 NodePools over 10 releases from a real registry: each release read once (bench/releases.py)
   bases     5,280 NodePools over 440 clusters, generated MCO bases: one run per (cluster, release) (bench/bases.py)
+  parity    time to payload with the real MCO binaries: HyperShift's real ignition server vs ours (bench/parity.py)
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import sys
 
 COMMANDS = {"compare": "bench.compare", "releases": "bench.releases", "run": "bench.run", "fleet": "bench.fleet",
             "rerender": "bench.rerender", "kube": "bench.kube", "timing": "bench.timing", "storm": "bench.storm",
-            "hotpath": "bench.hotpath", "proxy": "bench.proxy", "bases": "bench.bases"}
+            "hotpath": "bench.hotpath", "proxy": "bench.proxy", "bases": "bench.bases",
+            "parity": "bench.parity"}
 
 
 def main(argv: list[str]) -> int:

@@ -4,7 +4,8 @@ What clients get wrong against a real API server is what this one enforces: a be
 on every request (401 otherwise), resourceVersion on every object and list, 409 on a stale
 precondition (update, patch or delete), 404 with a v1 Status, namespaces that must exist,
 watches that replay from a version and end (timeoutSeconds, or a fault), bookmarks,
-410 Gone for a compacted version, metadata-only answers (PartialObjectMetadata), the
+410 Gone for a compacted version, protobuf request bodies (client-go's for built-in kinds), watch-lists (sendInitialEvents, the initial-events-end
+bookmark), metadata-only answers (PartialObjectMetadata), the
 Table answers kubectl asks for, paged lists (limit/continue), and the three patch types.
 """
 
@@ -22,6 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
+from . import protobuf
 from .patch import PatchError, apply_patch
 from .store import RESOURCES, ApiError, Resource, Store
 
@@ -51,6 +53,7 @@ class ApiServer:
     live_watches: int = 0
     refusals: collections.Counter[int] = field(default_factory=collections.Counter)  # answers by status code >= 400
     reads: list[tuple[str, str, str]] = field(default_factory=list)  # (plural, namespace, name) of every GET of one object
+    watch_list: bool = True  # False: an API server with the WatchList feature gate off (sendInitialEvents refused)
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._auth_and_errors])
@@ -93,8 +96,14 @@ class ApiServer:
         self.requests[(verb, resource.plural)] += 1
 
     async def _body(self, request: web.Request) -> Any:
+        raw = await request.read()
+        if request.content_type == protobuf.MEDIA_TYPE:  # client-go writes built-in kinds so
+            try:
+                return protobuf.decode(raw)
+            except protobuf.ProtobufError as exc:
+                raise ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown format: {exc}") from None
         try:
-            return json.loads(await request.read())
+            return json.loads(raw)
         except ValueError as exc:
             raise ApiError(400, "BadRequest", f"the request body is not JSON: {exc}") from None
 
@@ -187,8 +196,27 @@ class ApiServer:
         return web.json_response({"kind": f"{resource.kind}List", "apiVersion": resource.api_version, "metadata": meta,
                                   "items": [{k: v for k, v in o.items() if k not in ("kind", "apiVersion")} for o in page]})
 
+    def _watch_list_requested(self, request: web.Request) -> bool | None:
+        """`sendInitialEvents` (a watch-list, client-go's default since 1.35), validated as the
+        API server's ValidateListOptions does: 422 for what a real server refuses."""
+        asked, match = request.query.get("sendInitialEvents"), request.query.get("resourceVersionMatch", "")
+        problems = []
+        if asked is not None:
+            if match != "NotOlderThan":
+                problems.append("resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan")
+            if not _flag(request.query.get("allowWatchBookmarks")):
+                problems.append("allowWatchBookmarks: Forbidden: sendInitialEvents requires setting allowWatchBookmarks to true")
+            if not self.watch_list:
+                problems.append("sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled")
+        elif match:
+            problems.append("resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided")
+        if problems:
+            raise ApiError(422, "Invalid", "ListOptions.meta.k8s.io \"\" is invalid: " + ", ".join(problems))
+        return None if asked is None else _flag(asked)
+
     async def _watch(self, request: web.Request, resource: Resource, namespace: str | None) -> web.StreamResponse:
         since_text = request.query.get("resourceVersion", "")
+        initial_events = self._watch_list_requested(request)
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
         await response.prepare(request)
         shape = _shape(request)
@@ -205,7 +233,18 @@ class ApiServer:
             self.faults.gone_next_watches -= 1
             await send("ERROR", gone.status())
             return response
-        if since_text in ("", "0"):
+        if initial_events:
+            # A watch-list: the state (at this version or newer, which NotOlderThan allows) as
+            # ADDED events, then the bookmark that says the initial events are over.
+            since = self.store.rv
+            for obj in self.store.list(resource, namespace):
+                if self._selected(request, obj):
+                    await send("ADDED", obj)
+            await send("BOOKMARK", {"kind": resource.kind, "apiVersion": resource.api_version, "metadata": {
+                "resourceVersion": str(since), "annotations": {"k8s.io/initial-events-end": "true"}}})
+        elif initial_events is False and since_text == "":
+            since = self.store.rv  # "start at most recent": no synthetic events
+        elif since_text in ("", "0"):
             since = self.store.rv
             for obj in self.store.list(resource, namespace):
                 if self._selected(request, obj):
