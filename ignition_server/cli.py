@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from . import __version__
-from .http.tls_profiles import profile as tls_profile
+from .tls_profiles import profile as tls_profile
 from .config import (
     DEFAULT_LISTEN,
     DEFAULT_REGISTRY_ALLOW,
@@ -324,7 +324,7 @@ def _newest_secret(source_dir: Path, nodepool: str, shared: frozenset[str] | Non
     """The source as one listing, the NodePool's newest live token Secret, the release catalog
     (from the `shared` namespaces only, as `serve` reads it; None: any), the MCO bases."""
     from .sources.files import FileSource
-    from .sources.manifests import is_token_secret, parse_token_secret
+    from .model.token_secret import is_token_secret, parse_token_secret
     from .watch.bases import BaseIndex, is_base
     from .watch.releases import ReleaseCatalog, is_catalog
 
@@ -354,7 +354,7 @@ def _render(args: argparse.Namespace) -> int:
     )
     from .watch.gather import gather
 
-    from .sources.manifests import token_secret_config
+    from .model.token_secret import token_secret_config
 
     from .watch.releases import Releases
     from .watch.tenancy import Tenancy

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .http.tls_profiles import TLSProfile
+from .tls_profiles import TLSProfile
 
 DEFAULT_LISTEN = "0.0.0.0:9090"  # HyperShift's ignition server port
 DEFAULT_METRICS_LISTEN = "0.0.0.0:8080"  # HyperShift's metrics port

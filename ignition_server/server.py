@@ -39,7 +39,7 @@ from .metrics import ServerMetrics
 from .render.payload import render_payload
 from .sources.events import Source
 from .sources.files import FileSource
-from .sources.manifests import is_token_secret, is_user_data_secret
+from .model.token_secret import is_token_secret, is_user_data_secret
 from .registry.mirrors import Mirrors, parse_overrides
 from .registry.allowed import parse_allowed
 from .registry.resolver import ReleaseStore

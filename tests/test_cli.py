@@ -9,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for, write_manifests
-from ignition_server.sources.manifests import build_token_secret
+from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for, write_manifests
+from ignition_server.model.token_secret import build_token_secret
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
