@@ -28,6 +28,7 @@ def test_cache_commands_on_a_served_cache(tmp_path: Path) -> None:
     assert proc.stop() == 0
     stats = json.loads(run("cache", "stats", "--cache-dir", str(tmp_path / "cache")).stdout)
     assert stats["blob_count"] == 1 and stats["renders"] == 1
+    assert len(stats["key_ids"]) == 1 and stats["format"] == "ignition-server-cache 1"  # the whole report, not only the counters
     verify = run("cache", "verify", "--cache-dir", str(tmp_path / "cache"))
     assert verify.returncode == 0 and json.loads(verify.stdout)["ok"] == 1
     # Tamper with the blob: verify finds it and quarantines it.

@@ -107,12 +107,6 @@ def secret_value(obj: Mapping[str, Any], key: str) -> bytes | None:
         raise ManifestError(f"data.{key} is not valid base64: {exc}") from None
 
 
-def secret_values(obj: Mapping[str, Any]) -> dict[str, bytes]:
-    """A Secret's values decoded: `data` is base64, `stringData` is text and wins (as the API server merges it)."""
-    keys = list((obj.get("data") or {})) + [k for k in (obj.get("stringData") or {}) if k not in (obj.get("data") or {})]
-    return {key: secret_value(obj, key) or b"" for key in keys}
-
-
 def data_text(obj: Mapping[str, Any]) -> dict[str, str]:
     """A ConfigMap's or Secret's data as text (Secret values decoded, `stringData` merged in).
 
