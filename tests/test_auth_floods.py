@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for, write_manifests
-from ignition_server.model.token_secret import build_token_secret
+from testsupport.manifests import build_token_secret
 
 
 def get_from(proc: ServerProcess, source_ip: str, token: str) -> tuple[int, str | None]:

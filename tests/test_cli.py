@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for, write_manifests
-from ignition_server.model.token_secret import build_token_secret
+from testsupport.manifests import build_token_secret
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

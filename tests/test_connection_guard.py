@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for, worker_pids, write_manifests
-from ignition_server.model.token_secret import build_token_secret
+from testsupport.manifests import build_token_secret
 
 
 def tls(proc: ServerProcess, source_ip: str = "127.0.0.1") -> ssl.SSLSocket:

@@ -22,7 +22,7 @@ from test_container import named_stage
 from test_deploy_manifests import check_unprivileged_pod, readme_rbac_table
 from test_deploy_manifests import one as server_object
 
-from ignition_server.model.token_secret import build_token_secret
+from testsupport.manifests import build_token_secret
 from proxy.table import Table, load_table
 
 PROXY = Path(__file__).resolve().parent.parent / "deploy" / "proxy"

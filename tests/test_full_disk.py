@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for, write_manifests
-from ignition_server.model.token_secret import build_token_secret, parse_token_secret
+from ignition_server.model.token_secret import parse_token_secret
+from testsupport.manifests import build_token_secret
 from testsupport.realtools import in_ci
 
 

@@ -20,7 +20,7 @@ from ignition_server.bounded_yaml import load_all
 from ignition_server.render.inputs import InvalidConfig
 from ignition_server.render.machineconfig import parse_machineconfigs
 from ignition_server.render.spec import SUPPORTED_VERSIONS, UnsatisfiableVersion, negotiate
-from ignition_server.model.token_secret import build_token_secret
+from testsupport.manifests import build_token_secret
 
 QUICK = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 NASTY = st.one_of(

@@ -24,7 +24,7 @@ from registry_world import Registry
 from test_registry_server import bearer, token_status
 from test_watcher_inputs import KUBECONFIG, secret_obj
 from ignition_server.http.tls import make_ca
-from ignition_server.model.token_secret import build_token_secret
+from testsupport.manifests import build_token_secret
 
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for
-from ignition_server.model.token_secret import build_token_secret
+from testsupport.manifests import build_token_secret
 from kubeapi import KubeAPI
 
 NAMESPACE = "clusters-a"

@@ -27,7 +27,8 @@ from test_watcher_inputs import KUBECONFIG, CA_PEM, T0, renders, secret_obj, set
 from ignition_server.render.inputs import InvalidConfig, NodePoolInputs
 from ignition_server.render.mco import rendered_name
 from ignition_server.render.payload import render_payload
-from ignition_server.model.token_secret import build_token_secret, parse_token_secret
+from ignition_server.model.token_secret import parse_token_secret
+from testsupport.manifests import build_token_secret
 from ignition_server.watch.releases import ANNOTATION_RELEASE_CATALOG
 
 LAYERED = "registry.example.com/custom/rhcos-layered@sha256:" + "d" * 64

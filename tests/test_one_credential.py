@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for, write_manifests
-from ignition_server.model.token_secret import build_token_secret
+from testsupport.manifests import build_token_secret
 
 
 def bearer(token: str) -> str:

@@ -20,7 +20,7 @@ from testsupport.harness import (
     wait_for, write_manifests,
 )
 from ignition_server.render.userdata import pointer_config
-from ignition_server.model.token_secret import build_token_secret
+from testsupport.manifests import build_token_secret
 from proxy.runtime import Runtime
 from testsupport.realtools import require_tool
 

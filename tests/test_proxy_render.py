@@ -13,7 +13,7 @@ import pytest
 
 from testsupport.harness import ServerProcess, wait_for, write_manifests
 from ignition_server.http.proxy_protocol import ProxyHeaderError, parse_v1, parse_v2, V2_SIGNATURE
-from ignition_server.model.token_secret import build_token_secret
+from testsupport.manifests import build_token_secret
 from proxy.publication import parse_token_map
 from proxy.table import TableError, load_table, parse_backend
 from testsupport.realtools import require_tool

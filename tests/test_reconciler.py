@@ -17,7 +17,8 @@ from ignition_server.auth.tokens import Refusal, TokenAuthenticator
 from ignition_server.metrics import ServerMetrics
 from ignition_server.render.payload import render_payload
 from ignition_server.sources.files import FileSource
-from ignition_server.model.token_secret import ANNOTATION_TOKEN_EXPIRATION, build_token_secret, format_time, is_token_secret, parse_token_secret
+from ignition_server.model.token_secret import ANNOTATION_TOKEN_EXPIRATION, format_time, is_token_secret, parse_token_secret
+from testsupport.manifests import build_token_secret
 from ignition_server.watch.reconciler import Reconciler
 from payload_cache import CacheConfig, PayloadCache, TokenState
 

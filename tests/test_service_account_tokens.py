@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, files_in, ignition_fetch, require_ignition, wait_for, write_manifests
 from ignition_server.render.userdata import pointer_config
-from ignition_server.model.token_secret import build_token_secret
+from testsupport.manifests import build_token_secret
 from ignition_server.watch.trust import ANNOTATION_SERVICE_ACCOUNT_KEYS
 
 OVERLAP = 3.0

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from testsupport.harness import ServerProcess, wait_for, write_manifests
 from ignition_server.http.tls import ensure_self_signed
-from ignition_server.model.token_secret import build_token_secret
+from testsupport.manifests import build_token_secret
 
 
 def handshake_ok(port: int, ca: Path) -> bool:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from testsupport.harness import EXAMPLE_MACHINECONFIG, free_port, wait_for, write_manifests
-from ignition_server.model.token_secret import build_token_secret
+from testsupport.manifests import build_token_secret
 from testsupport.realtools import require_tool
 
 REPO = Path(__file__).resolve().parent.parent

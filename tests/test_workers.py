@@ -24,7 +24,8 @@ from ignition_server.auth.tokens import Grant, Refusal, TokenAuthenticator
 from ignition_server.http.app import IgnitionHandlers, ServingState
 from ignition_server.metrics import ServerMetrics
 from ignition_server.render.spec import encode
-from ignition_server.model.token_secret import build_token_secret, parse_token_secret
+from ignition_server.model.token_secret import parse_token_secret
+from testsupport.manifests import build_token_secret
 from payload_cache import CacheConfig, PayloadCache, RenderRecord, TokenRecord, TokenState
 
 
