@@ -8,8 +8,8 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
-from .app import Handler
 from ..sockets import bound_socket
+from .app import Handler
 from .guard import ConnectionGuard, GuardedSite, IPNetwork
 
 # An idle kept-alive connection is closed after this (aiohttp's default is an hour). A node
