@@ -23,14 +23,14 @@ import time
 from pathlib import Path
 
 _REPO = Path(__file__).resolve().parent.parent
-for path in (_REPO, _REPO / "tests"):  # tests/ is not an installed package; its helpers import each other
+for path in (_REPO, _REPO / "tests"):  # testsupport/ is not installed; the tests' helpers import each other by bare name
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
 from bench.fleet import fleet_token, manifest_path, namespace_of, nodepool_of, pools, token_secret, write_manifest  # noqa: E402
 from bench.run import fetch_all  # noqa: E402
 from bench.releases import metric_sum, say  # noqa: E402
-from tests.harness import ServerProcess, write_manifests  # noqa: E402
+from testsupport.harness import ServerProcess, write_manifests  # noqa: E402
 from mco_image import cluster_config, push_mco_image, runs  # noqa: E402
 from registry_world import Registry  # noqa: E402
 from test_registry_server import cluster  # noqa: E402

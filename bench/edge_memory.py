@@ -57,7 +57,7 @@ def start(tree: Path, source: Path, cache: Path, *flags: str) -> tuple[subproces
 
 
 def flat_list_secret(path: Path) -> None:
-    from ignition_server.sources.manifests import build_token_secret
+    from testsupport.manifests import build_token_secret
 
     secret = build_token_secret(namespace="clusters-a", nodepool="clusters/flat", token="tok-flat",
                                 machineconfigs_yaml="", generation_time=time.time())

@@ -37,7 +37,8 @@ from typing import Any, Iterator
 
 import yaml
 
-from ignition_server.sources.manifests import build_token_secret, parse_token_secret
+from ignition_server.model.token_secret import parse_token_secret
+from testsupport.manifests import build_token_secret
 
 MARKER_PATH = "/etc/ignition-bench/nodepool"
 DEFAULT_SEED = "ignition-bench"

@@ -23,12 +23,12 @@ import time
 from pathlib import Path
 
 _REPO = Path(__file__).resolve().parent.parent
-if str(_REPO) not in sys.path:  # tests/ is not an installed package
+if str(_REPO) not in sys.path:  # testsupport/ is not an installed package (python -m bench from elsewhere)
     sys.path.insert(0, str(_REPO))
 
 from bench.fleet import nodepool_of, pools, token_secret  # noqa: E402
 from bench.run import fetch_all, rss_kib_tree  # noqa: E402
-from tests.harness import ServerProcess  # noqa: E402
+from testsupport.harness import ServerProcess  # noqa: E402
 from tests.kubeapi import KubeAPI  # noqa: E402
 
 

@@ -30,7 +30,7 @@ for path in (_REPO, _REPO / "tests"):  # tests/ is not an installed package; its
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from tests.harness import ServerProcess  # noqa: E402
+from testsupport.harness import ServerProcess  # noqa: E402
 from kubeapi import KubeAPI  # noqa: E402
 from parity_world import CLUSTER_A, NodePool, cluster_inputs, cluster_objects, token_secret, token_secret_name  # noqa: E402
 from real_release import push_real_release, real_dir, unpack  # noqa: E402

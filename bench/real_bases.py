@@ -28,13 +28,13 @@ for path in (_REPO, _REPO / "tests"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from tests.harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for, write_manifests  # noqa: E402
+from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for, write_manifests  # noqa: E402
 from real_release import hypershift_mcs_config, push_real_release, require_real_dir, unpack  # noqa: E402
 from registry_world import Registry  # noqa: E402
 from test_registry_server import bearer  # noqa: E402
 from test_watcher_inputs import KUBECONFIG, secret_obj  # noqa: E402
 from ignition_server.http.tls import make_ca  # noqa: E402
-from ignition_server.sources.manifests import build_token_secret  # noqa: E402
+from testsupport.manifests import build_token_secret  # noqa: E402
 
 
 

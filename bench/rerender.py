@@ -48,13 +48,13 @@ from typing import Any
 import aiohttp
 
 _REPO = Path(__file__).resolve().parents[1]
-if str(_REPO) not in sys.path:  # tests/ is not an installed package
+if str(_REPO) not in sys.path:  # testsupport/ is not an installed package (python -m bench from elsewhere)
     sys.path.insert(0, str(_REPO))
 
-from tests.harness import ServerProcess  # noqa: E402
+from testsupport.harness import ServerProcess  # noqa: E402
 
 from ignition_server.render.join import USER_CA_BUNDLE_PATH, merge_ca_bundles  # noqa: E402
-from ignition_server.watch.gather import ANNOTATION_INPUT_PREFIX  # noqa: E402
+from ignition_server.watch.inputs import ANNOTATION_INPUT_PREFIX  # noqa: E402
 
 from . import fleet as fleetgen  # noqa: E402
 from . import run as runner  # noqa: E402

@@ -37,7 +37,7 @@ from . import compare
 from .compare import Setup, build_client, prepare, say
 
 _REPO = Path(__file__).resolve().parents[1]
-from tests.harness import ServerProcess  # noqa: E402  (compare put the repository on sys.path)
+from testsupport.harness import ServerProcess  # noqa: E402  (compare put the repository on sys.path)
 
 SCENARIOS = ("steady", "rotation", "kill-worker", "kill-owner", "flood")
 
@@ -69,7 +69,7 @@ def worker_pid(server: ServerProcess) -> int:
 
 
 def generation_time(setup: Setup) -> float:
-    from ignition_server.sources.manifests import is_token_secret, parse_token_secret
+    from ignition_server.model.token_secret import is_token_secret, parse_token_secret
 
     for path in setup.source.rglob("*.yaml"):
         for doc in yaml.safe_load_all(path.read_text()):

@@ -16,8 +16,10 @@ import time
 from pathlib import Path
 
 from ignition_server.sources.events import Change
-from ignition_server.sources.manifests import ObjectKey, build_token_secret, parse_token_secret
-from ignition_server.watch.gather import JOIN_INPUTS, MCS_INPUTS, SETTINGS_INPUTS, input_key
+from ignition_server.model.objects import ObjectKey
+from ignition_server.model.token_secret import parse_token_secret
+from testsupport.manifests import build_token_secret
+from ignition_server.watch.inputs import JOIN_INPUTS, MCS_INPUTS, SETTINGS_INPUTS, input_key
 from ignition_server.watch.tenancy import Tenancy, oldest_first
 from payload_cache import CacheConfig, PayloadCache, TokenRecord, TokenState
 

@@ -19,11 +19,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from . import __version__
-from .http.tls_profiles import profile as tls_profile
+from .tls_profiles import profile as tls_profile
 from .config import (
-    DEFAULT_LISTEN,
-    DEFAULT_REGISTRY_ALLOW,
-    DEFAULT_METRICS_LISTEN,
+    RegistrySettings,
     ServeSettings,
     TLSSettings,
     parse_duration,
@@ -38,6 +36,24 @@ EXIT_FAILED, EXIT_USAGE = 1, 2
 
 def _env(flag: str, default: Any = None) -> Any:
     return os.environ.get(ENV_PREFIX + flag.lstrip("-").upper().replace("-", "_"), default)
+
+
+def _default(settings: type, name: str) -> str:
+    """A field's default (config.py writes each once), spelled as its flag takes it."""
+    value = settings.__dataclass_fields__[name].default
+    if name.endswith("listen"):
+        return "off" if value is None else f"{value[0]}:{value[1]}"
+    if isinstance(value, tuple):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def _serve_default(name: str) -> str:
+    return _default(ServeSettings, name)
+
+
+def _registry_default(name: str) -> str:
+    return _default(RegistrySettings, name)
 
 
 def _add(parser: argparse.ArgumentParser, flag: str, **kwargs: Any) -> None:
@@ -79,8 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="serve Ignition payloads")
     _add(serve, "--source", help="directory of Kubernetes manifests (or --kubernetes)")
     _add(serve, "--cache-dir", required=True, help="where payloads, the token index and the self-made CA live")
-    _add(serve, "--listen", default=DEFAULT_LISTEN, help="HOST:PORT for the Ignition endpoint (TLS)")
-    _add(serve, "--metrics-listen", default=DEFAULT_METRICS_LISTEN, help="HOST:PORT for /metrics (plain HTTP); 'off' disables")
+    _add(serve, "--listen", default=_serve_default("listen"), help="HOST:PORT for the Ignition endpoint (TLS)")
+    _add(serve, "--metrics-listen", default=_serve_default("metrics_listen"), help="HOST:PORT for /metrics (plain HTTP); 'off' disables")
     _add(serve, "--tls-cert", help="serving certificate (PEM); without it a self-made CA signs one")
     _add(serve, "--tls-key", help="key of --tls-cert (PEM)")
     _add(serve, "--tls-profile", default="Default", choices=["Default", "Old", "Intermediate", "Modern", "Custom"],
@@ -88,28 +104,28 @@ def build_parser() -> argparse.ArgumentParser:
     _add(serve, "--tls-min-version", help="with --tls-profile Custom: VersionTLS10 .. VersionTLS13")
     _add(serve, "--tls-ciphers", help="with --tls-profile Custom: OpenSSL cipher names, colon-separated")
     _add(serve, "--fips", action="store_true", help="only FIPS-approved TLS algorithms (AES-GCM, SHA-2; no ChaCha20)")
-    _add(serve, "--token-ttl", default="11h", help="token lifetime; rotation at half of it (e.g. 6s, 11h)")
-    _add(serve, "--service-account-overlap", default="1h", help="how long a replaced service-account key or token Secret stays accepted")
+    _add(serve, "--token-ttl", default=_serve_default("token_ttl"), help="token lifetime; rotation at half of it (e.g. 6s, 11h)")
+    _add(serve, "--service-account-overlap", default=_serve_default("service_account_overlap"), help="how long a replaced service-account key or token Secret stays accepted")
     _add(serve, "--edge-dir", help="publish what a front proxy (ignition-proxy) needs to check tokens here")
-    _add(serve, "--proxy-protocol-from", default="", help="CIDRs (comma-separated) whose connections start with a PROXY v1/v2 header; empty: off")
+    _add(serve, "--proxy-protocol-from", default=_serve_default("proxy_protocol_from"), help="CIDRs (comma-separated) whose connections start with a PROXY v1/v2 header; empty: off")
     _add(serve, "--public-url", help="URL pointer configs use (also the self-made certificate's name)")
     _add_node_proxy(serve)
     _add(serve, "--cache-key-file", help="key file outside the cache dir (default: <cache-dir>.key)")
-    _add(serve, "--cache-memory", default="32Mi",
+    _add(serve, "--cache-memory", default=_serve_default("cache_memory_bytes"),
          help="memory for payloads in the whole server, every worker's memory tier and ready bodies together, "
               "in bytes (Ki/Mi/Gi suffixes)")
     _add(serve, "--source-read-only", action="store_true", help="never write back to the source")
-    _add(serve, "--render-concurrency", default="2", help="renders running at once")
+    _add(serve, "--render-concurrency", default=_serve_default("render_concurrency"), help="renders running at once")
     _add(serve, "--workers", default="auto",
          help="serving processes on the one port (SO_REUSEPORT); 'auto': one per CPU this process may use; "
               "0: serve in the owner process itself")
-    _add(serve, "--max-in-flight", default="1024", help="payload requests answered at once; more get 503 + Retry-After")
-    _add(serve, "--log-format", default="auto", choices=["auto", "json", "text"], help="log format")
-    _add(serve, "--auth-failure-burst", default="30", help="failed authentications per source address before 503 + Retry-After")
-    _add(serve, "--auth-failure-window", default="10s", help="the window of --auth-failure-burst")
-    _add(serve, "--header-timeout", default="10s", help="a connection whose request headers take longer is closed")
-    _add(serve, "--connections-per-source", default="256", help="open connections one address may hold (the whole server's, across workers)")
-    _add(serve, "--connections-total", default="10000", help="open connections in all (the whole server's, across workers)")
+    _add(serve, "--max-in-flight", default=_serve_default("max_in_flight"), help="payload requests answered at once; more get 503 + Retry-After")
+    _add(serve, "--log-format", default=_serve_default("log_format"), choices=["auto", "json", "text"], help="log format")
+    _add(serve, "--auth-failure-burst", default=_serve_default("auth_failure_burst"), help="failed authentications per source address before 503 + Retry-After")
+    _add(serve, "--auth-failure-window", default=_serve_default("auth_failure_window"), help="the window of --auth-failure-burst")
+    _add(serve, "--header-timeout", default=_serve_default("header_timeout"), help="a connection whose request headers take longer is closed")
+    _add(serve, "--connections-per-source", default=_serve_default("connections_per_source"), help="open connections one address may hold (the whole server's, across workers)")
+    _add(serve, "--connections-total", default=_serve_default("connections_total"), help="open connections in all (the whole server's, across workers)")
     _add(serve, "--kubernetes", action="store_true", help="read and write the objects in a live cluster instead of --source")
     _add(serve, "--kubeconfig", help="kubeconfig for --kubernetes (default: the in-cluster service account)")
     _add(serve, "--namespace", help="watch only these namespaces, comma-separated (default: every namespace the RBAC allows)")
@@ -119,30 +135,30 @@ def build_parser() -> argparse.ArgumentParser:
               f"(default: the server's own namespace: --pod-namespace in Kubernetes mode, {FILE_MODE_SHARED} with --source)")
     _add(serve, "--pod-namespace", help="namespace of the Lease and the shared CA (default: this pod's namespace)")
     _add(serve, "--replica-id", help="this replica's name in the Lease (default: the host name)")
-    _add(serve, "--lease-duration", default="15s", help="how long a Lease holder that stops renewing keeps it")
-    _add(serve, "--ca-lifetime", default="3650d", help="lifetime of the self-made CA (renewed at 80%% of it, overlapping one token TTL)")
-    _add(serve, "--ca-check-interval", default="60s", help="how often the CA's age is checked")
-    _add(serve, "--prune-expired-after", default="60s", help="--kubernetes: delete expired token Secrets (and their user-data) this long after expiry")
+    _add(serve, "--lease-duration", default=_serve_default("lease_duration"), help="how long a Lease holder that stops renewing keeps it")
+    _add(serve, "--ca-lifetime", default=_serve_default("ca_lifetime"), help="lifetime of the self-made CA (renewed at 80%% of it, overlapping one token TTL)")
+    _add(serve, "--ca-check-interval", default=_serve_default("ca_check_interval"), help="how often the CA's age is checked")
+    _add(serve, "--prune-expired-after", default=_serve_default("prune_grace"), help="--kubernetes: delete expired token Secrets (and their user-data) this long after expiry")
 
     _add(serve, "--release-resolve", action="store_true",
          help="read releases missing from the catalog from their registry, with the NodePool's pull secret")
-    _add(serve, "--release-architecture", default="amd64", help="the image picked from a release's manifest list")
-    _add(serve, "--registry-overrides", default="", help="mirrors tried before the origin: SOURCE=MIRROR[,SOURCE=MIRROR...]")
-    _add(serve, "--registry-allow", default=DEFAULT_REGISTRY_ALLOW,
+    _add(serve, "--release-architecture", default=_registry_default("architecture"), help="the image picked from a release's manifest list")
+    _add(serve, "--registry-overrides", default=_registry_default("overrides"), help="mirrors tried before the origin: SOURCE=MIRROR[,SOURCE=MIRROR...]")
+    _add(serve, "--registry-allow", default=_registry_default("allow"),
          help="registries releases and their images may be read from: hosts or host/repository prefixes, "
               "comma-separated ('*': any); configured mirrors are allowed as such")
     _add(serve, "--registry-ca-file", help="CA bundle (PEM) registries are trusted with, besides the system's and the user-ca-bundle")
-    _add(serve, "--release-tag-ttl", default="5m", help="how long a release tag's digest is trusted before it is asked again")
-    _add(serve, "--registry-timeout", default="30s", help="connect and read timeout of registry requests")
+    _add(serve, "--release-tag-ttl", default=_registry_default("tag_ttl"), help="how long a release tag's digest is trusted before it is asked again")
+    _add(serve, "--registry-timeout", default=_registry_default("timeout"), help="connect and read timeout of registry requests")
     _add(serve, "--generate-bases", action="store_true",
          help="with --release-resolve: a cluster with no MCO base ConfigMap for a release gets one generated by the "
               "release's machine-config-operator, once per (cluster configuration, release digest)")
-    _add(serve, "--base-timeout", default="5m", help="time limit of each MCO bootstrap step (killed past it)")
-    _add(serve, "--base-sandbox", default="namespaces", choices=["namespaces", "none"],
+    _add(serve, "--base-timeout", default=_registry_default("base_timeout"), help="time limit of each MCO bootstrap step (killed past it)")
+    _add(serve, "--base-sandbox", default=_registry_default("base_sandbox"), choices=["namespaces", "none"],
          help="how a release's MCO binaries run: 'namespaces' (no network, none of the server's files, an "
               "unprivileged user; needs user namespaces when not root) or 'none' (as the server's own user)")
-    _add(serve, "--base-uid", default="65534", help="as root: the uid a release's MCO binaries run as")
-    _add(serve, "--base-memory", default="4Gi", help="address-space limit (RLIMIT_AS) of each MCO bootstrap step")
+    _add(serve, "--base-uid", default=_registry_default("base_uid"), help="as root: the uid a release's MCO binaries run as")
+    _add(serve, "--base-memory", default=_registry_default("base_memory_bytes"), help="address-space limit (RLIMIT_AS) of each MCO bootstrap step")
 
     render = commands.add_parser("render", help="print a NodePool's payload")
     _add(render, "--source", required=True, help="directory of Kubernetes manifests")
@@ -235,7 +251,6 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
 
 
 def _registry_settings(args: argparse.Namespace) -> Any:
-    from .config import RegistrySettings
     from .registry.allowed import parse_allowed
     from .registry.mirrors import parse_overrides
 
@@ -324,7 +339,7 @@ def _newest_secret(source_dir: Path, nodepool: str, shared: frozenset[str] | Non
     """The source as one listing, the NodePool's newest live token Secret, the release catalog
     (from the `shared` namespaces only, as `serve` reads it; None: any), the MCO bases."""
     from .sources.files import FileSource
-    from .sources.manifests import is_token_secret, parse_token_secret
+    from .model.token_secret import is_token_secret, parse_token_secret
     from .watch.bases import BaseIndex, is_base
     from .watch.releases import ReleaseCatalog, is_catalog
 
@@ -354,7 +369,7 @@ def _render(args: argparse.Namespace) -> int:
     )
     from .watch.gather import gather
 
-    from .sources.manifests import token_secret_config
+    from .model.token_secret import token_secret_config
 
     from .watch.releases import Releases
     from .watch.tenancy import Tenancy
@@ -400,13 +415,13 @@ def _userdata(args: argparse.Namespace) -> int:
 
 
 def _cache(args: argparse.Namespace) -> int:
-    from payload_cache import CacheConfig, PayloadCache
+    from payload_cache import CacheConfig, PayloadCache, stats_report
 
     cache = PayloadCache.open(
         CacheConfig(cache_dir=Path(args.cache_dir), key_file=Path(args.cache_key_file) if args.cache_key_file else None)
     )
     if args.action == "stats":
-        result: Any = cache.stats()
+        result: Any = stats_report(cache)
     elif args.action == "verify":
         progress = None
         if sys.stderr.isatty():

@@ -1,16 +1,17 @@
-"""Settings: plain typed values built once by the CLI and passed down; nothing here does I/O."""
+"""Settings: plain typed values built once by the CLI and passed down; nothing here does I/O.
+
+Each default is written once, here: the CLI's flags take theirs from these fields.
+"""
 
 from __future__ import annotations
 
 import ipaddress
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from .http.tls_profiles import TLSProfile
+from .tls_profiles import TLSProfile
 
-DEFAULT_LISTEN = "0.0.0.0:9090"  # HyperShift's ignition server port
-DEFAULT_METRICS_LISTEN = "0.0.0.0:8080"  # HyperShift's metrics port
 DEFAULT_TOKEN_TTL = 11 * 3600.0  # HyperShift's token TTL
 SUPERSEDED_GRACE = 2 * 3600.0
 # --registry-allow: releases and their images as Red Hat ships them (quay.io is open to anyone,
@@ -135,8 +136,8 @@ class RegistrySettings:
 class ServeSettings:
     source_dir: Path
     cache_dir: Path
-    listen: tuple[str, int] = ("0.0.0.0", 9090)
-    metrics_listen: tuple[str, int] | None = ("0.0.0.0", 8080)
+    listen: tuple[str, int] = ("0.0.0.0", 9090)  # HyperShift's ignition server port
+    metrics_listen: tuple[str, int] | None = ("0.0.0.0", 8080)  # HyperShift's metrics port
     tls: TLSSettings = TLSSettings()
     token_ttl: float = DEFAULT_TOKEN_TTL
     # How long a replaced service-account signing key or token Secret stays accepted.
@@ -158,8 +159,6 @@ class ServeSettings:
     render_concurrency: int = 2
     # Payload requests answered at once; more get 503 + Retry-After (memory stays bounded in a boot storm).
     max_in_flight: int = 1024
-    # Serving processes beside the owner (0: the owner serves itself, one process in all).
-    workers: int = 0
     # Failed authentications per source address before 503 + Retry-After, and their window.
     auth_failure_burst: int = 30
     auth_failure_window: float = 10.0
@@ -168,7 +167,7 @@ class ServeSettings:
     connections_per_source: int = 256
     connections_total: int = 10_000
     shutdown_timeout: float = 10.0
-    log_format: str = "text"
+    log_format: str = "auto"  # text on a terminal, JSON otherwise (logs.resolve_format)
     # Kubernetes mode: the objects live in the API server; several replicas, one writer.
     kubernetes: bool = False
     kubeconfig: Path | None = None
@@ -185,15 +184,15 @@ class ServeSettings:
     ca_check_interval: float = 60.0
     watch_timeout: float = 300.0
     registry: RegistrySettings = RegistrySettings()
+    # Serving processes beside the owner (0: the owner serves itself, one process in all). No
+    # default here: the CLI's is "one per CPU this process may use" (workers/pool.py), which
+    # reads the machine, and settings do no I/O.
+    workers: int = field(kw_only=True)
 
     @property
     def serving_memory(self) -> PayloadMemory:
         """What each serving process may hold of payloads: the owner alone, or each worker."""
         return payload_memory(self.cache_memory_bytes, max(self.workers, 1))
-
-    @property
-    def rotation_interval(self) -> float:
-        return self.token_ttl / 2
 
     @property
     def edge_token_map(self) -> Path:

@@ -7,7 +7,8 @@ metrics port serves it.
 from __future__ import annotations
 
 from collections import Counter as Tally
-from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -15,8 +16,14 @@ from prometheus_client.registry import Collector
 
 from payload_cache import CacheStats
 
-if TYPE_CHECKING:  # the table is the serving side's; metrics only read its counts
-    from .http.connection_table import ConnectionCounts
+
+# The connection table (http/connection_table.py) is the serving side's; metrics only read
+# its counts, in this shape, so the table imports it from here and not the other way.
+@dataclass(frozen=True)
+class ConnectionCounts:
+    open: tuple[int, ...]  # by row (serving process)
+    refused: int  # since the table was made, dead processes' rows included
+    timed_out: int
 
 
 # The reference's buckets (5-60 s renders) plus fast ones for our own renderer.

@@ -12,6 +12,7 @@ import contextlib
 import datetime as dt
 import logging
 import shutil
+import socket
 import ssl
 import time
 from pathlib import Path
@@ -39,7 +40,7 @@ from .metrics import ServerMetrics
 from .render.payload import render_payload
 from .sources.events import Source
 from .sources.files import FileSource
-from .sources.manifests import is_token_secret, is_user_data_secret
+from .model.token_secret import is_token_secret, is_user_data_secret
 from .registry.mirrors import Mirrors, parse_overrides
 from .registry.allowed import parse_allowed
 from .registry.resolver import ReleaseStore
@@ -82,6 +83,26 @@ def open_cache(settings: ServeSettings) -> PayloadCache:
 
 
 @dataclass
+class _Running:
+    """What start-up made and shutdown closes, in the order it closes them."""
+
+    cache: PayloadCache
+    source: Source
+    cluster: Cluster | None
+    reconciler: Reconciler
+    outputs: TokenOutputs
+    ssl_context: ssl.SSLContext | None
+    registry_session: Any
+    pool: WorkerPool | None = None
+    reserved: socket.socket | None = None  # the serving port, held for the workers
+    runners: list[web.BaseRunner] = field(default_factory=list)
+    guards: list[ConnectionGuard] = field(default_factory=list)
+    handlers: IgnitionHandlers | None = None  # the owner's, when it serves itself
+    connections: ConnectionTable | None = None
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+
+@dataclass
 class IgnitionServer:
     settings: ServeSettings
     renderer: Renderer = render_payload
@@ -96,31 +117,24 @@ class IgnitionServer:
     watch_health: WatchHealth | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
-        settings = self.settings
+        """Start up, serve until `stop` is set, shut down."""
         started = time.perf_counter()
+        running = await self._start_up()
+        self._say_ready(running, time.perf_counter() - started)
+        running.tasks = self._background_tasks(running)
+        try:
+            await stop.wait()
+        finally:
+            await self._shut_down(running)
+
+    # Start-up: the cache, the source, the watcher, then the sockets (metrics first).
+
+    async def _start_up(self) -> _Running:
+        settings = self.settings
         self.cache = cache = await asyncio.to_thread(open_cache, settings)
         self.metrics.watch_cache(cache.stats)
         self.metrics.payloads_cached.set(len(cache.renders()))
-        cluster: Cluster | None = None
-        source: Source
-        if settings.kubernetes:
-            from .cluster import WatchHealth, connect as connect_cluster, shared_tls
-
-            self.watch_health = health = WatchHealth(self.metrics)
-            self.state.behind = lambda: [f"{kind} watch reconnecting" for kind in sorted(health.behind)]
-            self.cluster = cluster = await connect_cluster(settings, self.metrics, self.watch_health)
-            source = cluster.source
-            if settings.tls.cert_file is None:
-                self.tls_files = await shared_tls(cluster.client, settings.pod_namespace, settings.cache_dir / "tls",
-                                                  settings.public_url, self._ca_validity())
-        else:
-            source = FileSource(
-                settings.source_dir, poll_interval=settings.poll_interval, read_only=settings.source_read_only,
-                # The watcher keeps what it needs of token Secrets; the source need not keep them too.
-                retain=lambda obj: not is_token_secret(obj),
-                digest_values=is_user_data_secret,  # only ever compared with what would be written
-                state=cache,
-            )
+        source, cluster = await self._open_source(cache)
         verifier = ServiceAccountVerifier(clock=self.clock, overlap_seconds=settings.service_account_overlap)
         ssl_context = self._tls_context()
         if "FIPS" in settings.tls.profile.name:
@@ -145,52 +159,86 @@ class IgnitionServer:
             tenancy=Tenancy(frozenset(settings.shared_namespaces)),
             generator=self._generator(releases, cache),
         )
-        authenticator = TokenAuthenticator(cache, self.clock, verifier=verifier, directory=reconciler)
-        runners: list[web.BaseRunner] = []
-        guards: list[ConnectionGuard] = []
-        pool: WorkerPool | None = None
-        handlers: IgnitionHandlers | None = None
-        connections: ConnectionTable | None = None
+        running = _Running(cache=cache, source=source, cluster=cluster, reconciler=reconciler, outputs=outputs,
+                           ssl_context=ssl_context, registry_session=registry_session)
+        await self._start_serving(running, TokenAuthenticator(cache, self.clock, verifier=verifier, directory=reconciler))
+        return running
+
+    async def _open_source(self, cache: PayloadCache) -> tuple[Source, Cluster | None]:
+        """Kubernetes (and its shared TLS files), or the directory of manifests."""
+        settings = self.settings
+        if settings.kubernetes:
+            from .cluster import WatchHealth, connect as connect_cluster, shared_tls
+
+            self.watch_health = health = WatchHealth(self.metrics)
+            self.state.behind = lambda: [f"{kind} watch reconnecting" for kind in sorted(health.behind)]
+            self.cluster = cluster = await connect_cluster(settings, self.metrics, self.watch_health)
+            if settings.tls.cert_file is None:
+                self.tls_files = await shared_tls(cluster.client, settings.pod_namespace, settings.cache_dir / "tls",
+                                                  settings.public_url, self._ca_validity())
+            return cluster.source, cluster
+        return FileSource(
+            settings.source_dir, poll_interval=settings.poll_interval, read_only=settings.source_read_only,
+            # The watcher keeps what it needs of token Secrets; the source need not keep them too.
+            retain=lambda obj: not is_token_secret(obj),
+            digest_values=is_user_data_secret,  # only ever compared with what would be written
+            state=cache,
+        ), None
+
+    async def _start_serving(self, running: _Running, authenticator: TokenAuthenticator) -> None:
+        """The worker processes on a reserved port, or the owner's own serving site."""
+        settings, reconciler = self.settings, running.reconciler
         if settings.workers:
             assert self.tls_files is not None
-            reserved = reserve_port(settings.listen)
-            self.ports["serving"] = reserved.getsockname()[1]
-            pool = WorkerPool(settings=settings, count=settings.workers, port=self.ports["serving"],
-                              tls_files=self.tls_files, cache=cache, authenticator=authenticator, metrics=self.metrics,
-                              on_served=reconciler.note_served, on_missing=reconciler.payload_missing,
-                              behind=self.state.behind)
+            running.reserved = reserve_port(settings.listen)
+            self.ports["serving"] = running.reserved.getsockname()[1]
+            running.pool = WorkerPool(settings=settings, count=settings.workers, port=self.ports["serving"],
+                                      tls_files=self.tls_files, cache=running.cache, authenticator=authenticator,
+                                      metrics=self.metrics, on_served=reconciler.note_served,
+                                      on_missing=reconciler.payload_missing, behind=self.state.behind)
+        pool = running.pool
         # Metrics first: once a worker answers /readyz, everything of this server answers.
         if settings.metrics_listen is not None:
-            runners.append(await self._start(build_metrics_app(
+            running.runners.append(await self._start(build_metrics_app(
                 self.metrics, pool.gather_reports if pool is not None else None), settings.metrics_listen, None, "metrics"))
         if pool is not None:
             await pool.start()
-        else:  # one process: the owner serves too
-            handlers = self._handlers(authenticator, reconciler)
-            self.metrics.ready_held = handlers.ready_held
-            connections = ConnectionTable.create(1, shared=False)
-            self.metrics.watch_connections(connections.counts, ["main"])
-            guard = ConnectionGuard(settings.header_timeout, settings.connections_per_source, settings.connections_total,
-                                    connections.row(0))
-            runners.append(await self._start(build_dispatch(handlers), settings.listen, ssl_context, "serving", guard))
-            guards.append(guard)
+            return
+        # One process: the owner serves too.
+        running.handlers = handlers = self._handlers(authenticator, reconciler)
+        self.metrics.ready_held = handlers.ready_held
+        running.connections = connections = ConnectionTable.create(1, shared=False)
+        self.metrics.watch_connections(connections.counts, ["main"])
+        guard = ConnectionGuard(settings.header_timeout, settings.connections_per_source, settings.connections_total,
+                                connections.row(0))
+        running.runners.append(await self._start(build_dispatch(handlers), settings.listen, running.ssl_context,
+                                                 "serving", guard))
+        running.guards.append(guard)
+
+    def _say_ready(self, running: _Running, seconds: float) -> None:
+        settings = self.settings
         self.state.ready = True
         log.info(
             "ready in %.3fs with %d payloads from the cache; serving on %s:%d%s",
-            time.perf_counter() - started, len(cache.renders()), settings.listen[0], self.ports["serving"],
-            f" with {settings.workers} worker processes" if pool is not None else "",
+            seconds, len(running.cache.renders()), settings.listen[0], self.ports["serving"],
+            f" with {settings.workers} worker processes" if running.pool is not None else "",
         )
-        if not source.writable:
+        if not running.source.writable:
             log.warning(
                 "source %s is read-only: token rotation state is kept (encrypted) in the cache dir %s, "
-                "and status is not written back", source.describe(), settings.cache_dir,
+                "and status is not written back", running.source.describe(), settings.cache_dir,
             )
+
+    # Serving: what runs beside the sockets until the stop.
+
+    def _background_tasks(self, running: _Running) -> list[asyncio.Task[None]]:
+        settings, reconciler, cluster, pool = self.settings, running.reconciler, running.cluster, running.pool
         tasks = [
-            asyncio.create_task(self._run_source(source, reconciler), name="source"),
+            asyncio.create_task(self._run_source(running.source, reconciler), name="source"),
             asyncio.create_task(reconciler.run_periodic(), name="housekeeping"),
         ]
-        if pool is None and ssl_context is not None and self.tls_files is not None:  # workers reload their own
-            tasks.append(asyncio.create_task(reload_on_change(ssl_context, self.tls_files), name="tls-reload"))
+        if pool is None and running.ssl_context is not None and self.tls_files is not None:  # workers reload their own
+            tasks.append(asyncio.create_task(reload_on_change(running.ssl_context, self.tls_files), name="tls-reload"))
         if cluster is not None:
             tasks.append(asyncio.create_task(cluster.elector.run(), name="lease"))
         if pool is not None:
@@ -201,29 +249,32 @@ class IgnitionServer:
                 else DirectoryStore(self.tls_files.cert.parent),
                 directory=self.tls_files.cert.parent, public_url=settings.public_url, overlap=settings.token_ttl,
                 make_ca=lambda: make_ca(self._ca_validity()), is_writer=reconciler.writer,
-                on_bundle=outputs.trust_changed, interval=settings.ca_check_interval,
+                on_bundle=running.outputs.trust_changed, interval=settings.ca_check_interval,
             )
             tasks.append(asyncio.create_task(rotation.run(), name="ca-rotation"))
-        try:
-            await stop.wait()
-        finally:
-            if pool is not None:
-                log.info("draining: the workers stop accepting and finish their in-flight responses")
-                self.state.draining = True
-                await pool.stop(settings.shutdown_timeout + 5.0)
-                reserved.close()
-            await self._shutdown(runners, guards, tasks, cache)
-            if cluster is not None:
-                await cluster.close()
-            await reconciler.drain(self.settings.shutdown_timeout)
-            await asyncio.to_thread(cache.flush)
-            await source.flush()
-            if handlers is not None:
-                handlers.close()
-            if connections is not None:
-                connections.close()
-            if registry_session is not None:
-                await registry_session.close()
+        return tasks
+
+    # Shutdown: the workers drain, then the owner's sockets and tasks, the watcher, the cache.
+
+    async def _shut_down(self, running: _Running) -> None:
+        if running.pool is not None:
+            log.info("draining: the workers stop accepting and finish their in-flight responses")
+            self.state.draining = True
+            await running.pool.stop(self.settings.shutdown_timeout + 5.0)
+            assert running.reserved is not None
+            running.reserved.close()
+        await self._stop_serving(running.runners, running.guards, running.tasks, running.cache)
+        if running.cluster is not None:
+            await running.cluster.close()
+        await running.reconciler.drain(self.settings.shutdown_timeout)
+        await asyncio.to_thread(running.cache.flush)
+        await running.source.flush()
+        if running.handlers is not None:
+            running.handlers.close()
+        if running.connections is not None:
+            running.connections.close()
+        if running.registry_session is not None:
+            await running.registry_session.close()
 
     def _releases(self, cache: PayloadCache) -> tuple[Releases, Any]:
         """The catalog, plus the registry resolver when --release-resolve is on; mirrors either way."""
@@ -360,8 +411,8 @@ class IgnitionServer:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 30.0)
 
-    async def _shutdown(self, runners: list[web.BaseRunner], guards: list[ConnectionGuard], tasks: list[asyncio.Task[None]],
-                        cache: PayloadCache) -> None:
+    async def _stop_serving(self, runners: list[web.BaseRunner], guards: list[ConnectionGuard],
+                            tasks: list[asyncio.Task[None]], cache: PayloadCache) -> None:
         log.info("draining: no new connections, finishing in-flight responses")
         self.state.draining = True
         for task in tasks:

@@ -5,7 +5,7 @@ methods through ``asyncio.to_thread``. See ``layout`` for the on-disk layout,
 ``keys`` for the key file format and rotation, ``envelope`` for the encryption.
 """
 
-from .admin import gc, rekey, stats_report, verify
+from .admin import stats_report
 from .cache import PayloadCache
 from .config import CacheConfig
 from .errors import CacheError, CacheFormatError, CacheKeyError
@@ -27,9 +27,6 @@ __all__ = [
     "TokenState",
     "VerifyReport",
     "add_key",
-    "gc",
     "prune_keys",
-    "rekey",
     "stats_report",
-    "verify",
 ]

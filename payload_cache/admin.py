@@ -1,13 +1,12 @@
-"""Functions behind the project's cache CLI commands (the CLI owns argument parsing)."""
+"""What `ignition-server cache stats` prints (the CLI owns argument parsing; verify, gc and
+rekey are the cache's own methods)."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Any
 
 from .cache import PayloadCache
-from .reports import GcReport, VerifyReport
 
 
 def stats_report(cache: PayloadCache) -> dict[str, Any]:
@@ -23,15 +22,3 @@ def stats_report(cache: PayloadCache) -> dict[str, Any]:
     }
     report.update(dataclasses.asdict(cache.stats()))
     return report
-
-
-def verify(cache: PayloadCache, progress: Callable[[int, int], None] | None = None) -> VerifyReport:
-    return cache.verify(progress)
-
-
-def gc(cache: PayloadCache, now: float | None = None) -> GcReport:
-    return cache.gc(now)
-
-
-def rekey(cache: PayloadCache) -> int:
-    return cache.rekey()

@@ -13,7 +13,7 @@ from typing import Sequence
 
 from aiohttp import web
 
-from ignition_server.http.guard import listening_socket
+from ignition_server.sockets import listening_socket
 from ignition_server.sources.kube.client import KubeClient
 
 from .controller import Controller, read_desired

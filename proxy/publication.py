@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ignition_server.watch.edge import PUBLICATION, PublishedKey
+from ignition_server.edge_publication import PUBLICATION, PublishedKey
 
 
 class PublicationError(ValueError):

@@ -93,17 +93,6 @@ class Runtime:
             await self.command(f"abort ssl cert {cert_file}")
             raise RuntimeApiError(f"commit ssl cert {cert_file}: {answer.strip()[:300]}")
 
-    async def server_states(self, backend: str) -> dict[str, tuple[str, str]]:
-        """server name -> (address, operational state) from `show servers state`."""
-        answer = await self.checked(f"show servers state {backend}")
-        out = {}
-        for line in answer.splitlines():
-            parts = line.split()
-            if len(parts) > 5 and parts[0].isdigit():
-                # be_id be_name srv_id srv_name srv_addr srv_op_state ...
-                out[parts[3]] = (parts[4], parts[5])
-        return out
-
 
 @dataclass(frozen=True)
 class Master:

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-import harness
+from testsupport import harness
 
 
 @pytest.fixture(autouse=True)

@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 import yaml
 
-from realtools import in_ci
+from testsupport.realtools import in_ci
 from registry_world import OCI_MANIFEST, Registry, sha256
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -290,7 +290,7 @@ def mcs_reference_payload(real: RealMCO, work: Path, *, cluster_files: dict[str,
     import subprocess
     import urllib.request
 
-    from harness import free_port, wait_for
+    from testsupport.harness import free_port, wait_for
     from ignition_server.http.tls import ensure_self_signed
 
     config, mco, mcc, mcs, gates = (work / n for n in ("config", "mco", "mcc", "mcs", "cca"))

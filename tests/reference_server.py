@@ -29,11 +29,11 @@ from pathlib import Path
 
 import pytest
 
-from harness import free_port, wait_for
+from testsupport.harness import free_port, wait_for
 from ignition_server.http.tls import ensure_self_signed
 from kubeapi import KubeAPI
 from real_release import require_real_dir
-from realtools import in_ci
+from testsupport.realtools import in_ci
 
 # The FeatureGate HyperShift's ignition-server deployment renders in its init container
 # (`fetch-feature-gate`, FEATURE_GATE_YAML): the reference copies it into `render`'s input.

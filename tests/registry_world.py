@@ -34,8 +34,8 @@ with warnings.catch_warnings():  # bcrypt hashes for htpasswd from the system's 
     warnings.simplefilter("ignore", DeprecationWarning)
     import crypt
 
-from harness import free_port, wait_for
-from realtools import require_tool
+from testsupport.harness import free_port, wait_for
+from testsupport.realtools import require_tool
 from ignition_server.http.tls import ensure_self_signed, make_ca
 
 REGISTRY = "/usr/bin/docker-registry"

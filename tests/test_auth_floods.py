@@ -8,8 +8,8 @@ import http.client
 import time
 from pathlib import Path
 
-from harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for, write_manifests
-from ignition_server.sources.manifests import build_token_secret
+from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for, write_manifests
+from testsupport.manifests import build_token_secret
 
 
 def get_from(proc: ServerProcess, source_ip: str, token: str) -> tuple[int, str | None]:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import Listener
+from testsupport.harness import Listener
 from ignition_server.basegen.run import Limits, StepFailed, redact, run_step
 from ignition_server.basegen.sandbox import Sandbox, SandboxUnavailable
 

@@ -9,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for, write_manifests
-from ignition_server.sources.manifests import build_token_secret
+from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for, write_manifests
+from testsupport.manifests import build_token_secret
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -28,6 +28,7 @@ def test_cache_commands_on_a_served_cache(tmp_path: Path) -> None:
     assert proc.stop() == 0
     stats = json.loads(run("cache", "stats", "--cache-dir", str(tmp_path / "cache")).stdout)
     assert stats["blob_count"] == 1 and stats["renders"] == 1
+    assert len(stats["key_ids"]) == 1 and stats["format"] == "ignition-server-cache 1"  # the whole report, not only the counters
     verify = run("cache", "verify", "--cache-dir", str(tmp_path / "cache"))
     assert verify.returncode == 0 and json.loads(verify.stdout)["ok"] == 1
     # Tamper with the blob: verify finds it and quarantines it.

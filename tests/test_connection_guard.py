@@ -14,8 +14,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for, worker_pids, write_manifests
-from ignition_server.sources.manifests import build_token_secret
+from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for, worker_pids, write_manifests
+from testsupport.manifests import build_token_secret
 
 
 def tls(proc: ServerProcess, source_ip: str = "127.0.0.1") -> ssl.SSLSocket:

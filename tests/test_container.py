@@ -25,9 +25,9 @@ from containers import (
     Buildah, PodContainer, Workload, base_images, bounding_set, build_volumes, cache_key, make_stand_in, qualified, remap,
     storage_root,
 )
-from harness import files_in, free_port, ignition_fetch, require_ignition
+from testsupport.harness import files_in, free_port, ignition_fetch, require_ignition
 from ignition_server.render.userdata import pointer_config
-from realtools import in_ci, require_tool
+from testsupport.realtools import in_ci, require_tool
 
 DOCKERFILE = Path(__file__).resolve().parent.parent / "Dockerfile"
 

@@ -10,7 +10,7 @@ import yaml
 
 from ignition_server.metrics import ServerMetrics
 from payload_cache.stats import CacheStats
-from realtools import require_tool
+from testsupport.realtools import require_tool
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 README = Path(__file__).resolve().parent.parent / "README.md"

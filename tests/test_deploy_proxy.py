@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 import yaml
-from harness import ProxyProcess, ServerProcess, free_port, wait_for, write_manifests
-from realtools import require_tool
+from testsupport.harness import ProxyProcess, ServerProcess, free_port, wait_for, write_manifests
+from testsupport.realtools import require_tool
 from test_container import named_stage
 from test_deploy_manifests import check_unprivileged_pod, readme_rbac_table
 from test_deploy_manifests import one as server_object
 
-from ignition_server.sources.manifests import build_token_secret
+from testsupport.manifests import build_token_secret
 from proxy.table import Table, load_table
 
 PROXY = Path(__file__).resolve().parent.parent / "deploy" / "proxy"

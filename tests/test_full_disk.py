@@ -14,9 +14,10 @@ from typing import Iterator
 import pytest
 import yaml
 
-from harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for, write_manifests
-from ignition_server.sources.manifests import build_token_secret, parse_token_secret
-from realtools import in_ci
+from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for, write_manifests
+from ignition_server.model.token_secret import parse_token_secret
+from testsupport.manifests import build_token_secret
+from testsupport.realtools import in_ci
 
 
 @contextlib.contextmanager

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import ServerProcess, wait_for, write_manifests
+from testsupport.harness import ServerProcess, wait_for, write_manifests
 from mco_image import CRIO_CONF, KUBELET_UNIT, cluster_config, push_mco_image, runs
 from registry_world import Registry
 from test_registry_server import HAPROXY, bearer, cluster, payload_text, pool, registry_requests, token_status, world  # noqa: F401

@@ -18,13 +18,13 @@ from urllib.parse import unquote
 
 import pytest
 
-from harness import ServerProcess, wait_for, write_manifests
+from testsupport.harness import ServerProcess, wait_for, write_manifests
 from real_release import RealMCO, RealRelease, hypershift_mcs_config, mcs_reference_payload, push_real_release, real_mco  # noqa: F401
 from registry_world import Registry
 from test_registry_server import bearer, token_status
 from test_watcher_inputs import KUBECONFIG, secret_obj
 from ignition_server.http.tls import make_ca
-from ignition_server.sources.manifests import build_token_secret
+from testsupport.manifests import build_token_secret
 
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import ServerProcess, wait_for
+from testsupport.harness import ServerProcess, wait_for
 from ignition_server.logs import JsonFormatter, RepeatFilter, TextFormatter, redact
 
 SPELLINGS = [  # (what a line may hold, the secret in it)

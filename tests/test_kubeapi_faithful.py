@@ -11,9 +11,9 @@ import pytest
 from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from harness import wait_for
+from testsupport.harness import wait_for
 from kubeapi import KubeAPI
-from realtools import require_tool
+from testsupport.realtools import require_tool
 
 SECRET = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s1", "namespace": "ns1"}, "data": {"a": "YQ=="}}
 

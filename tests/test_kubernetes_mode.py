@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for
-from ignition_server.sources.manifests import build_token_secret
+from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for
+from testsupport.manifests import build_token_secret
 from kubeapi import KubeAPI
 
 NAMESPACE = "clusters-a"
@@ -192,7 +192,7 @@ def test_three_replicas_converge_and_exactly_one_writes(api: KubeAPI, replicas) 
 
 
 def test_expired_token_secrets_are_deleted_with_their_user_data(api: KubeAPI, replicas) -> None:
-    from ignition_server.sources.manifests import ANNOTATION_TOKEN_EXPIRATION, format_time
+    from ignition_server.model.token_secret import ANNOTATION_TOKEN_EXPIRATION, format_time
 
     old = token_secret("workers", "tok-old")
     old["metadata"]["annotations"][ANNOTATION_TOKEN_EXPIRATION] = format_time(time.time() + 4)
@@ -221,7 +221,7 @@ def test_a_render_failure_is_an_event_on_the_token_secret(api: KubeAPI, replicas
 
 
 def test_the_real_client_boots_from_a_replica_that_lags_a_rotation(api: KubeAPI, replicas, tmp_path: Path) -> None:
-    from harness import finish_fetch, ignition_fetch, require_ignition
+    from testsupport.harness import finish_fetch, ignition_fetch, require_ignition
     from ignition_server.render.userdata import pointer_config
 
     require_ignition()
@@ -309,7 +309,7 @@ def test_a_deleted_token_secret_takes_its_user_data_along(api: KubeAPI, replicas
 
 
 def test_an_input_secret_named_by_annotation_is_fetched(api: KubeAPI, replicas) -> None:
-    from ignition_server.watch.gather import ANNOTATION_INPUT_PREFIX
+    from ignition_server.watch.inputs import ANNOTATION_INPUT_PREFIX
 
     auth = base64.b64encode(b"user:pa55word-marker").decode()
     api.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "shared-pull", "namespace": "shared"},
@@ -324,7 +324,7 @@ def test_an_input_secret_named_by_annotation_is_fetched(api: KubeAPI, replicas) 
     import json
     from urllib.parse import unquote
 
-    from harness import files_in
+    from testsupport.harness import files_in
 
     status, _, body = proc.get("/ignition", bearer("tok-a"))
     contents = []

@@ -20,14 +20,15 @@ import pytest
 import yaml
 
 import mco_base
-from harness import EXAMPLE_MACHINECONFIG, ServerProcess, ignition_files_stage, wait_for, write_manifests
+from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, ignition_files_stage, wait_for, write_manifests
 from test_render_spec2 import _core_user
-from realtools import require_tool
+from testsupport.realtools import require_tool
 from test_watcher_inputs import KUBECONFIG, CA_PEM, T0, renders, secret_obj, settle, world  # noqa: F401 (fixture)
 from ignition_server.render.inputs import InvalidConfig, NodePoolInputs
 from ignition_server.render.mco import rendered_name
 from ignition_server.render.payload import render_payload
-from ignition_server.sources.manifests import build_token_secret, parse_token_secret
+from ignition_server.model.token_secret import parse_token_secret
+from testsupport.manifests import build_token_secret
 from ignition_server.watch.releases import ANNOTATION_RELEASE_CATALOG
 
 LAYERED = "registry.example.com/custom/rhcos-layered@sha256:" + "d" * 64
@@ -447,7 +448,7 @@ def _routable_address() -> str:
 def test_the_real_client_fetches_the_payload_through_the_pointer_configs_proxy(tmp_path: Path) -> None:
     """A real forward proxy (tinyproxy) between the real Ignition client and the server: the
     pointer's ignition.proxy is what makes the client go through it."""
-    from harness import free_port, ignition_fetch, require_ignition, wait_for_port
+    from testsupport.harness import free_port, ignition_fetch, require_ignition, wait_for_port
     from ignition_server.render.userdata import pointer_config
 
     require_ignition()
@@ -492,7 +493,7 @@ def test_the_real_client_fetches_the_payload_through_the_pointer_configs_proxy(t
 
 
 def test_base_index_names_the_releases_a_change_touches_and_picks_one_base_per_release() -> None:
-    from ignition_server.sources.manifests import ObjectKey
+    from ignition_server.model.objects import ObjectKey
     from ignition_server.watch.bases import BaseIndex, base_key
 
     index = BaseIndex()

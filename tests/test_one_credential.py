@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for, write_manifests
-from ignition_server.sources.manifests import build_token_secret
+from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for, write_manifests
+from testsupport.manifests import build_token_secret
 
 
 def bearer(token: str) -> str:

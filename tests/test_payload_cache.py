@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from payload_cache import CacheConfig, CacheStats, PayloadCache, RenderRecord, gc, stats_report, verify
+from payload_cache import CacheConfig, CacheStats, PayloadCache, RenderRecord, stats_report
 from payload_cache.keys import load_key_file
 
 
@@ -140,7 +140,7 @@ def test_gc_deletes_only_unreferenced_blobs_past_grace(tmp_path: Path) -> None:
     assert (stats.gc_runs, stats.gc_deleted, stats.blob_count) == (1, 1, 2)
 
     # Once past the grace period the young one goes too; the referenced one never does.
-    report = gc(cache, now + 7200)
+    report = cache.gc(now + 7200)
     assert report.deleted == 1 and not cache.has_blob(young_unref) and cache.has_blob(kept_ref)
 
 
@@ -187,7 +187,7 @@ def test_verify_checks_every_blob(tmp_path: Path) -> None:
     ids = [cache.put_blob(f"payload {i}".encode()) for i in range(5)]
     cache.put_render(render("ns/gone", "f" * 64))
     seen: list[tuple[int, int]] = []
-    report = verify(cache, lambda done, total: seen.append((done, total)))
+    report = cache.verify(lambda done, total: seen.append((done, total)))
     assert (report.checked, report.ok, report.quarantined) == (5, 5, ())
     assert report.missing == ("f" * 64,)
     assert report.by_key == {cache.key_ids()[0]: 5}

@@ -21,7 +21,6 @@ from payload_cache import (
     TokenState,
     add_key,
     prune_keys,
-    rekey,
 )
 from payload_cache.keys import key_id, load_key_file
 
@@ -218,7 +217,7 @@ def test_key_rotation_add_rekey_prune(tmp_path: Path) -> None:
     assert blob_path(cache_dir, fresh).read_bytes()[4:12].hex() == new_key
     assert cache.verify().by_key == {old_key: 3, new_key: 1}
 
-    assert rekey(cache) == 3
+    assert cache.rekey() == 3
     assert cache.verify().by_key == {new_key: 4}
     assert cache.rekey() == 0  # idempotent
     assert (cache_dir / "index.bin").read_bytes()[4:12].hex() == new_key

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench import fleet
-from harness import ServerProcess, wait_for
+from testsupport.harness import ServerProcess, wait_for
 from ignition_server.config import payload_memory
 
 

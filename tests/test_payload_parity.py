@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import ServerProcess, wait_for, write_manifests
+from testsupport.harness import ServerProcess, wait_for, write_manifests
 from kubeapi import KubeAPI
 from parity_world import CLIENT_VERSIONS, CLUSTERS, NODEPOOLS, NodePool, accept, cluster_inputs, cluster_objects, \
     pointer_headers, token_secret, token_secret_name

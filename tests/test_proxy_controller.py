@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from harness import (
+from testsupport.harness import (
     EXAMPLE_MACHINECONFIG, ProxyProcess, ServerProcess, files_in, finish_fetch, ignition_fetch, require_ignition,
     wait_for, write_manifests,
 )
 from ignition_server.render.userdata import pointer_config
-from ignition_server.sources.manifests import build_token_secret
+from testsupport.manifests import build_token_secret
 from proxy.runtime import Runtime
-from realtools import require_tool
+from testsupport.realtools import require_tool
 
 pytestmark = [pytest.mark.haproxy, pytest.mark.ignition]
 HOST_A, HOST_B = "localhost", socket.gethostname()  # both resolve to 127.0.0.1 here and are in the self-made certificates

@@ -26,7 +26,7 @@ from ignition_server.auth.jwks import PrivateKeyRefused, kube_key_id, public_key
 from ignition_server.auth.claims import LEGACY_ISSUER, JwtRefused
 from ignition_server.auth.jwt import ServiceAccountVerifier
 from proxy.edge import EdgeKey, render_edge_config, write_key_files
-from realtools import require_tool
+from testsupport.realtools import require_tool
 
 HAPROXY = shutil.which("haproxy") or "haproxy"
 pytestmark = [pytest.mark.haproxy]

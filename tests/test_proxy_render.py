@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from harness import ServerProcess, wait_for, write_manifests
+from testsupport.harness import ServerProcess, wait_for, write_manifests
 from ignition_server.http.proxy_protocol import ProxyHeaderError, parse_v1, parse_v2, V2_SIGNATURE
-from ignition_server.sources.manifests import build_token_secret
+from testsupport.manifests import build_token_secret
 from proxy.publication import parse_token_map
 from proxy.table import TableError, load_table, parse_backend
-from realtools import require_tool
+from testsupport.realtools import require_tool
 
 TABLE = """
 listen: 18443
@@ -189,7 +189,7 @@ async def test_the_controllers_metrics_on_any_address_answer_ipv4_and_ipv6() -> 
 
     import aiohttp
 
-    from harness import free_port
+    from testsupport.harness import free_port
     from proxy.cli import _serve_metrics
 
     port = free_port()

@@ -11,19 +11,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness import EXAMPLE_MACHINECONFIG, write_manifests
+from testsupport.harness import EXAMPLE_MACHINECONFIG, write_manifests
 from ignition_server.auth.rotation import RotationPolicy
 from ignition_server.auth.tokens import Refusal, TokenAuthenticator
 from ignition_server.metrics import ServerMetrics
 from ignition_server.render.payload import render_payload
 from ignition_server.sources.files import FileSource
-from ignition_server.sources.manifests import (
-    ANNOTATION_TOKEN_EXPIRATION,
-    build_token_secret,
-    format_time,
-    is_token_secret,
-    parse_token_secret,
-)
+from ignition_server.model.token_secret import ANNOTATION_TOKEN_EXPIRATION, format_time, is_token_secret, parse_token_secret
+from testsupport.manifests import build_token_secret
 from ignition_server.watch.reconciler import Reconciler
 from payload_cache import CacheConfig, PayloadCache, TokenState
 
@@ -222,7 +217,7 @@ async def test_large_configs_are_not_held_in_memory_but_render(world) -> None:
     import base64 as b64
     import os
 
-    from ignition_server.sources.manifests import LargeValue, ObjectKey
+    from ignition_server.model.objects import LargeValue, ObjectKey
 
     make, clock, source_dir = world
     reconciler, source, cache = make()

@@ -13,10 +13,11 @@ from urllib.parse import unquote
 import pytest
 import yaml
 
-from harness import EXAMPLE_MACHINECONFIG, Listener, ServerProcess, free_port, wait_for, write_manifests
+from testsupport.harness import EXAMPLE_MACHINECONFIG, Listener, ServerProcess, free_port, wait_for, write_manifests
 from registry_world import Registry
 from test_watcher_inputs import KUBECONFIG, secret_obj
-from ignition_server.sources.manifests import build_token_secret, is_token_secret, parse_token_secret
+from ignition_server.model.token_secret import is_token_secret, parse_token_secret
+from testsupport.manifests import build_token_secret
 
 ART = "quay.io/openshift-release-dev/ocp-v4.0-art-dev"
 HAPROXY = ART + "@sha256:" + "a" * 64

@@ -25,7 +25,7 @@ from ignition_server.render.haproxy import (
     render_static_pod,
 )
 from ignition_server.render.inputs import InvalidConfig
-from realtools import require_tool
+from testsupport.realtools import require_tool
 
 HAPROXY = shutil.which("haproxy") or "haproxy"
 
@@ -324,7 +324,7 @@ import ssl  # noqa: E402
 import threading  # noqa: E402
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer  # noqa: E402
 
-from harness import wait_for  # noqa: E402
+from testsupport.harness import wait_for  # noqa: E402
 
 
 def _self_signed(tmp_path):

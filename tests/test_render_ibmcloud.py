@@ -32,8 +32,8 @@ from ignition_server.render.ibmcloud import (
     render_registry_conf,
 )
 from ignition_server.render.inputs import InvalidConfig
-from harness import ignition_files_stage
-from realtools import require_tool
+from testsupport.harness import ignition_files_stage
+from testsupport.realtools import require_tool
 from ignition_server.render.join import JoinInputs, render_join_fragment
 
 IGNITION = "/usr/lib/dracut/modules.d/30ignition/ignition"

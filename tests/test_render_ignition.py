@@ -18,7 +18,7 @@ import yaml
 from ignition_server.render.inputs import NodePoolInputs
 from ignition_server.render.payload import render_payload
 from ignition_server.render.spec import SUPPORTED_VERSIONS, with_version
-from realtools import require_tool
+from testsupport.realtools import require_tool
 
 VALIDATE = shutil.which("ignition-validate") or "ignition-validate"
 CLIENT_MAX = "3.3.0"  # the installed Ignition 2.14 knows specs 3.0.0 … 3.3.0

@@ -19,7 +19,7 @@ from ignition_server.render.join import (
     merge_ca_bundles,
     render_join_fragment,
 )
-from realtools import require_tool
+from testsupport.realtools import require_tool
 
 KUBECONFIG = (
     b"apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://172.20.0.1:6443\n"

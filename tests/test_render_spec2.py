@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness import ignition_files_stage
+from testsupport.harness import ignition_files_stage
 from ignition_server.render.inputs import InvalidConfig
 from ignition_server.render.machineconfig import merge_machineconfigs, parse_machineconfigs
 from ignition_server.render.spec2 import translate
-from realtools import require_tool
+from testsupport.realtools import require_tool
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIG7c3Q5c1b9YQ4Jb0v8m3hQ2m5n6o7p8q9r0s1t2u3v4 admin@example"
 

@@ -16,7 +16,7 @@ from ignition_server.render.userdata import (
     pointer_user_data,
     user_data_secret,
 )
-from realtools import require_tool
+from testsupport.realtools import require_tool
 
 CA = (
     "-----BEGIN CERTIFICATE-----\n"

@@ -12,9 +12,9 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from harness import EXAMPLE_MACHINECONFIG, ServerProcess, files_in, ignition_fetch, require_ignition, wait_for, write_manifests
+from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, files_in, ignition_fetch, require_ignition, wait_for, write_manifests
 from ignition_server.render.userdata import pointer_config
-from ignition_server.sources.manifests import build_token_secret
+from testsupport.manifests import build_token_secret
 from ignition_server.watch.trust import ANNOTATION_SERVICE_ACCOUNT_KEYS
 
 OVERLAP = 3.0
@@ -152,8 +152,8 @@ def test_edge_haproxy_config_follows_key_rotations(tmp_path: Path) -> None:
 
     import yaml
 
-    from harness import ProxyProcess
-    from realtools import require_tool
+    from testsupport.harness import ProxyProcess
+    from testsupport.realtools import require_tool
 
     require_tool("haproxy", "apt-get install haproxy")
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
@@ -235,8 +235,8 @@ def test_edge_passes_every_token_the_server_accepts(tmp_path: Path) -> None:
     import urllib.error
     import urllib.request
 
-    from harness import ProxyProcess
-    from realtools import require_tool
+    from testsupport.harness import ProxyProcess
+    from testsupport.realtools import require_tool
 
     haproxy_bin = require_tool("haproxy", "apt-get install haproxy")
     issuer = "https://oidc.example.com/clusters-a"

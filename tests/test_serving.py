@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness import (
+from testsupport.harness import (
     EXAMPLE_MACHINECONFIG,
     ServerProcess,
     files_in,
@@ -23,7 +23,8 @@ from harness import (
     write_manifests,
 )
 from ignition_server.render.userdata import pointer_config
-from ignition_server.sources.manifests import build_token_secret, is_token_secret, parse_token_secret
+from ignition_server.model.token_secret import is_token_secret, parse_token_secret
+from testsupport.manifests import build_token_secret
 
 pytestmark = pytest.mark.ignition
 

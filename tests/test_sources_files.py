@@ -14,17 +14,9 @@ from ignition_server.auth.rotation import RotationPolicy, rotation_mutation
 from ignition_server.config import parse_duration, parse_hostport
 from ignition_server.sources.events import Change
 from ignition_server.sources.files import FileSource
-from ignition_server.sources.manifests import (
-    ManifestError,
-    ObjectKey,
-    build_token_secret,
-    decode_config,
-    encode_config,
-    format_time,
-    parse_time,
-    parse_token_secret,
-    token_secret_config,
-)
+from ignition_server.model.objects import ManifestError, ObjectKey
+from ignition_server.model.token_secret import decode_config, encode_config, format_time, parse_time, parse_token_secret, token_secret_config
+from testsupport.manifests import build_token_secret
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "token-secret.yaml"
 CONFIGMAP = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm", "namespace": "ns"}, "data": {"a": "1"}}
@@ -299,7 +291,8 @@ async def test_a_damaged_snapshot_costs_only_a_parse_of_the_files_it_cannot_rest
 
 
 async def test_user_data_secrets_are_kept_as_digests_and_read_in_full_when_asked(tmp_path: Path) -> None:
-    from ignition_server.sources.manifests import LargeValue, ObjectKey, is_user_data_secret, value_digest
+    from ignition_server.model.objects import LargeValue, ObjectKey, value_digest
+    from ignition_server.model.token_secret import is_user_data_secret
     from ignition_server.render.userdata import user_data_secret
 
     source_dir = tmp_path / "source"

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness import write_manifests
+from testsupport.harness import write_manifests
 from ignition_server.auth.tokens import TokenAuthenticator
 from ignition_server.sources import files as files_module
-from ignition_server.sources.manifests import parse_token_secret
+from ignition_server.model.token_secret import parse_token_secret
 from test_reconciler import T0, secret, settle, world  # noqa: F401  (world is a fixture)
 
 REF = "clusters-a/token-p-00000000"

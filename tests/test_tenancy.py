@@ -17,14 +17,15 @@ import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from harness import EXAMPLE_MACHINECONFIG, write_manifests
+from testsupport.harness import EXAMPLE_MACHINECONFIG, write_manifests
 from test_watcher_inputs import T0, Clock, settle
 from ignition_server.auth.jwt import ServiceAccountVerifier
 from ignition_server.auth.rotation import RotationPolicy
 from ignition_server.metrics import ServerMetrics
 from ignition_server.render.payload import render_payload
 from ignition_server.sources.files import FileSource
-from ignition_server.sources.manifests import ANNOTATION_TOKEN_EXPIRATION, build_token_secret, parse_token_secret
+from ignition_server.model.token_secret import ANNOTATION_TOKEN_EXPIRATION, parse_token_secret
+from testsupport.manifests import build_token_secret
 from ignition_server.watch.outputs import PointerSettings, TokenOutputs
 from ignition_server.watch.reconciler import Reconciler
 from ignition_server.watch.releases import ANNOTATION_RELEASE_CATALOG

@@ -13,8 +13,9 @@ from urllib.parse import unquote
 
 import pytest
 
-from harness import EXAMPLE_MACHINECONFIG, ServerProcess, files_in, wait_for
-from ignition_server.sources.manifests import ANNOTATION_TOKEN_EXPIRATION, build_token_secret
+from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, files_in, wait_for
+from ignition_server.model.token_secret import ANNOTATION_TOKEN_EXPIRATION
+from testsupport.manifests import build_token_secret
 from kubeapi import KubeAPI
 
 VICTIM, EVIL = "clusters-victim", "clusters-evil"

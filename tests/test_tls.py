@@ -8,9 +8,9 @@ import socket
 import ssl
 from pathlib import Path
 
-from harness import ServerProcess, wait_for, write_manifests
+from testsupport.harness import ServerProcess, wait_for, write_manifests
 from ignition_server.http.tls import ensure_self_signed
-from ignition_server.sources.manifests import build_token_secret
+from testsupport.manifests import build_token_secret
 
 
 def handshake_ok(port: int, ca: Path) -> bool:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import ServerProcess
+from testsupport.harness import ServerProcess
 
 
 def handshake(proc: ServerProcess, *, max_version: ssl.TLSVersion | None = None, ciphers: str | None = None) -> str | None:
@@ -69,7 +69,7 @@ def test_a_custom_profile_with_an_unknown_cipher_stops_at_start_up(tmp_path: Pat
 
 def s_client(proc: ServerProcess, *args: str) -> bool:
     """Whether the real OpenSSL client completes a handshake with these options."""
-    from realtools import require_tool
+    from testsupport.realtools import require_tool
 
     binary = require_tool("openssl", "apt-get install openssl")
     result = subprocess.run([binary, "s_client", "-connect", f"127.0.0.1:{proc.port}", "-CAfile", str(proc.ca_file), *args],

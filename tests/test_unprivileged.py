@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import EXAMPLE_MACHINECONFIG, free_port, wait_for, write_manifests
-from ignition_server.sources.manifests import build_token_secret
-from realtools import require_tool
+from testsupport.harness import EXAMPLE_MACHINECONFIG, free_port, wait_for, write_manifests
+from testsupport.manifests import build_token_secret
+from testsupport.realtools import require_tool
 
 REPO = Path(__file__).resolve().parent.parent
 NOBODY = 65534

@@ -18,13 +18,14 @@ from typing import Any
 import pytest
 import yaml
 
-from harness import write_manifests
+from testsupport.harness import write_manifests
 from ignition_server.auth.rotation import RotationPolicy
 from ignition_server.auth.tokens import TokenAuthenticator
 from ignition_server.metrics import ServerMetrics
 from ignition_server.render.payload import render_payload
 from ignition_server.sources.files import FileSource
-from ignition_server.sources.manifests import ObjectKey, is_token_secret
+from ignition_server.model.objects import ObjectKey
+from ignition_server.model.token_secret import is_token_secret
 from ignition_server.watch import reconciler as reconciler_module
 from ignition_server.watch.outputs import PointerSettings, TokenOutputs
 from ignition_server.watch.reconciler import Reconciler

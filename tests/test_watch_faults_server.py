@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harness import ServerProcess, write_manifests
+from testsupport.harness import ServerProcess, write_manifests
 from test_serving import bearer, token_secret, wait_for, wait_rendered
 
 OLD = "clusters-demo/token-p-0a0a0a0a"

@@ -14,13 +14,14 @@ from urllib.parse import unquote
 import pytest
 import yaml
 
-from harness import EXAMPLE_MACHINECONFIG, ignition_files_stage, write_manifests
-from realtools import require_tool
+from testsupport.harness import EXAMPLE_MACHINECONFIG, ignition_files_stage, write_manifests
+from testsupport.realtools import require_tool
 from ignition_server.auth.rotation import RotationPolicy
 from ignition_server.metrics import ServerMetrics
 from ignition_server.render.payload import render_payload
 from ignition_server.sources.files import FileSource
-from ignition_server.sources.manifests import build_token_secret, parse_token_secret
+from ignition_server.model.token_secret import parse_token_secret
+from testsupport.manifests import build_token_secret
 from ignition_server.watch.outputs import PointerSettings, TokenOutputs
 from ignition_server.watch.reconciler import Reconciler
 from ignition_server.watch.releases import ANNOTATION_RELEASE_CATALOG

@@ -11,14 +11,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..sources.manifests import (
-    ANNOTATION_TOKEN_GENERATION,
-    TokenSecret,
-    format_time,
-    secret_value,
-    set_annotation,
-    set_secret_value,
-)
+from ..model.objects import secret_value, set_annotation, set_secret_value
+from ..model.token_secret import ANNOTATION_TOKEN_GENERATION, TokenSecret, format_time
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,6 @@ FEATURE_GATE = "apiVersion: config.openshift.io/v1\nkind: FeatureGate\nmetadata:
 # A pool of our own in the controller's input: it selects only the MachineConfigs the controller
 # generates for it (97-/98-/99-<pool>-generated-*), which are the worker's generated ones.
 PROBE_POOL = "ignition-server-generated"
-CLOUD_CONFIG_PLATFORMS = ("Azure", "OpenStack")
 
 
 @dataclass(frozen=True)
@@ -59,10 +58,6 @@ def platform(cluster_files: Mapping[str, str]) -> str:
         return ""
     kind = (status.get("platformStatus") or {}).get("type") if isinstance(status.get("platformStatus"), dict) else None
     return str(kind or status.get("platform") or "")
-
-
-def needs_cloud_config(cluster_files: Mapping[str, str]) -> bool:
-    return platform(cluster_files) in CLOUD_CONFIG_PLATFORMS
 
 
 def write_config(config: Path, mco: Path, job: BaseJob) -> None:

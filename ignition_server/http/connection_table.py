@@ -34,7 +34,8 @@ import mmap
 import os
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
+
+from ..metrics import ConnectionCounts
 
 BUCKETS = 16_384  # per row: 64 KiB of int32, touched only where addresses hash
 _MAGIC = b"IGNCONN1"
@@ -44,13 +45,6 @@ _HEADER_BYTES = 64
 _SLOTS = 8  # int64 per row: open, refused, timed out, the rest spare
 _OPEN, _REFUSED, _TIMED_OUT = 0, 1, 2
 _SLOT_BYTES = _SLOTS * 8
-
-
-@dataclass(frozen=True)
-class ConnectionCounts:
-    open: tuple[int, ...]  # by row (serving process)
-    refused: int  # since the table was made, dead processes' rows included
-    timed_out: int
 
 
 class ConnectionTable:

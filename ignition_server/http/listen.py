@@ -8,8 +8,9 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
+from ..sockets import bound_socket
 from .app import Handler
-from .guard import ConnectionGuard, GuardedSite, IPNetwork, bound_socket
+from .guard import ConnectionGuard, GuardedSite, IPNetwork
 
 # An idle kept-alive connection is closed after this (aiohttp's default is an hour). A node
 # fetches once; a short wait also bounds a kept-alive connection's next request, whose headers

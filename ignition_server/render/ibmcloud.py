@@ -172,11 +172,6 @@ class IBMCloudSettings:
         # The listen address/port are validated by ApiServerAccess; fail early here.
         api_server_access(self)
 
-    @property
-    def provider_id_prefix(self) -> str:
-        """``ibm://<account>///<cluster>/``; the node appends its worker ID at boot."""
-        return f"ibm://{self.account_id}///{self.cluster_id}/"
-
 
 def api_server_access(settings: IBMCloudSettings) -> ApiServerAccess:
     """The kube-apiserver proxy for IBM nodes: private endpoints first, public ones as

@@ -29,9 +29,6 @@ from typing import Any, NamedTuple
 
 import yaml
 
-# libyaml's safe loader when PyYAML was built with it: the same documents, much faster.
-_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
 from .. import bounded_yaml
 from .inputs import InvalidConfig, refusal
 from .spec import SUPPORTED_VERSIONS, minimum_version

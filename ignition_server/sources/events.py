@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Literal, Protocol, runtime_checkable
 
-from .manifests import ObjectKey
+from ..model.objects import ObjectKey
 
 ChangeType = Literal["ADDED", "MODIFIED", "DELETED"]
 

@@ -28,7 +28,7 @@ from .. import bounded_yaml
 from . import listing
 from .events import Change, ChangeHandler, Mutation
 from .listing import ListingStore
-from .manifests import ObjectKey, digested, has_large_values, object_key, slim
+from ..model.objects import ObjectKey, digested, has_large_values, object_key, slim
 
 log = logging.getLogger("ignition_server.sources.files")
 

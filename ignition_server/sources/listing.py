@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from .manifests import LargeValue, ObjectKey
+from ..model.objects import LargeValue, ObjectKey
 
 SNAPSHOT_NAME = "source-listing"
 SNAPSHOT_VERSION = 3  # 2: values over 4 KiB as digests; 3: framed, compressed records

@@ -25,14 +25,11 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ..sources.manifests import ObjectKey, annotations, data_text
+from ..model.mco_base import ANNOTATION_MCO_BASE, RELEASE_KEY, VERSION_KEY
+from ..model.objects import ObjectKey, annotations, data_text
 
 log = logging.getLogger("ignition_server.watch.bases")
 
-ANNOTATION_MCO_BASE = "ignition-server.openshift.io/mco-base"
-BASE_KEY = "machineconfigs.yaml"
-RELEASE_KEY = "release"
-VERSION_KEY = "releaseVersion"
 # The release catalog's component images a base's payload needs (releases.py's `images`):
 # the OS image nodes rebase to on first boot (osImageURL), and its extensions image.
 RHCOS_IMAGE = "rhel-coreos"

@@ -12,38 +12,26 @@ out (a replaced key's overlap window ends):
   each valid token, old and new during a rotation's overlap), the certificate and the CA that
   signed the serving certificate (to verify the server when re-encrypting).
 
-The server only publishes: it imports nothing from `proxy/`, which reads this directory.
+The server only publishes: it imports nothing from `proxy/`, which reads this directory; the
+files' format is the contract both import (`ignition_server/edge_publication.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from payload_cache.fsio import atomic_write, make_dir
 
 from ..auth.claims import LEGACY_ISSUER
-from ..auth.jwks import KeySource, TrustedKey, load_public_keys
 from ..auth.jwt import ServiceAccountVerifier
+from ..edge_publication import PUBLICATION, publication_document, write_key_files
 
 log = logging.getLogger("ignition_server.watch.edge")
-
-PUBLICATION = "publication.json"
-PUBLICATION_VERSION = 1
-
-
-@dataclass(frozen=True)
-class PublishedKey:
-    """A public key file and the one alg it verifies (RS256 or ES256)."""
-
-    path: str
-    alg: str
 
 
 def _ensure_exists(path: Path) -> None:
@@ -54,60 +42,6 @@ def _ensure_exists(path: Path) -> None:
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     except FileExistsError:
         pass
-
-
-def write_key_files(
-    directory: str | os.PathLike[str],
-    keys: Iterable[TrustedKey | KeySource] | TrustedKey | KeySource,
-    *,
-    prefix: str = "sa",
-    prune: bool = True,
-) -> list[PublishedKey]:
-    """Write each public key as `<directory>/<prefix>-<fingerprint>.pem` (atomically, mode
-    0644) and return them with their algs. A private key is refused (`PrivateKeyRefused`).
-    With `prune`, other `<prefix>-*.pem` files (keys past their window) are removed."""
-    if not prefix.replace("_", "").replace("-", "").isalnum():
-        raise ValueError("prefix must be a plain identifier")
-    if isinstance(keys, TrustedKey):
-        keys = [keys]
-    items = list(keys) if isinstance(keys, (list, tuple)) else [keys]
-    trusted: list[TrustedKey] = []
-    for item in items:
-        trusted.extend([item] if isinstance(item, TrustedKey) else load_public_keys(item))
-    base = Path(directory)
-    base.mkdir(parents=True, exist_ok=True)
-    out: list[PublishedKey] = []
-    wanted: set[str] = set()
-    for key in trusted:
-        path = base / f"{prefix}-{key.fingerprint[:32]}.pem"
-        if path.name in wanted:
-            continue
-        wanted.add(path.name)
-        data = key.pem()
-        if not path.exists() or path.read_bytes() != data:
-            atomic_write(path, data, 0o644)
-        out.append(PublishedKey(str(path.resolve()), key.alg))
-    if prune:
-        for stale in base.glob(f"{prefix}-*.pem"):
-            if stale.name not in wanted:
-                stale.unlink()
-    return out
-
-
-def publication_document(
-    *, keys: list[PublishedKey], issuers: list[str], token_map: Path | None, cert: Path, ca: Path | None, backend: str,
-) -> bytes:
-    """The manifest a proxy reads. Pure."""
-    document = {
-        "version": PUBLICATION_VERSION,
-        "keys": [{"path": k.path, "alg": k.alg} for k in keys],
-        "issuers": issuers,
-        "token_map": str(token_map) if token_map else None,
-        "cert": str(cert),
-        "ca": str(ca) if ca else None,
-        "backend": backend,
-    }
-    return (json.dumps(document, indent=2, sort_keys=True) + "\n").encode()
 
 
 @dataclass

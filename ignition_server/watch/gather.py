@@ -15,60 +15,17 @@ NodePool is rendered again, and no other.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Callable, Mapping
 
+from ..model.mco_base import BASE_KEY
+from ..model.objects import ManifestError, ObjectKey, data_text
+from ..model.token_secret import TokenSecret
 from ..render.inputs import NodePoolInputs, Settings
-from ..sources.manifests import ManifestError, ObjectKey, TokenSecret, data_text
-from .bases import BASE_KEY, RHCOS_EXTENSIONS_IMAGE, RHCOS_IMAGE, BaseIndex, release_keys
+from .bases import RHCOS_EXTENSIONS_IMAGE, RHCOS_IMAGE, BaseIndex, release_keys
+from .generated_bases import generated_key
+from .inputs import JOIN_INPUTS, MCS_INPUTS, SETTINGS_INPUTS, Lookup, input_key
 from .releases import HAPROXY_IMAGE, Releases, release_key
 from .tenancy import Tenancy
-
-ANNOTATION_INPUT_PREFIX = "ignition-server.openshift.io/input-"
-
-
-@dataclass(frozen=True)
-class InputObject:
-    kind: str
-    name: str  # the conventional object name, also the input's name in messages
-    key: str | None  # the data key read; None: the whole data (settings)
-
-
-JOIN_INPUTS = (
-    InputObject("Secret", "pull-secret", ".dockerconfigjson"),
-    InputObject("Secret", "bootstrap-kubeconfig", "kubeconfig"),
-    InputObject("ConfigMap", "user-ca-bundle", "ca-bundle.crt"),
-)
-SETTINGS_INPUTS = (
-    InputObject("ConfigMap", "apiserver-proxy", None),
-    InputObject("ConfigMap", "ibmcloud-vpc", None),
-    InputObject("ConfigMap", "cluster-proxy", None),
-)
-
-# Only a payload with an MCO base reads these (the machine-config-server's CA files); absent
-# is normal, so they are not named as missing.
-MCS_INPUTS = (
-    InputObject("ConfigMap", "kubelet-ca", "ca.crt"),
-    InputObject("ConfigMap", "cloud-provider-ca", "ca-bundle.pem"),
-)
-
-Lookup = Callable[[ObjectKey], Mapping[str, Any] | None]
-
-
-def input_key(secret: TokenSecret, wanted: InputObject, notes: Mapping[str, str],
-              tenancy: Tenancy | None = None) -> ObjectKey:
-    """Where the input is read. With a `tenancy`, a reference it does not allow raises
-    OutsideTenancy (a ManifestError) before anyone could fetch it; None: no wall (the CLI's
-    `render`, whose directory only the operator writes)."""
-    ref = str(notes.get(ANNOTATION_INPUT_PREFIX + wanted.name, "")).strip()
-    if ref:
-        namespace, _, name = ref.partition("/")
-        if not name:
-            raise ManifestError(f"annotation {ANNOTATION_INPUT_PREFIX}{wanted.name} must be <namespace>/<name>, got {ref!r}")
-        if tenancy is not None:
-            tenancy.check(secret.key.namespace, namespace, name, f"annotation {ANNOTATION_INPUT_PREFIX}{wanted.name}")
-        return ObjectKey(wanted.kind, namespace, name)
-    return ObjectKey(wanted.kind, secret.key.namespace, wanted.name)
 
 
 def gather(
@@ -114,8 +71,6 @@ def gather(
             if not base_yaml:
                 raise ManifestError(f"MCO base {base.namespace}/{base.name} has no {BASE_KEY}")
         elif generated is not None and secret.release:
-            from .generated_bases import generated_key  # (it builds on this module)
-
             key, more = generated_key(secret, notes, lookup, releases, tenancy)
             deps |= more
             base_yaml = generated(key) if key is not None else None

@@ -25,12 +25,13 @@ from typing import Any, Callable, Mapping
 from ..basegen.generator import BaseGenerator, BaseJob, cluster_key
 from ..basegen.steps import platform
 from ..render.inputs import NodePoolInputs
-from ..sources.manifests import LargeValue, ObjectKey, TokenSecret, annotations, data_text, has_large_values
-from .bases import BASE_KEY, BaseIndex, base_key
-from .gather import JOIN_INPUTS, InputObject, Lookup, input_key
-from .release_waits import WAIT
+from ..model.objects import LargeValue, ObjectKey, annotations, data_text, has_large_values
+from ..model.token_secret import TokenSecret
+from ..model.mco_base import BASE_KEY
+from .bases import BaseIndex, base_key
+from .inputs import JOIN_INPUTS, InputObject, Lookup, input_key
 from .releases import Releases, release_key
-from .status import Status
+from .status import WAIT, Status
 from .tenancy import Tenancy
 
 log = logging.getLogger("ignition_server.watch")

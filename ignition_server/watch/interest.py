@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-from ..sources.manifests import ManifestError, ObjectKey, annotations, is_token_secret, parse_token_secret
-from .gather import JOIN_INPUTS, SETTINGS_INPUTS, input_key
+from ..model.objects import ManifestError, ObjectKey, annotations
+from ..model.token_secret import is_token_secret, parse_token_secret
+from .inputs import JOIN_INPUTS, SETTINGS_INPUTS, input_key
 from .tenancy import OutsideTenancy, Tenancy
 from .trust import is_trust_object
 

@@ -20,7 +20,8 @@ from payload_cache.fsio import atomic_write, make_dir
 
 from ..render.userdata import pointer_user_data, user_data_secret
 from ..sources.events import Source
-from ..sources.manifests import ObjectKey, TokenSecret, object_key, value_digest
+from ..model.objects import ObjectKey, object_key, value_digest
+from ..model.token_secret import TokenSecret
 from .faults import Faults
 
 log = logging.getLogger("ignition_server.watch.outputs")

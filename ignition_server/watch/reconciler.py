@@ -23,14 +23,8 @@ from .. import memory
 from ..metrics import ServerMetrics
 from ..render.inputs import RenderedPayload
 from ..sources.events import Change, Source
-from ..sources.manifests import (
-    ManifestError,
-    ObjectKey,
-    TokenSecret,
-    is_token_secret,
-    parse_token_secret,
-    has_large_values,
-)
+from ..model.objects import ManifestError, ObjectKey, has_large_values
+from ..model.token_secret import TokenSecret, is_token_secret, parse_token_secret
 from .bases import BaseIndex, is_base
 from .faults import Faults, ObjectWork
 from .generated_bases import GeneratedBases, is_generated_base

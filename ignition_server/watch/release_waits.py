@@ -22,15 +22,15 @@ from typing import Any, Callable, Mapping
 import yaml
 
 from ..render.inputs import NodePoolInputs
-from ..sources.manifests import ObjectKey, TokenSecret, data_text
-from .gather import JOIN_INPUTS, input_key
+from ..model.objects import ObjectKey, data_text
+from ..model.token_secret import TokenSecret
+from .inputs import JOIN_INPUTS, input_key
 from .releases import ANNOTATION_RELEASE_CATALOG, CATALOG_KEY, HAPROXY_IMAGE, Releases, release_key
-from .status import Status
+from .status import WAIT, Status
 from .tenancy import Tenancy
 
 log = logging.getLogger("ignition_server.watch")
 
-WAIT = "wait"
 # What payloads name of a release: the node HAProxy's image, and with an MCO base the OS
 # image and its extensions (the MCO image is for the writer's base generation; shared so
 # the writer, which reads its own catalog first, still finds it).

@@ -24,7 +24,7 @@ import yaml
 from .. import bounded_yaml
 from ..registry.mirrors import Mirrors
 from ..registry.resolver import ReleaseResolver
-from ..sources.manifests import ObjectKey, annotations
+from ..model.objects import ObjectKey, annotations
 
 log = logging.getLogger("ignition_server.watch.releases")
 

@@ -23,14 +23,14 @@ from payload_cache import PayloadCache, RenderRecord
 from .. import memory
 from ..metrics import ServerMetrics
 from ..render.inputs import InvalidConfig, NodePoolInputs, RefusedInput, RenderedPayload, refusal
-from ..sources.manifests import ManifestError, ObjectKey, TokenSecret, token_secret_config
+from ..model.objects import ManifestError, ObjectKey
+from ..model.token_secret import TokenSecret, token_secret_config
 from ..basegen.generator import BaseGenerator
 from .bases import BaseIndex
 from .faults import Faults, backoff
 from .gather import gather
-from .release_waits import WAIT
 from .releases import Releases
-from .status import Status
+from .status import WAIT, Status
 from .tenancy import OutsideTenancy, Tenancy
 
 log = logging.getLogger("ignition_server.watch")

@@ -5,7 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..sources.manifests import secret_value, set_secret_value
+from ..model.objects import secret_value, set_secret_value
+
+
+# What a wait answers instead of a Status: the release is being read, or the base generated
+# (release_waits.py, generated_bases.py); the NodePool renders when it arrives.
+WAIT = "wait"
 
 
 @dataclass(frozen=True)

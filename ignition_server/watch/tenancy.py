@@ -17,7 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..sources.events import Change
-from ..sources.manifests import ManifestError, TokenSecret
+from ..model.objects import ManifestError
+from ..model.token_secret import TokenSecret
 
 
 class OutsideTenancy(ManifestError):

@@ -23,7 +23,7 @@ from ..auth.claims import TokenSecretRef
 from ..auth.jwks import load_public_keys
 from ..auth.jwt import ServiceAccountVerifier
 from ..sources.events import Change
-from ..sources.manifests import ManifestError, ObjectKey, annotations, data_text
+from ..model.objects import ManifestError, ObjectKey, annotations, data_text
 
 log = logging.getLogger("ignition_server.watch.trust")
 

@@ -17,14 +17,8 @@ from payload_cache import TokenRecord, TokenState
 
 from ..auth.rotation import new_token, rotation_mutation
 from ..config import SUPERSEDED_GRACE
-from ..sources.manifests import (
-    ANNOTATION_IGNITION_REACHED,
-    ANNOTATION_TOKEN_EXPIRATION,
-    ObjectKey,
-    TokenSecret,
-    format_time,
-    set_annotation,
-)
+from ..model.objects import ObjectKey, set_annotation
+from ..model.token_secret import ANNOTATION_IGNITION_REACHED, ANNOTATION_TOKEN_EXPIRATION, TokenSecret, format_time
 from ..render.userdata import user_data_secret_name
 from ..sources.events import PruningSource
 from .status import Status, status_mutation, written_status

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
 from ..events import Change, ChangeHandler, Mutation
-from ..manifests import ObjectKey, object_key
+from ...model.objects import ObjectKey, object_key
 from .client import MERGE_PATCH, KubeClient, KubeError, collection_path, item_path
 from .informer import Informer
 

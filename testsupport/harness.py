@@ -286,7 +286,7 @@ def files_in(config: dict[str, Any]) -> dict[str, str]:
 
 
 def require_ignition() -> None:
-    from realtools import require_tool
+    from testsupport.realtools import require_tool
 
     require_tool(IGNITION, "apt-get install ignition")
     require_tool("ignition-validate", "apt-get install ignition")
@@ -299,7 +299,7 @@ def ignition_files_stage(
 
     `prepare(root)` lays out what the node's image would already hold (users, say)."""
     import pytest
-    from realtools import require_tool
+    from testsupport.realtools import require_tool
 
     require_tool(IGNITION, "apt-get install ignition")
     if os.geteuid() != 0:
