@@ -191,6 +191,55 @@ def test_three_replicas_converge_and_exactly_one_writes(api: KubeAPI, replicas) 
         wait_for(lambda proc=proc: served(proc, token_of(api, name)), timeout=20, what="survivors serving it")
 
 
+def fetch_status(proc: ServerProcess, token: str) -> tuple[int, str]:
+    status, _, body = proc.get("/ignition", bearer(token))
+    return status, body[:80].decode(errors="replace").strip() if status != 200 else ""
+
+
+def test_three_replicas_never_refuse_the_apis_token_through_rotations_and_an_outage(api: KubeAPI, replicas) -> None:
+    # A node reads nothing but what the API holds: whatever replica it reaches, whoever holds
+    # the Lease, whatever the API's state, the token the API lists must never get a 4xx (the
+    # Ignition client gives up on one for good). 8 s TTL: a rotation every 4 s.
+    name = api.create(token_secret("workers", "tok-0", generation_time=time.time()))["metadata"]["name"]
+    procs = [replicas(f"r{i}", token_ttl="8s") for i in range(3)]
+    for proc in procs:
+        wait_for(lambda proc=proc: served(proc, token_of(api, name)), timeout=60, what="every replica serving")
+    refused: list[tuple[str, str, int, str]] = []  # (phase, replica, status, reason)
+    served_by = {proc.port: 0 for proc in procs}
+    tokens: set[str] = set()
+
+    def fetch_for(seconds: float, phase: str) -> None:
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            for number, proc in enumerate(procs):
+                token = token_of(api, name)
+                assert token is not None
+                tokens.add(token)
+                status, reason = fetch_status(proc, token)
+                if 400 <= status < 500:
+                    refused.append((phase, f"r{number}", status, reason))
+                served_by[proc.port] += status == 200
+
+    def overdue() -> float:
+        return max(proc.metrics().get("ign_server_rotation_overdue_secrets", 0) for proc in procs)
+
+    fetch_for(30, "rotating")
+    assert len(tokens) >= 5, tokens  # rotations went on (one every 4 s)
+    api.server.faults.unavailable = True  # every API request 503: no rotation can be written
+    outage_token = token_of(api, name)
+    fetch_for(20, "API down")
+    # Overdue, and visible as such; and still the token the API holds is served.
+    wait_for(lambda: overdue() >= 1, timeout=30, what="the rotation seen overdue")
+    assert token_of(api, name) == outage_token
+    api.server.faults.unavailable = False
+    fetch_for(30, "after the outage")
+    wait_for(lambda: token_of(api, name) != outage_token, timeout=30, what="rotation going on after the outage")
+    wait_for(lambda: overdue() == 0, timeout=30, what="no rotation overdue once the API is back")
+    assert refused == [], refused[:20]
+    assert all(count > 0 for count in served_by.values()), served_by
+    assert len(tokens) >= 10, len(tokens)
+
+
 def test_expired_token_secrets_are_deleted_with_their_user_data(api: KubeAPI, replicas) -> None:
     from ignition_server.sources.manifests import ANNOTATION_TOKEN_EXPIRATION, format_time
 

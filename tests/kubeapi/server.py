@@ -39,6 +39,7 @@ class Faults:
     gone_next_watches: int = 0  # the next N watches answer 410 Gone at once
     refuse_writes: bool = False  # every write answers 500 (an etcd outage)
     hold_events: bool = False  # open watches send nothing (bookmarks neither) until released: a lagging watch
+    unavailable: bool = False  # every request answers 503 and open watches end (the API server down behind its load balancer)
 
 
 @dataclass
@@ -72,6 +73,10 @@ class ApiServer:
     async def _auth_and_errors(self, request: web.Request, handler: Any) -> web.StreamResponse:
         if request.headers.get("Authorization") != f"Bearer {self.token}":
             return web.json_response(ApiError(401, "Unauthorized", "Unauthorized").status(), status=401)
+        if self.faults.unavailable:
+            self.refusals[503] += 1
+            return web.json_response(ApiError(503, "ServiceUnavailable", "the server is currently unable to handle the request").status(),
+                                     status=503, headers={"Retry-After": "1"})
         try:
             return await handler(request)
         except ApiError as exc:
@@ -224,7 +229,7 @@ class ApiServer:
         sent = 0
         self.live_watches += 1
         try:
-            while loop.time() < deadline:
+            while loop.time() < deadline and not self.faults.unavailable:
                 if self.faults.hold_events:
                     await asyncio.sleep(0.05)
                     continue
