@@ -4,6 +4,7 @@ test API server over TLS, the same token Secrets as the file source, several rep
 from __future__ import annotations
 
 import base64
+import threading
 import time
 from pathlib import Path
 
@@ -238,6 +239,61 @@ def test_three_replicas_never_refuse_the_apis_token_through_rotations_and_an_out
     assert refused == [], refused[:20]
     assert all(count > 0 for count in served_by.values()), served_by
     assert len(tokens) >= 10, len(tokens)
+
+
+def test_a_new_writer_losing_to_the_old_ones_late_rotation_keeps_serving_it(api: KubeAPI, replicas) -> None:
+    # The Lease passes while the old writer's rotation is still on its way to etcd (a slow API:
+    # token writes take 10 s). The new writer, not knowing it, rotates too: its write conflicts
+    # with the old one's, which lands first. The new writer then holds the Lease while the API
+    # lists the old writer's token: that token must be served by every replica, the new
+    # writer included (it answered '403 token was rotated out' until its next rotation).
+    name = api.create(token_secret("workers", "tok-0", generation_time=time.time()))["metadata"]["name"]
+    procs = {f"r{i}": replicas(f"r{i}", token_ttl="8s") for i in range(3)}
+    for proc in procs.values():
+        wait_for(lambda proc=proc: served(proc, token_of(api, name)), timeout=60, what="every replica serving")
+    refused: list[tuple[str, int, str]] = []
+    stop = threading.Event()
+
+    def fetch_all_the_time() -> None:
+        while not stop.is_set():
+            for replica, proc in procs.items():
+                token = token_of(api, name)
+                assert token is not None
+                status, reason = fetch_status(proc, token)
+                if 400 <= status < 500:
+                    refused.append((replica, status, reason))
+
+    def leader() -> str | None:
+        return next((r for r, p in procs.items() if p.metrics().get("ign_server_leader") == 1), None)
+
+    fetching = threading.Thread(target=fetch_all_the_time, daemon=True)
+    fetching.start()
+    try:
+        old_writer = wait_for(leader, timeout=30, what="a writer")
+        api.server.faults.delay_token_writes = 10.0
+        wait_for(lambda: api.server.token_writes_held >= 1, timeout=30, what="the writer's rotation on its way")
+        before = token_of(api, name)
+        api.server.faults.refuse_lease_holder = old_writer  # it cannot renew: the Lease passes
+        new_writer = wait_for(lambda: (r := leader()) not in (None, old_writer) and r, timeout=30, interval=0.1,
+                              what="another replica holding the Lease")
+        wait_for(lambda: api.server.token_writes_held >= 2, timeout=30, what="the new writer's own rotation")
+        assert token_of(api, name) == before  # sent before the old writer's landed: they will conflict
+        conflicts = api.server.refusals[409]
+        wait_for(lambda: api.server.refusals[409] > conflicts, timeout=30, what="the new writer's write conflicting")
+        # Its next rotation takes its 10 s too: meanwhile the API lists the old writer's token.
+        held = api.server.token_writes_held
+        wait_for(lambda: api.server.token_writes_held > held, timeout=30, what="the new writer's next rotation")
+        landed = token_of(api, name)
+        wait_for(lambda: token_of(api, name) != landed, timeout=30, what="that rotation applied")
+        api.server.faults.delay_token_writes = 0.0
+        api.server.faults.refuse_lease_holder = None
+        after = token_of(api, name)
+        wait_for(lambda: token_of(api, name) != after, timeout=30, what="the new writer rotating on")
+        wait_for(lambda: served(procs[new_writer], token_of(api, name)), timeout=30, what="the new writer serving")
+    finally:
+        stop.set()
+        fetching.join(30)
+    assert refused == [], refused[:20]
 
 
 def test_expired_token_secrets_are_deleted_with_their_user_data(api: KubeAPI, replicas) -> None:

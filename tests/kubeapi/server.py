@@ -40,6 +40,8 @@ class Faults:
     refuse_writes: bool = False  # every write answers 500 (an etcd outage)
     hold_events: bool = False  # open watches send nothing (bookmarks neither) until released: a lagging watch
     unavailable: bool = False  # every request answers 503 and open watches end (the API server down behind its load balancer)
+    delay_token_writes: float = 0.0  # a PATCH setting a Secret's data.token waits this long before it applies (a slow etcd)
+    refuse_lease_holder: str | None = None  # Lease updates by this holder answer 500: that replica cannot renew
 
 
 @dataclass
@@ -52,6 +54,7 @@ class ApiServer:
     live_watches: int = 0
     refusals: collections.Counter[int] = field(default_factory=collections.Counter)  # answers by status code >= 400
     reads: list[tuple[str, str, str]] = field(default_factory=list)  # (plural, namespace, name) of every GET of one object
+    token_writes_held: int = 0  # PATCHes setting data.token that arrived while delay_token_writes held them
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._auth_and_errors])
@@ -275,11 +278,19 @@ class ApiServer:
         self._write_allowed()
         if request.method == "PUT":
             self._count("update", resource)
-            return web.json_response(await self.store.replace(resource, namespace, name, await self._body(request)))
+            body = await self._body(request)
+            if resource.plural == "leases" and self.faults.refuse_lease_holder is not None \
+                    and (body.get("spec") or {}).get("holderIdentity") == self.faults.refuse_lease_holder:
+                raise ApiError(500, "InternalError", "etcdserver: request timed out")
+            return web.json_response(await self.store.replace(resource, namespace, name, body))
         if request.method == "PATCH":
             self._count("patch", resource)
+            body = await self._body(request)
+            if resource.plural == "secrets" and "token" in (body.get("data") or {}) and self.faults.delay_token_writes:
+                self.token_writes_held += 1
+                await asyncio.sleep(self.faults.delay_token_writes)
             current = self.store.get(resource, namespace, name)
-            patched = apply_patch(request.headers.get("Content-Type", ""), current, await self._body(request))
+            patched = apply_patch(request.headers.get("Content-Type", ""), current, body)
             # A resourceVersion in the patch is a precondition: it must be the current one.
             return web.json_response(await self.store.replace(resource, namespace, name, patched))
         if request.method == "DELETE":
