@@ -242,16 +242,18 @@ def test_three_replicas_never_refuse_the_apis_token_through_rotations_and_an_out
 
 
 def test_a_new_writer_losing_to_the_old_ones_late_rotation_keeps_serving_it(api: KubeAPI, replicas) -> None:
-    # The Lease passes while the old writer's rotation is still on its way to etcd (a slow API:
-    # token writes take 10 s). The new writer, not knowing it, rotates too: its write conflicts
-    # with the old one's, which lands first. The new writer then holds the Lease while the API
-    # lists the old writer's token: that token must be served by every replica, the new
-    # writer included (it answered '403 token was rotated out' until its next rotation).
+    # The Lease passes while the old writer's rotation is still on its way to etcd (a slow
+    # API: the test API server holds token writes). The new writer, not knowing of it, rotates
+    # too; the old writer's write lands first and the new one's conflicts. The new writer then
+    # holds the Lease while the API lists the old writer's token: every replica must serve it,
+    # the new writer included (it answered '403 token was rotated out' until its next rotation
+    # landed).
     name = api.create(token_secret("workers", "tok-0", generation_time=time.time()))["metadata"]["name"]
     procs = {f"r{i}": replicas(f"r{i}", token_ttl="8s") for i in range(3)}
     for proc in procs.values():
         wait_for(lambda proc=proc: served(proc, token_of(api, name)), timeout=60, what="every replica serving")
     refused: list[tuple[str, int, str]] = []
+    fetches = {replica: 0 for replica in procs}
     stop = threading.Event()
 
     def fetch_all_the_time() -> None:
@@ -260,37 +262,38 @@ def test_a_new_writer_losing_to_the_old_ones_late_rotation_keeps_serving_it(api:
                 token = token_of(api, name)
                 assert token is not None
                 status, reason = fetch_status(proc, token)
+                fetches[replica] += 1
                 if 400 <= status < 500:
                     refused.append((replica, status, reason))
 
     def leader() -> str | None:
         return next((r for r, p in procs.items() if p.metrics().get("ign_server_leader") == 1), None)
 
+    faults = api.server.faults
     fetching = threading.Thread(target=fetch_all_the_time, daemon=True)
     fetching.start()
     try:
         old_writer = wait_for(leader, timeout=30, what="a writer")
-        api.server.faults.delay_token_writes = 10.0
+        faults.hold_token_writes = True
         wait_for(lambda: api.server.token_writes_held >= 1, timeout=30, what="the writer's rotation on its way")
-        before = token_of(api, name)
-        api.server.faults.refuse_lease_holder = old_writer  # it cannot renew: the Lease passes
+        faults.refuse_lease_holder = old_writer  # it cannot renew: the Lease passes
         new_writer = wait_for(lambda: (r := leader()) not in (None, old_writer) and r, timeout=30, interval=0.1,
                               what="another replica holding the Lease")
         wait_for(lambda: api.server.token_writes_held >= 2, timeout=30, what="the new writer's own rotation")
-        assert token_of(api, name) == before  # sent before the old writer's landed: they will conflict
         conflicts = api.server.refusals[409]
+        faults.hold_token_writes = False  # the old writer's lands, then the new writer's conflicts
         wait_for(lambda: api.server.refusals[409] > conflicts, timeout=30, what="the new writer's write conflicting")
-        # Its next rotation takes its 10 s too: meanwhile the API lists the old writer's token.
-        held = api.server.token_writes_held
-        wait_for(lambda: api.server.token_writes_held > held, timeout=30, what="the new writer's next rotation")
+        faults.hold_token_writes = True  # its next rotation is slow too: meanwhile the API lists the old writer's token
         landed = token_of(api, name)
-        wait_for(lambda: token_of(api, name) != landed, timeout=30, what="that rotation applied")
-        api.server.faults.delay_token_writes = 0.0
-        api.server.faults.refuse_lease_holder = None
-        after = token_of(api, name)
-        wait_for(lambda: token_of(api, name) != after, timeout=30, what="the new writer rotating on")
+        wait_for(lambda: api.server.token_writes_held >= 3, timeout=30, what="the new writer's next rotation")
+        asked = fetches[new_writer]
+        wait_for(lambda: fetches[new_writer] >= asked + 10, timeout=60, what="the new writer asked for it, ten times")
+        faults.hold_token_writes = False
+        faults.refuse_lease_holder = None
+        wait_for(lambda: token_of(api, name) != landed, timeout=30, what="the new writer rotating on")
         wait_for(lambda: served(procs[new_writer], token_of(api, name)), timeout=30, what="the new writer serving")
     finally:
+        faults.hold_token_writes = False
         stop.set()
         fetching.join(30)
     assert refused == [], refused[:20]

@@ -40,7 +40,7 @@ class Faults:
     refuse_writes: bool = False  # every write answers 500 (an etcd outage)
     hold_events: bool = False  # open watches send nothing (bookmarks neither) until released: a lagging watch
     unavailable: bool = False  # every request answers 503 and open watches end (the API server down behind its load balancer)
-    delay_token_writes: float = 0.0  # a PATCH setting a Secret's data.token waits this long before it applies (a slow etcd)
+    hold_token_writes: bool = False  # PATCHes setting a Secret's data.token wait, then apply in their order of arrival
     refuse_lease_holder: str | None = None  # Lease updates by this holder answer 500: that replica cannot renew
 
 
@@ -54,7 +54,8 @@ class ApiServer:
     live_watches: int = 0
     refusals: collections.Counter[int] = field(default_factory=collections.Counter)  # answers by status code >= 400
     reads: list[tuple[str, str, str]] = field(default_factory=list)  # (plural, namespace, name) of every GET of one object
-    token_writes_held: int = 0  # PATCHes setting data.token that arrived while delay_token_writes held them
+    token_writes_held: int = 0  # PATCHes setting data.token that hold_token_writes held
+    _token_queue: list[int] = field(default_factory=list)  # the held ones, in order of arrival
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._auth_and_errors])
@@ -286,13 +287,10 @@ class ApiServer:
         if request.method == "PATCH":
             self._count("patch", resource)
             body = await self._body(request)
-            if resource.plural == "secrets" and "token" in (body.get("data") or {}) and self.faults.delay_token_writes:
-                self.token_writes_held += 1
-                await asyncio.sleep(self.faults.delay_token_writes)
-            current = self.store.get(resource, namespace, name)
-            patched = apply_patch(request.headers.get("Content-Type", ""), current, body)
-            # A resourceVersion in the patch is a precondition: it must be the current one.
-            return web.json_response(await self.store.replace(resource, namespace, name, patched))
+            if resource.plural == "secrets" and "token" in (body.get("data") or {}) \
+                    and (self.faults.hold_token_writes or self._token_queue):
+                return await self._held_patch(request, resource, namespace, name, body)
+            return await self._patch(request, resource, namespace, name, body)
         if request.method == "DELETE":
             self._count("delete", resource)
             body = await request.read()
@@ -300,6 +298,25 @@ class ApiServer:
             return web.json_response(await self.store.delete(resource, namespace, name, options.get("preconditions") or {}))
         raise ApiError(405, "MethodNotAllowed", f"{request.method} is not allowed")
 
+
+    async def _patch(self, request: web.Request, resource: Resource, namespace: str, name: str, body: Any) -> web.Response:
+        current = self.store.get(resource, namespace, name)
+        patched = apply_patch(request.headers.get("Content-Type", ""), current, body)
+        # A resourceVersion in the patch is a precondition: it must be the current one.
+        return web.json_response(await self.store.replace(resource, namespace, name, patched))
+
+    async def _held_patch(self, request: web.Request, resource: Resource, namespace: str, name: str, body: Any) -> web.Response:
+        """A token write held by `hold_token_writes` (a slow etcd): once released, the held
+        writes apply one after the other in the order they came (a later one may conflict)."""
+        turn = self.token_writes_held
+        self.token_writes_held += 1
+        self._token_queue.append(turn)
+        try:
+            while self.faults.hold_token_writes or self._token_queue[0] != turn:
+                await asyncio.sleep(0.02)
+            return await self._patch(request, resource, namespace, name, body)
+        finally:
+            self._token_queue.remove(turn)
 
 def _flag(value: str | None) -> bool:
     """A boolean query parameter as Go's strconv.ParseBool reads it (clients send 1, true, True)."""
