@@ -205,7 +205,11 @@ def test_three_replicas_converge_and_exactly_one_writes(api: KubeAPI, replicas) 
 
 
 def fetch_status(proc: ServerProcess, token: str) -> tuple[int, str]:
-    status, _, body = proc.get("/ignition", bearer(token))
+    """Status and, for a refusal, its reason; 0 when nothing answered in time (a loaded machine)."""
+    try:
+        status, _, body = proc.get("/ignition", bearer(token))
+    except OSError:  # urllib's URLError and timeouts too
+        return 0, "no answer"
     return status, body[:80].decode(errors="replace").strip() if status != 200 else ""
 
 
