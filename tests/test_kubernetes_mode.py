@@ -78,7 +78,9 @@ def served(proc: ServerProcess, token: str) -> bool:
 def test_a_token_secret_in_the_api_is_served_and_rotated_by_patch(api: KubeAPI, replicas) -> None:
     secret = api.create(token_secret("workers", "tok-first"))
     name = secret["metadata"]["name"]
-    proc = replicas("r1", token_ttl="6s")
+    # A rotation every 8 s: room for a loaded machine to start the replica and check the overlap
+    # before tok-first retires (with 6 s it had 3 s after the rotation, and 6 s to start).
+    proc = replicas("r1", token_ttl="16s")
     wait_for(lambda: served(proc, "tok-first"), timeout=30, what="the payload served")
     # Rotation at half the TTL: the new token is patched in with a resourceVersion precondition.
     wait_for(lambda: token_of(api, name) != "tok-first", timeout=30, what="a rotation written to the API")
