@@ -13,6 +13,8 @@ import logging
 from dataclasses import replace
 from typing import Any, Callable
 
+from payload_cache import TokenRecord, TokenState
+
 from ..auth.rotation import new_token, rotation_mutation
 from ..config import SUPERSEDED_GRACE
 from ..sources.manifests import (
@@ -119,10 +121,16 @@ class WriterDuties:
             due = [(k, s) for k, s in due if self.source.writable and k not in self._rotated_in_cache]
             if not due:
                 return len(in_cache)
+        planned = [(key, secret, new_token()) for key, secret in due]
+        for _key, secret, token in planned:
+            self._expect_token(secret, token)
+        await self.persist_index()  # one flush for all: a crash after a write still knows its token
         rotated = 0
-        for key, secret in due:
-            if await self._rotate_at_source(key, secret, new_token(), now):
+        for key, secret, token in planned:
+            if await self._rotate_at_source(key, secret, token, now):
                 rotated += 1
+            else:
+                self._unexpect_token(key, token)
         if rotated:
             await self.persist_index()
         self.metrics.token_rotations.inc(rotated)
@@ -136,8 +144,7 @@ class WriterDuties:
         handed to no one and the old ones are still listed, so nothing here may retire them.
         A failed write leaves the index alone: `secret` may be older than what this replica
         has learnt meanwhile (another writer's rotation seen during our conflict), and
-        indexing it again would retire the token the source now holds. A crash after the
-        write costs a 511 for the new token until the source is read again, never a 4xx.
+        indexing it again would retire the token the source now holds.
         """
         try:
             written = await self._write_back(key, rotation_mutation(secret.token, token, now), "token rotation")
@@ -158,6 +165,21 @@ class WriterDuties:
             self._apply_rotation(key, replace(secret, token=token, old_token=secret.token, generation_time=now))
         log.info("rotated the token of %s (NodePool %s)", key.ref, secret.nodepool)
         return True
+
+    def _expect_token(self, secret: TokenSecret, token: str) -> None:
+        """Know a rotation's new token before writing it: nobody holds it yet, so this refuses
+        no one, and a node given it as soon as the source holds it (a file is read at its
+        rename, before our handler has taken the write back) is not answered 511 by the
+        writer. Nothing is retired here: the Secret still lists its tokens until the write lands."""
+        self.cache.put_token_key(self.cache.token_key(token),
+                                 TokenRecord(secret.nodepool, secret.ref, TokenState.CURRENT, secret.expiration))
+
+    def _unexpect_token(self, key: ObjectKey, token: str) -> None:
+        """A rotation not written: its token was handed to no one, unless the source holds it
+        after all (a write that landed although its answer was lost)."""
+        newest = self.secrets.get(key)
+        if newest is None or token not in (newest.token, newest.old_token):
+            self.cache.drop_token_key(self.cache.token_key(token))
 
     def _apply_rotation(self, key: ObjectKey, rotated: TokenSecret) -> None:
         self.secrets[key] = rotated
