@@ -9,6 +9,7 @@
   timing    token checks: near miss vs far miss (bench/timing.py)
   proxy     through ignition-proxy's HAProxy (passthrough, terminate) vs the server alone (bench/proxy.py)
   kube      Kubernetes mode at scale: empty-disk replica, API load per boot and rotation (bench/kube.py)
+  replicas  3 replicas, 4 s rotations, the writer SIGKILLed every 2 min: 4xx for the API's token (bench/replicas.py)
   releases  5,280 NodePools over 10 releases from a real registry: each release read once (bench/releases.py)
   bases     5,280 NodePools over 440 clusters, generated MCO bases: one run per (cluster, release) (bench/bases.py)
   parity    time to payload with the real MCO binaries: HyperShift's real ignition server vs ours (bench/parity.py)
@@ -23,7 +24,8 @@ import sys
 COMMANDS = {"compare": "bench.compare", "releases": "bench.releases", "run": "bench.run", "fleet": "bench.fleet",
             "rerender": "bench.rerender", "kube": "bench.kube", "timing": "bench.timing", "storm": "bench.storm",
             "hotpath": "bench.hotpath", "proxy": "bench.proxy", "bases": "bench.bases",
-            "parity": "bench.parity"}
+            "parity": "bench.parity",
+            "replicas": "bench.replicas"}
 
 
 def main(argv: list[str]) -> int:

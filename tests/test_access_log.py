@@ -14,15 +14,20 @@ from ignition_server.http.access_log import FLUSH_LINES, FLUSH_SECONDS, AccessLo
 async def test_lines_are_json_with_every_field_and_are_written_in_batches_soon_after() -> None:
     stream = io.StringIO()
     log = AccessLog("json", stream=stream)
+    loop = asyncio.get_running_loop()
+    recorded = loop.time()
     log.record("GET", "/config/workers", 200, request_id="w1-2a", nodepool="clusters/workers", size=1234,
                duration_ms=0.5, client="127.0.0.1")
     assert stream.getvalue() == ""  # batched: written a moment later, with the lines around it
+    # Within its bound, not at the next flush by size: the flush is due FLUSH_SECONDS after the
+    # request (the loop's own schedule; how late a loaded machine runs it is not the log's doing).
+    assert log._scheduled is not None and log._scheduled.when() <= recorded + FLUSH_SECONDS + 0.01
     await asyncio.sleep(0)
-    assert stream.getvalue() == ""
+    if loop.time() < recorded + FLUSH_SECONDS:  # the next turn of the loop, unless the machine stalled us past the bound
+        assert stream.getvalue() == ""
     started = time.monotonic()
-    while not stream.getvalue() and time.monotonic() - started < 5:
+    while not stream.getvalue() and time.monotonic() - started < 30:
         await asyncio.sleep(0.01)
-    assert time.monotonic() - started < FLUSH_SECONDS * 3  # within its bound, not at the next flush by size
     entry = json.loads(stream.getvalue())
     assert entry["msg"] == "GET /config/workers 200" and entry["logger"] == "ignition_server.access"
     assert {k: entry[k] for k in ("request_id", "nodepool", "status", "bytes", "client")} == {

@@ -4,6 +4,7 @@ test API server over TLS, the same token Secrets as the file source, several rep
 from __future__ import annotations
 
 import base64
+import threading
 import time
 from pathlib import Path
 
@@ -27,8 +28,14 @@ def bearer(token: str) -> dict[str, str]:
 
 
 def token_of(api: KubeAPI, name: str) -> str | None:
+    return listed_token(api, name, "token")
+
+
+def listed_token(api: KubeAPI, name: str, key: str) -> str | None:
+    """The Secret's `token` or `old_token` as the API holds it now."""
     secret = api.get("secrets", NAMESPACE, name)
-    return base64.b64decode(secret["data"]["token"]).decode() if secret else None
+    value = (secret or {}).get("data", {}).get(key)
+    return base64.b64decode(value).decode() if value else None
 
 
 @pytest.fixture
@@ -56,6 +63,14 @@ def replicas(tmp_path: Path, api: KubeAPI):
         proc.kill()
 
 
+def lease_time(api: KubeAPI, field: str) -> float:
+    import datetime as dt
+
+    lease = api.get("leases", "ignition", "ignition-server")
+    assert lease is not None
+    return dt.datetime.fromisoformat(lease["spec"][field].replace("Z", "+00:00")).timestamp()
+
+
 def served(proc: ServerProcess, token: str) -> bool:
     return proc.get("/ignition", bearer(token))[0] == 200
 
@@ -63,7 +78,9 @@ def served(proc: ServerProcess, token: str) -> bool:
 def test_a_token_secret_in_the_api_is_served_and_rotated_by_patch(api: KubeAPI, replicas) -> None:
     secret = api.create(token_secret("workers", "tok-first"))
     name = secret["metadata"]["name"]
-    proc = replicas("r1", token_ttl="6s")
+    # A rotation every 8 s: room for a loaded machine to start the replica and check the overlap
+    # before tok-first retires (with 6 s it had 3 s after the rotation, and 6 s to start).
+    proc = replicas("r1", token_ttl="16s")
     wait_for(lambda: served(proc, "tok-first"), timeout=30, what="the payload served")
     # Rotation at half the TTL: the new token is patched in with a resourceVersion precondition.
     wait_for(lambda: token_of(api, name) != "tok-first", timeout=30, what="a rotation written to the API")
@@ -181,14 +198,134 @@ def test_three_replicas_converge_and_exactly_one_writes(api: KubeAPI, replicas) 
     writer = procs[leaders.index(1)]
     writer.kill()
     survivors = [p for p in procs if p is not writer]
-    killed = time.monotonic()
-    wait_for(lambda: sum(p.metrics().get("ign_server_leader", 0) for p in survivors) == 1, timeout=15,
+    last_renewed = lease_time(api, "renewTime")  # the dead writer's last renewal: it renews no more
+    wait_for(lambda: sum(p.metrics().get("ign_server_leader", 0) for p in survivors) == 1, timeout=60,
              interval=0.1, what="a survivor holding the Lease")
-    assert time.monotonic() - killed < 3 + 2  # the lease duration, and a retry's half renew interval to notice
+    # Taken over once it had expired, never before (the Lease's own times, not how fast this
+    # test's process got to look): within its duration, a retry's half renew interval to
+    # notice, and slack for a loaded machine.
+    taken = lease_time(api, "acquireTime") - last_renewed
+    assert 3 <= taken < 3 + 0.5 + 10, taken
     before = token_of(api, name)
     wait_for(lambda: token_of(api, name) != before, timeout=30, what="a rotation by the new writer")
     for proc in survivors:
         wait_for(lambda proc=proc: served(proc, token_of(api, name)), timeout=20, what="survivors serving it")
+
+
+def fetch_status(proc: ServerProcess, token: str) -> tuple[int, str]:
+    """Status and, for a refusal, its reason; 0 when nothing answered in time (a loaded machine)."""
+    try:
+        status, _, body = proc.get("/ignition", bearer(token))
+    except OSError:  # urllib's URLError and timeouts too
+        return 0, "no answer"
+    return status, body[:80].decode(errors="replace").strip() if status != 200 else ""
+
+
+def test_three_replicas_never_refuse_the_apis_token_through_rotations_and_an_outage(api: KubeAPI, replicas) -> None:
+    # A node reads nothing but what the API holds: whatever replica it reaches, whoever holds
+    # the Lease, whatever the API's state, the token the API lists must never get a 4xx (the
+    # Ignition client gives up on one for good). 8 s TTL: a rotation every 4 s.
+    name = api.create(token_secret("workers", "tok-0", generation_time=time.time()))["metadata"]["name"]
+    procs = [replicas(f"r{i}", token_ttl="8s") for i in range(3)]
+    for proc in procs:
+        wait_for(lambda proc=proc: served(proc, token_of(api, name)), timeout=60, what="every replica serving")
+    refused: list[tuple[str, str, int, str]] = []  # (phase, replica, status, reason)
+    served_by = {proc.port: 0 for proc in procs}
+    tokens: set[str] = set()
+
+    def fetch_for(seconds: float, phase: str) -> None:
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            for number, proc in enumerate(procs):
+                # Both tokens the API lists: a node may hold either (old_token until the next rotation).
+                for key in ("token", "old_token"):
+                    token = listed_token(api, name, key)
+                    if token is None:
+                        continue
+                    tokens.add(token)
+                    status, reason = fetch_status(proc, token)
+                    # A rotation between reading the API and asking retires an old_token for good:
+                    # a refusal counts only for a token the API still lists after it.
+                    if 400 <= status < 500 and token in (token_of(api, name), listed_token(api, name, "old_token")):
+                        refused.append((phase, f"r{number} {key}", status, reason))
+                    served_by[proc.port] += status == 200
+
+    def overdue() -> float:
+        return max(proc.metrics().get("ign_server_rotation_overdue_secrets", 0) for proc in procs)
+
+    fetch_for(30, "rotating")
+    assert len(tokens) >= 3, tokens  # rotations went on (one every 4 s; fewer on a loaded machine)
+    api.server.faults.unavailable = True  # every API request 503: no rotation can be written
+    outage_token = token_of(api, name)
+    fetch_for(20, "API down")
+    # Overdue, and visible as such; and still the token the API holds is served.
+    wait_for(lambda: overdue() >= 1, timeout=30, what="the rotation seen overdue")
+    assert token_of(api, name) == outage_token
+    api.server.faults.unavailable = False
+    fetch_for(30, "after the outage")
+    wait_for(lambda: token_of(api, name) != outage_token, timeout=30, what="rotation going on after the outage")
+    wait_for(lambda: overdue() == 0, timeout=30, what="no rotation overdue once the API is back")
+    assert refused == [], refused[:20]
+    assert all(count > 0 for count in served_by.values()), served_by
+    assert len(tokens) >= 5, len(tokens)
+
+
+def test_a_new_writer_losing_to_the_old_ones_late_rotation_keeps_serving_it(api: KubeAPI, replicas) -> None:
+    # The Lease passes while the old writer's rotation is still on its way to etcd (a slow
+    # API: the test API server holds token writes). The new writer, not knowing of it, rotates
+    # too; the old writer's write lands first and the new one's conflicts. The new writer then
+    # holds the Lease while the API lists the old writer's token: every replica must serve it,
+    # the new writer included (it answered '403 token was rotated out' until its next rotation
+    # landed).
+    name = api.create(token_secret("workers", "tok-0", generation_time=time.time()))["metadata"]["name"]
+    procs = {f"r{i}": replicas(f"r{i}", token_ttl="8s") for i in range(3)}
+    for proc in procs.values():
+        wait_for(lambda proc=proc: served(proc, token_of(api, name)), timeout=60, what="every replica serving")
+    refused: list[tuple[str, int, str]] = []
+    fetches = {replica: 0 for replica in procs}
+    stop = threading.Event()
+
+    def fetch_all_the_time() -> None:
+        while not stop.is_set():
+            for replica, proc in procs.items():
+                token = token_of(api, name)
+                assert token is not None
+                status, reason = fetch_status(proc, token)
+                fetches[replica] += 1
+                if 400 <= status < 500:
+                    refused.append((replica, status, reason))
+
+    def leader() -> str | None:
+        return next((r for r, p in procs.items() if p.metrics().get("ign_server_leader") == 1), None)
+
+    faults = api.server.faults
+    fetching = threading.Thread(target=fetch_all_the_time, daemon=True)
+    fetching.start()
+    try:
+        old_writer = wait_for(leader, timeout=30, what="a writer")
+        faults.hold_token_writes = True
+        wait_for(lambda: api.server.token_writes_held >= 1, timeout=30, what="the writer's rotation on its way")
+        faults.refuse_lease_holder = old_writer  # it cannot renew: the Lease passes
+        new_writer = wait_for(lambda: (r := leader()) not in (None, old_writer) and r, timeout=30, interval=0.1,
+                              what="another replica holding the Lease")
+        wait_for(lambda: api.server.token_writes_held >= 2, timeout=30, what="the new writer's own rotation")
+        conflicts = api.server.refusals[409]
+        faults.hold_token_writes = False  # the old writer's lands, then the new writer's conflicts
+        wait_for(lambda: api.server.refusals[409] > conflicts, timeout=30, what="the new writer's write conflicting")
+        faults.hold_token_writes = True  # its next rotation is slow too: meanwhile the API lists the old writer's token
+        landed = token_of(api, name)
+        wait_for(lambda: api.server.token_writes_held >= 3, timeout=30, what="the new writer's next rotation")
+        asked = fetches[new_writer]
+        wait_for(lambda: fetches[new_writer] >= asked + 10, timeout=60, what="the new writer asked for it, ten times")
+        faults.hold_token_writes = False
+        faults.refuse_lease_holder = None
+        wait_for(lambda: token_of(api, name) != landed, timeout=30, what="the new writer rotating on")
+        wait_for(lambda: served(procs[new_writer], token_of(api, name)), timeout=30, what="the new writer serving")
+    finally:
+        faults.hold_token_writes = False
+        stop.set()
+        fetching.join(30)
+    assert refused == [], refused[:20]
 
 
 def test_expired_token_secrets_are_deleted_with_their_user_data(api: KubeAPI, replicas) -> None:

@@ -310,3 +310,81 @@ async def test_a_config_over_its_bounds_is_refused_once_not_retried(world) -> No
         await reconciler.retry_failed()
         await reconciler.wait_idle()
     assert failures() == 1
+
+
+def refused_status(auth: TokenAuthenticator, token: str) -> int | None:
+    try:
+        auth.authenticate(token)
+    except Refusal as refusal:
+        return refusal.status
+    return None
+
+
+async def test_a_rotation_that_loses_to_another_writer_never_refuses_the_winners_token(world) -> None:
+    # The Lease moved: the former writer rotated tok-0 -> tok-other, and this writer has not
+    # read it yet when its own rotation falls due. Its write finds tok-other and writes
+    # nothing; the token the source now holds (and its old_token) must keep opening.
+    make, clock, source_dir = world
+    reconciler, source, cache = make()
+    path = write_manifests(source_dir / "p.yaml", secret("p", "tok-0", old_token="tok-before"))
+    await settle(reconciler, source)
+    write_manifests(path, secret("p", "tok-other", old_token="tok-0", generation_time=T0 + 49))
+    clock.now = T0 + 50
+    assert await reconciler.rotate_due() == 0
+    auth = TokenAuthenticator(cache, clock)
+    assert refused_status(auth, "tok-other") is None
+    assert refused_status(auth, "tok-0") is None
+    assert reconciler.secrets[next(iter(reconciler.secrets))].token == "tok-other"
+
+
+class StalledSource(FileSource):
+    """A file source whose write-backs wait for the test, or fail as an API outage does."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        import asyncio
+
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+        self.release.set()  # until the test holds writes back (the status write at the first listing)
+        self.failing = False
+
+    async def write_back(self, key, mutate):
+        self.entered.set()
+        await self.release.wait()
+        if self.failing:
+            raise RuntimeError("503 Service Unavailable")
+        return await super().write_back(key, mutate)
+
+
+async def test_a_rotation_changes_what_is_served_only_once_its_write_is_accepted(world, tmp_path: Path) -> None:
+    import asyncio
+
+    make, clock, source_dir = world
+    _unused, _source, cache = make()
+    source = StalledSource(source_dir, retain=lambda obj: not is_token_secret(obj))
+    reconciler = Reconciler(source=source, cache=cache, renderer=render_payload, policy=RotationPolicy(ttl=100.0),
+                            metrics=ServerMetrics(), clock=clock)
+    source._handler = reconciler.handle
+    path = write_manifests(source_dir / "p.yaml", secret("p", "tok-1", old_token="tok-0"))
+    await settle(reconciler, source)
+    await reconciler.wait_idle()
+    auth = TokenAuthenticator(cache, clock)
+    clock.now = T0 + 50
+    for outcome in ("failing", "accepted"):
+        source.failing = outcome == "failing"
+        source.entered.clear()
+        source.release.clear()
+        rotating = asyncio.ensure_future(reconciler.rotate_due())
+        await source.entered.wait()
+        # The write is in flight (an API taking its time): both listed tokens still open.
+        assert refused_status(auth, "tok-1") is None and refused_status(auth, "tok-0") is None
+        source.release.set()
+        rotated = await rotating
+        if outcome == "failing":
+            # An outage: nothing written, nothing retired, whatever the clock says.
+            assert rotated == 0 and refused_status(auth, "tok-0") is None and refused_status(auth, "tok-1") is None
+            reconciler.faults.forget(next(iter(reconciler.secrets)).ref)  # no back-off wait in the test
+    written = parse_token_secret(yaml.safe_load(path.read_text()))
+    assert written.old_token == "tok-1" and refused_status(auth, written.token) is None
+    assert refused_status(auth, "tok-1") is None and refused_status(auth, "tok-0") == 403

@@ -27,7 +27,9 @@ def test_no_token_or_payload_text_leaks(tmp_path: Path) -> None:
     write_manifests(source / "bad.yaml", build_token_secret(
         namespace="clusters-a", nodepool="clusters/bad", token="tok-marker-bad-2c3d",
         machineconfigs_yaml="kind: [broken", generation_time=time.time()))
-    proc = ServerProcess(source, tmp_path / "cache", token_ttl="6s").start()
+    # 12 s: the first token must still be listed when the payload is first served (two
+    # rotations, 6 s with a 6 s TTL, could pass while a loaded machine starts the server).
+    proc = ServerProcess(source, tmp_path / "cache", token_ttl="12s").start()
     tokens = {"tok-marker-good-0a1b", "tok-marker-bad-2c3d", "tok-marker-forged-4e5f"}
     bodies: list[bytes] = []
     try:
@@ -43,7 +45,7 @@ def test_no_token_or_payload_text_leaks(tmp_path: Path) -> None:
                 if status != 200:
                     bodies.append(body)
         assert proc.get("/ignition", {"Authorization": "Bearer not-base64-tok-marker-forged-4e5f"})[0] == 401
-        # Rotations (every 3 s here): the new tokens must not leak either.
+        # Rotations (every 6 s here): the new tokens must not leak either.
         wait_for(lambda: parse_token_secret(next(d for d in yaml.safe_load_all((source / "good.yaml").read_text()) if d))
                  .token != "tok-marker-good-0a1b", timeout=30, what="a rotation")
         for name in ("good.yaml", "bad.yaml"):

@@ -64,7 +64,9 @@ def cluster_pair(tmp_path: Path):
             build_token_secret(namespace=namespace, nodepool=f"clusters/{pool}", token=f"opaque-{pool}",
                                machineconfigs_yaml=EXAMPLE_MACHINECONFIG.format(name=pool), generation_time=time.time()),
         )
-    proc = ServerProcess(source, tmp_path / "cache", extra=["--service-account-overlap", f"{OVERLAP}s"]).start()
+    # A failed-auth window longer than any test here: an address once held stays held throughout.
+    proc = ServerProcess(source, tmp_path / "cache", extra=[
+        "--service-account-overlap", f"{OVERLAP}s", "--auth-failure-window", "120s"]).start()
     wait_for(lambda: proc.metrics().get("ign_server_payload_cache_total") == 2, what="both payloads rendered")
     yield proc, key_a, key_b
     proc.kill()
@@ -140,6 +142,31 @@ def test_token_secret_and_signing_key_rotations_overlap(cluster_pair) -> None:
              what="the old signing key dropped after the overlap")
     assert proc.get(f"/config/workers?token={url_token(legacy_jwt(new_key, 'node-bootstrapper-token-one'))}")[0] == 403
     assert proc.get(f"/config/workers?token={url_token(legacy_jwt(new_key, 'node-bootstrapper-token-two'))}")[0] == 200
+
+
+def test_a_client_polling_through_a_key_rotation_every_50ms_is_served_once_the_key_is(cluster_pair) -> None:
+    # The hosted cluster signs with its new key before the server has read it: a client
+    # polling every 50 ms fails well over the burst (30) and its address is held. That
+    # holds back its failures only: once the key is trusted, its token is served.
+    proc, _, _ = cluster_pair
+    path = proc.source / "clusters-a.yaml"
+    import yaml
+
+    new_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    token = url_token(legacy_jwt(new_key, "node-bootstrapper-token-one"))
+
+    def poll() -> int:
+        status = proc.get(f"/config/workers?token={token}")[0]
+        time.sleep(0.05)
+        return status
+
+    wait_for(lambda: poll() == 503, timeout=60, interval=0, what="the polling address held")
+    documents = list(yaml.safe_load_all(path.read_text()))
+    documents[0]["data"]["sa.pub"] = public_pem(new_key)
+    write_manifests(path, *documents)
+    wait_for(lambda: poll() == 200, timeout=60, interval=0, what="the new key's token served to the held address")
+    forged = url_token(legacy_jwt(rsa.generate_private_key(public_exponent=65537, key_size=2048), "x"))
+    assert proc.get(f"/config/workers?token={forged}")[0] == 503  # still held: the success passed through it
 
 
 @pytest.mark.haproxy

@@ -142,7 +142,9 @@ def test_unknown_token_gets_511_and_the_client_retries_until_it_appears(server, 
 
 def test_rotation_keeps_the_previous_token_and_retires_the_one_before(server, tmp_path: Path) -> None:
     require_ignition()
-    proc = server(token_ttl="6s")
+    # A rotation every 6 s: the real client's fetch with the previous token must fit between two
+    # rotations, and on a loaded machine 3 s (a 6 s TTL) was not always enough.
+    proc = server(token_ttl="12s")
     path = write_manifests(proc.source / "pool.yaml", token_secret("workers", "tok-gen-0"))
     proc.start()
     wait_rendered(proc, 1)
@@ -152,12 +154,12 @@ def test_rotation_keeps_the_previous_token_and_retires_the_one_before(server, tm
         return parse_token_secret(current_secret(path)).token or ""
 
     # First rotation: tok-gen-0 becomes old_token and must still boot a node.
-    first = wait_for(lambda: token_now() if token_now() != "tok-gen-0" else None, timeout=10)
+    first = wait_for(lambda: token_now() if token_now() != "tok-gen-0" else None, timeout=30)
     assert parse_token_secret(current_secret(path)).old_token == "tok-gen-0"
     run = ignition_fetch(pointer_config(source_url=proc.url, token="tok-gen-0", ca_pem=ca), tmp_path / "node-a")
     assert run.returncode == 0, run.output
     # Second rotation: tok-gen-0 is two rotations old: refused for good (403, the client stops).
-    wait_for(lambda: token_now() not in ("tok-gen-0", first), timeout=10)
+    wait_for(lambda: token_now() not in ("tok-gen-0", first), timeout=30)
     assert proc.get("/ignition", bearer("tok-gen-0"))[0] == 403
     run = ignition_fetch(pointer_config(source_url=proc.url, token="tok-gen-0", ca_pem=ca), tmp_path / "node-b", timeout=20)
     assert run.returncode not in (0, None), run.output

@@ -99,9 +99,10 @@ class Listener:
         self.sock.close()
 
 
-def wait_for(predicate: Any, timeout: float = 15.0, interval: float = 0.1, what: str = "condition") -> Any:
+def wait_for(predicate: Any, timeout: float = 30.0, interval: float = 0.1, what: str = "condition") -> Any:
     """Poll `predicate` until it returns something true, and return that (tests wait on
-    conditions, never on sleeps). Fails the test after `timeout` seconds."""
+    conditions, never on sleeps). Fails the test after `timeout` seconds: generous, since a
+    condition met costs nothing more and a loaded CI machine is slow."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -172,7 +173,7 @@ class ServerProcess:
             self.wait_ready()
         return self
 
-    def wait_ready(self, timeout: float = 20.0, interval: float = 0.05) -> float:
+    def wait_ready(self, timeout: float = 60.0, interval: float = 0.05) -> float:
         """Seconds until /readyz answers 200 (from this call)."""
         started = time.monotonic()
         while time.monotonic() - started < timeout:

@@ -24,7 +24,7 @@ from ..auth.tokens import Grant, Refusal, TokenAuthenticator
 from ..metrics import ServerMetrics
 from ..render.spec import UnsatisfiableVersion, negotiate, unsatisfiable_reason
 from .access_log import AccessLog
-from .limits import FAILED_STATUSES, FailedAuthLimiter
+from .limits import FailedAuthLimiter
 from .ready import DEFAULT_READY_BYTES, WRITE_PIECE, PiecewiseBody, ReadyBodies
 
 
@@ -137,9 +137,6 @@ class IgnitionHandlers:
             if self._in_flight >= self._max_in_flight:
                 # Overload is "try again", never 429: the Ignition client gives up on any 4xx.
                 raise Refusal(503, "overloaded", retry_after=1)
-            wait = self._limiter.retry_after(remote)
-            if wait is not None:
-                raise Refusal(503, "too many failed attempts from this address", retry_after=wait)
             self._in_flight += 1
             admitted = True
             try:
@@ -152,9 +149,8 @@ class IgnitionHandlers:
                     # refusing, ask the owner, so no node is turned away for a token it already accepts.
                     grant = await self._second_opinion(presented, remote)
             except Refusal as refusal:
-                if refusal.status in FAILED_STATUSES:
-                    self._limiter.failed(remote)
-                raise
+                # Throttled only once it failed: a held address's valid token is still served.
+                raise self._limiter.answer_failed(refusal, remote) from None
             nodepool = grant.nodepool
             record = self._cache.get_render(grant.secret)
             if record is None:

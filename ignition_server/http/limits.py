@@ -1,10 +1,16 @@
 """Failed-authentication floods, per source address.
 
-A source that fails authentication more than `burst` times within `window` seconds gets
-503 + Retry-After until its window ends: never 429, which the Ignition client would take as
-final (any 4xx fails a boot for good), and never anything that costs the other sources. A real
-node retrying a 511 (its token not seen yet) asks a handful of times per window, far below
-the burst. The table is bounded (least recently used sources fall out first).
+A source that fails authentication more than `burst` times within `window` seconds has its
+failed attempts answered 503 + Retry-After until its window ends, instead of their 4xx or 511:
+never 429, which the Ignition client would take as final (any 4xx fails a boot for good).
+Only what fails is throttled: a request whose credential opens a payload is served whatever
+its address did, so nodes sharing an address (behind a NAT, or a Service that rewrites the
+source) are never held back by one of them sending garbage.
+
+A 511 (a well-formed token this server does not know) counts as a failure: a guess looks
+exactly like it. A node whose token is simply not seen yet loses nothing by that: held, its
+511 becomes a 503, which the client retries the same way, and the moment the token is known
+it is served. The table is bounded (least recently used sources fall out first).
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from cachetools import TTLCache
+
+from ..auth.tokens import Refusal
 
 FAILED_STATUSES = frozenset({401, 403, 404, 511})
 
@@ -47,6 +55,16 @@ class FailedAuthLimiter:
     def hold(self, source: str | None, seconds: float) -> None:
         """Refuse `source` for `seconds` (another process's limiter found it over the burst)."""
         self._hold(source or "", self.clock() + seconds)
+
+    def answer_failed(self, refusal: Refusal, source: str | None) -> Refusal:
+        """Count a refused attempt; what to answer it with (503 while its source is held)."""
+        if refusal.status not in FAILED_STATUSES:
+            return refusal
+        self.failed(source)
+        wait = self.retry_after(source)
+        if wait is None:
+            return refusal
+        return Refusal(503, "too many failed attempts from this address", retry_after=wait)
 
     def failed(self, source: str | None) -> None:
         key = source or ""

@@ -93,11 +93,7 @@ class WriterDuties:
             "generation_time": now,
         }
         self.cache.seal(rotation_name(secret.ref), json.dumps(state).encode())
-        rotated = replace(secret, token=state["token"], old_token=secret.token, generation_time=now)
-        self.secrets[key] = rotated
-        self._index_tokens(rotated)
-        if self.outputs is not None:
-            self.outputs.tokens_changed(rotated)
+        self._apply_rotation(key, replace(secret, token=state["token"], old_token=secret.token, generation_time=now))
 
     async def rotate_due(self) -> int:
         """Rotate every Secret whose current token has lived TTL/2. Returns how many rotated."""
@@ -119,50 +115,71 @@ class WriterDuties:
             due = [(k, s) for k, s in due if self.source.writable and k not in self._rotated_in_cache]
             if not due:
                 return len(in_cache)
-        # The index learns first, durably, in one flush for all of them: the new token as
-        # current and the outgoing old token as retired. A crash before the source write
-        # then costs nothing; a crash after it cannot turn a 403 into a 511, nor leave a
-        # node's brand-new token unknown (511) until the source is listed again.
-        planned: list[tuple[ObjectKey, TokenSecret, str, bytes]] = []
-        for key, secret in due:
-            token = new_token()
-            token_key = self.cache.token_key(token)
-            self.cache.put_token_key(token_key, TokenRecord(secret.nodepool, secret.ref, TokenState.CURRENT, secret.expiration))
-            if secret.old_token and secret.old_token != secret.token:
-                old_key = self.cache.token_key(secret.old_token)
-                record = self.cache.lookup_token_key(old_key)
-                if record is not None and record.state is not TokenState.RETIRED:
-                    self._retire(old_key, record, now)
-            planned.append((key, secret, token, token_key))
-        await self.persist_index()
+        planned = [(key, secret, new_token()) for key, secret in due]
+        for _key, secret, token in planned:
+            self._expect_token(secret, token)
+        await self.persist_index()  # one flush for all: a crash after a write still knows its token
         rotated = 0
-        for key, secret, token, token_key in planned:
-            try:
-                written = await self._write_back(key, rotation_mutation(secret.token, token, now), "token rotation")
-            except OSError as exc:
-                written = False
-                if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-                    self.cache.drop_token_key(token_key)
-                    self._rotate_to_cache(key, secret, now, token, exc)
-                    rotated += 1
-                    continue
-                self.faults.failed("rotation", key.ref, exc)
-            except Exception as exc:  # e.g. the manifest no longer parses: it stays as the operator left it
-                written = False
-                self.faults.failed("rotation", key.ref, exc)
-            else:
-                if written:
-                    self.faults.succeeded("rotation", key.ref)
-            if written:
+        for key, secret, token in planned:
+            if await self._rotate_at_source(key, secret, token, now):
                 rotated += 1
-                log.info("rotated the token of %s (NodePool %s)", key.ref, secret.nodepool)
             else:
-                self.cache.drop_token_key(token_key)  # never handed out
-                self._index_tokens(secret)  # and the outgoing old token stays valid: nothing rotated
+                self._unexpect_token(key, token)
         if rotated:
             await self.persist_index()
         self.metrics.token_rotations.inc(rotated)
         return rotated
+
+    async def _rotate_at_source(self, key: ObjectKey, secret: TokenSecret, token: str, now: float) -> bool:
+        """Write one rotation back; True when the source took it.
+
+        The index changes only once the source has accepted the write (the source hands the
+        object as written to the handler, which indexes it): until then the new token is
+        handed to no one and the old ones are still listed, so nothing here may retire them.
+        A failed write leaves the index alone: `secret` may be older than what this replica
+        has learnt meanwhile (another writer's rotation seen during our conflict), and
+        indexing it again would retire the token the source now holds.
+        """
+        try:
+            written = await self._write_back(key, rotation_mutation(secret.token, token, now), "token rotation")
+        except OSError as exc:
+            if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+                self._rotate_to_cache(key, secret, now, token, exc)
+                return True
+            self.faults.failed("rotation", key.ref, exc)
+            return False
+        except Exception as exc:  # e.g. the manifest no longer parses: it stays as the operator left it
+            self.faults.failed("rotation", key.ref, exc)
+            return False
+        self.faults.succeeded("rotation", key.ref)
+        if not written:
+            return False  # someone else rotated first, or not the writer any more: nothing to learn here
+        if self.secrets.get(key) is secret:
+            # A source that did not hand its write over: learn what it accepted ourselves.
+            self._apply_rotation(key, replace(secret, token=token, old_token=secret.token, generation_time=now))
+        log.info("rotated the token of %s (NodePool %s)", key.ref, secret.nodepool)
+        return True
+
+    def _expect_token(self, secret: TokenSecret, token: str) -> None:
+        """Know a rotation's new token before writing it: nobody holds it yet, so this refuses
+        no one, and a node given it as soon as the source holds it (a file is read at its
+        rename, before our handler has taken the write back) is not answered 511 by the
+        writer. Nothing is retired here: the Secret still lists its tokens until the write lands."""
+        self.cache.put_token_key(self.cache.token_key(token),
+                                 TokenRecord(secret.nodepool, secret.ref, TokenState.CURRENT, secret.expiration))
+
+    def _unexpect_token(self, key: ObjectKey, token: str) -> None:
+        """A rotation not written: its token was handed to no one, unless the source holds it
+        after all (a write that landed although its answer was lost)."""
+        newest = self.secrets.get(key)
+        if newest is None or token not in (newest.token, newest.old_token):
+            self.cache.drop_token_key(self.cache.token_key(token))
+
+    def _apply_rotation(self, key: ObjectKey, rotated: TokenSecret) -> None:
+        self.secrets[key] = rotated
+        self._index_tokens(rotated)
+        if self.outputs is not None:
+            self.outputs.tokens_changed(rotated)
 
     def _rotate_to_cache(self, key: ObjectKey, secret: TokenSecret, now: float, token: str, exc: OSError) -> None:
         """The manifest cannot be written (read-only target): rotate in the cache dir from now on."""

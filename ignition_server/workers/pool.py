@@ -28,7 +28,7 @@ from ..auth.presented import admit
 from ..auth.tokens import Refusal, TokenAuthenticator
 from ..config import ServeSettings
 from ..http.connection_table import ConnectionTable
-from ..http.limits import FAILED_STATUSES, FailedAuthLimiter
+from ..http.limits import FailedAuthLimiter
 from ..http.tls import TLSFiles
 from ..metrics import ServerMetrics
 from .channel import Channel
@@ -240,20 +240,17 @@ class WorkerPool:
 
     def _answer(self, presented: Any, remote: str | None) -> tuple[Any, ...]:
         # Every failed attempt, whichever worker took it, is counted here: one limit per
-        # source address for the whole server, as in a single process.
-        wait = self._limiter.retry_after(remote)
-        if wait is not None:
-            return ("refused", 503, "too many failed attempts from this address", wait)
+        # source address for the whole server, as in a single process. Only failures are
+        # held off: a credential that opens a payload is granted whatever its address did.
         try:
             return ("grant", admit(presented, self._auth))
         except Refusal as refusal:
-            if refusal.status in FAILED_STATUSES:
-                self._limiter.failed(remote)
-                wait = self._limiter.retry_after(remote)
-                if wait is not None:
-                    for worker in self._workers.values():
-                        worker.channel.send("hold", remote, wait)
-            return ("refused", refusal.status, refusal.reason, refusal.retry_after)
+            was_held = self._limiter.retry_after(remote) is not None
+            answer = self._limiter.answer_failed(refusal, remote)
+            if answer is not refusal and not was_held:
+                for worker in self._workers.values():
+                    worker.channel.send("hold", remote, answer.retry_after)
+            return ("refused", answer.status, answer.reason, answer.retry_after)
 
     def _take_report(self, number: int, deltas: dict[str, dict[str, int]], served: list[str],
                      held: dict[str, int]) -> None:

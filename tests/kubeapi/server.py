@@ -41,6 +41,9 @@ class Faults:
     gone_next_watches: int = 0  # the next N watches answer 410 Gone at once
     refuse_writes: bool = False  # every write answers 500 (an etcd outage)
     hold_events: bool = False  # open watches send nothing (bookmarks neither) until released: a lagging watch
+    unavailable: bool = False  # every request answers 503 and open watches end (the API server down behind its load balancer)
+    hold_token_writes: bool = False  # PATCHes setting a Secret's data.token wait, then apply in their order of arrival
+    refuse_lease_holder: str | None = None  # Lease updates by this holder answer 500: that replica cannot renew
 
 
 @dataclass
@@ -54,6 +57,8 @@ class ApiServer:
     refusals: collections.Counter[int] = field(default_factory=collections.Counter)  # answers by status code >= 400
     reads: list[tuple[str, str, str]] = field(default_factory=list)  # (plural, namespace, name) of every GET of one object
     watch_list: bool = True  # False: an API server with the WatchList feature gate off (sendInitialEvents refused)
+    token_writes_held: int = 0  # PATCHes setting data.token that hold_token_writes held
+    _token_queue: list[int] = field(default_factory=list)  # the held ones, in order of arrival
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._auth_and_errors])
@@ -75,6 +80,10 @@ class ApiServer:
     async def _auth_and_errors(self, request: web.Request, handler: Any) -> web.StreamResponse:
         if request.headers.get("Authorization") != f"Bearer {self.token}":
             return web.json_response(ApiError(401, "Unauthorized", "Unauthorized").status(), status=401)
+        if self.faults.unavailable:
+            self.refusals[503] += 1
+            return web.json_response(ApiError(503, "ServiceUnavailable", "the server is currently unable to handle the request").status(),
+                                     status=503, headers={"Retry-After": "1"})
         try:
             return await handler(request)
         except ApiError as exc:
@@ -263,7 +272,7 @@ class ApiServer:
         sent = 0
         self.live_watches += 1
         try:
-            while loop.time() < deadline:
+            while loop.time() < deadline and not self.faults.unavailable:
                 if self.faults.hold_events:
                     await asyncio.sleep(0.05)
                     continue
@@ -309,13 +318,18 @@ class ApiServer:
         self._write_allowed()
         if request.method == "PUT":
             self._count("update", resource)
-            return web.json_response(await self.store.replace(resource, namespace, name, await self._body(request)))
+            body = await self._body(request)
+            if resource.plural == "leases" and self.faults.refuse_lease_holder is not None \
+                    and (body.get("spec") or {}).get("holderIdentity") == self.faults.refuse_lease_holder:
+                raise ApiError(500, "InternalError", "etcdserver: request timed out")
+            return web.json_response(await self.store.replace(resource, namespace, name, body))
         if request.method == "PATCH":
             self._count("patch", resource)
-            current = self.store.get(resource, namespace, name)
-            patched = apply_patch(request.headers.get("Content-Type", ""), current, await self._body(request))
-            # A resourceVersion in the patch is a precondition: it must be the current one.
-            return web.json_response(await self.store.replace(resource, namespace, name, patched))
+            body = await self._body(request)
+            if resource.plural == "secrets" and "token" in (body.get("data") or {}) \
+                    and (self.faults.hold_token_writes or self._token_queue):
+                return await self._held_patch(request, resource, namespace, name, body)
+            return await self._patch(request, resource, namespace, name, body)
         if request.method == "DELETE":
             self._count("delete", resource)
             body = await request.read()
@@ -323,6 +337,25 @@ class ApiServer:
             return web.json_response(await self.store.delete(resource, namespace, name, options.get("preconditions") or {}))
         raise ApiError(405, "MethodNotAllowed", f"{request.method} is not allowed")
 
+
+    async def _patch(self, request: web.Request, resource: Resource, namespace: str, name: str, body: Any) -> web.Response:
+        current = self.store.get(resource, namespace, name)
+        patched = apply_patch(request.headers.get("Content-Type", ""), current, body)
+        # A resourceVersion in the patch is a precondition: it must be the current one.
+        return web.json_response(await self.store.replace(resource, namespace, name, patched))
+
+    async def _held_patch(self, request: web.Request, resource: Resource, namespace: str, name: str, body: Any) -> web.Response:
+        """A token write held by `hold_token_writes` (a slow etcd): once released, the held
+        writes apply one after the other in the order they came (a later one may conflict)."""
+        turn = self.token_writes_held
+        self.token_writes_held += 1
+        self._token_queue.append(turn)
+        try:
+            while self.faults.hold_token_writes or self._token_queue[0] != turn:
+                await asyncio.sleep(0.02)
+            return await self._patch(request, resource, namespace, name, body)
+        finally:
+            self._token_queue.remove(turn)
 
 def _flag(value: str | None) -> bool:
     """A boolean query parameter as Go's strconv.ParseBool reads it (clients send 1, true, True)."""

@@ -285,13 +285,16 @@ class KubeSource:
     async def _write_back(self, key: ObjectKey, mutate: Mutation) -> dict[str, Any] | None:
         current = self._objects.get(key)
         for _ in range(WRITE_ATTEMPTS):
-            if current is None:
+            fetched = current is None
+            if fetched:
                 current = await self._fetch(key)
                 if current is None:
                     raise KeyError(f"{key} is not in the API server")
                 current = {**current, "kind": key.kind}
             changed = copy.deepcopy(current)
             if not mutate(changed):
+                if fetched:
+                    await self._learn(key, current)
                 return None
             patch = merge_diff(current, changed)
             patch.setdefault("metadata", {})["resourceVersion"] = (current.get("metadata") or {}).get("resourceVersion")
@@ -310,6 +313,14 @@ class KubeSource:
                 await self._hand_over([change])
             return written
         raise RuntimeError(f"{key} kept changing while writing it back")
+
+    async def _learn(self, key: ObjectKey, obj: dict[str, Any]) -> None:
+        """A version read while writing (after a conflict) is the newest this replica knows:
+        hand it over now rather than decide again from the older one until the watch brings it."""
+        if _version(obj) > self._versions.get(key, 0):
+            change = self._keep(key, obj)
+            if change is not None:
+                await self._hand_over([change])
 
     async def put(self, obj: dict[str, Any], *, beside: ObjectKey) -> None:
         """Create an object, or bring an existing one in line with it."""
