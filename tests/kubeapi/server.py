@@ -326,8 +326,8 @@ class ApiServer:
         if request.method == "PATCH":
             self._count("patch", resource)
             body = await self._body(request)
-            if resource.plural == "secrets" and "token" in (body.get("data") or {}) \
-                    and (self.faults.hold_token_writes or self._token_queue):
+            if resource.plural == "secrets" and isinstance(body, dict) and "token" in (body.get("data") or {}) \
+                    and (self.faults.hold_token_writes or self._token_queue):  # a JSON patch is a list
                 return await self._held_patch(request, resource, namespace, name, body)
             return await self._patch(request, resource, namespace, name, body)
         if request.method == "DELETE":
