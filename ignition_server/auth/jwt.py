@@ -77,9 +77,16 @@ _PYJWT_OPTIONS: dict[str, Any] = {
 
 
 class JwtUnknownKey(JwtRefused):
-    """No trusted key carries the token's ``kid`` (or the token has none and there are too
-    many keys to try). May be a cluster whose keys this replica has not loaded yet: the HTTP
-    layer may answer it as "never seen" (511, retried by Ignition) instead of ``status``."""
+    """A well-formed token (allowed alg, parseable) that no key this replica holds could have
+    signed: its ``kid`` names no trusted key, or it has no ``kid`` and no loaded key verifies
+    it (or there are too many keys to try). A hosted cluster that has just rotated its
+    signing key issues such tokens before this replica reads the new key, so it is answered
+    as a token never seen (status 511: Ignition retries a 5xx and gives up on a 4xx) and
+    serves nothing. A ``kid`` naming a key this replica holds whose signature fails is
+    forged: that stays a 4xx (:class:`JwtRefused`)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(511, reason)
 
 
 @dataclass(frozen=True)
@@ -300,7 +307,7 @@ class ServiceAccountVerifier:
                     return entry.token
                 self._cache.pop(digest, None)
             self.stats.cache_misses += 1
-            candidates = self._candidates(token, now)
+            candidates, named = self._candidates(token, now)
 
         verified: list[tuple[_ClusterState, float, dict[str, Any], int]] = []
         for st, key, until, generation in candidates:
@@ -313,7 +320,9 @@ class ServiceAccountVerifier:
                 continue
             verified.append((st, until, claims, generation))
         if not verified:
-            raise JwtRefused(401, "token signature not valid for any trusted key")
+            if named:  # its kid names a key held here, and that key says no: forged
+                raise JwtRefused(401, "token signature not valid for its key")
+            raise JwtUnknownKey("no trusted key verifies the token (its key may not be loaded yet)")
         if len({id(st) for st, _, _, _ in verified}) > 1:
             raise JwtRefused(403, "token verifies under keys of more than one cluster")
         st, key_until, claims, generation = max(verified, key=lambda v: v[1])
@@ -358,7 +367,9 @@ class ServiceAccountVerifier:
                 self._cache[digest] = _CacheEntry(result, generation, valid_until)
         return result
 
-    def _candidates(self, token: str, now: float) -> list[tuple[_ClusterState, TrustedKey, float, int]]:
+    def _candidates(self, token: str, now: float) -> tuple[list[tuple[_ClusterState, TrustedKey, float, int]], bool]:
+        """The keys to try, and whether the token's kid named them (a failure is then forged,
+        not a key this replica may not have loaded yet)."""
         try:
             header = pyjwt.get_unverified_header(token)
         except pyjwt.PyJWTError:
@@ -368,16 +379,19 @@ class ServiceAccountVerifier:
             raise JwtRefused(401, "token algorithm not allowed (RS256 or ES256 only)")
         kid = header.get("kid")
         pairs: list[tuple[str, str]]
-        if isinstance(kid, str) and kid in self._kid_index:
+        named = isinstance(kid, str) and kid in self._kid_index
+        if named:
             pairs = self._kid_index[kid]
         else:
+            # No kid, or one no key here has: try every key while that stays cheap (a key
+            # loaded from a PEM or a JWKS may carry another kid than the token's).
             pairs = [
                 (name, fp)
                 for name, st in self._clusters.items()
                 for fp in list(st.keys) + list(st.retired_keys)
             ]
             if len(pairs) > self._max_untargeted:
-                raise JwtUnknownKey(403, "no trusted key has the token's key id")
+                raise JwtUnknownKey("no trusted key has the token's key id")
         out = []
         for name, fp in pairs:
             st = self._clusters[name]
@@ -392,8 +406,10 @@ class ServiceAccountVerifier:
             if key.alg == alg:
                 out.append((st, key, until, st.generation))
         if not out:
-            raise JwtUnknownKey(403, "no trusted key matches the token")
-        return out
+            if named:  # its key is held here, for another alg or past its overlap: never valid
+                raise JwtRefused(403, "the token's key does not accept it (alg or key retired)")
+            raise JwtUnknownKey("no trusted key matches the token")
+        return out, named
 
     # ----------------------------------------------------------------- internals
     def _state(self, cluster: str) -> _ClusterState:
