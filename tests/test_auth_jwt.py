@@ -466,6 +466,15 @@ def test_signing_key_rotation_overlap(keys):
         v.verify(old)
     assert v.verify(new).cluster == CLUSTER
     assert [k.alg for k in v.trusted_keys(CLUSTER)] == ["ES256"]
+    # A key that left for good is not one this replica may have yet to read: its tokens stay
+    # 4xx, before and after the next key change drops it from the retired keys.
+    for _ in range(2):
+        with pytest.raises(JwtRefused) as err:
+            v.verify(old)
+        assert err.value.status == 403 and not isinstance(err.value, JwtUnknownKey)
+        v.set_keys(CLUSTER, jwks_of(keys["ec"]))
+    v.set_keys(CLUSTER, jwks_of(keys["ec"], keys["rsa"]))  # listed again: accepted again
+    assert v.verify(old).cluster == CLUSTER
 
 
 def test_rotating_back_restores_a_retired_key(keys):

@@ -59,6 +59,8 @@ __all__ = [
 ]
 
 ALGORITHMS: tuple[str, ...] = ("RS256", "ES256")
+_DROPPED_KIDS_KEPT = 16  # per cluster: a few rotations' worth
+_DROPPED = ""  # the kid index's fingerprint for a dropped key: names it, verifies nothing
 MAX_TOKEN_BYTES = 16 * 1024
 
 # PyJWT checks only the signature (and the alg against the allowed list); every claim is
@@ -105,6 +107,9 @@ class _ClusterState:
     name: str
     keys: dict[str, TrustedKey] = field(default_factory=dict)  # fingerprint -> current key
     retired_keys: dict[str, tuple[TrustedKey, float]] = field(default_factory=dict)  # fp -> (key, until)
+    # Kids of keys dropped after their overlap, newest last (bounded): a token naming one was
+    # signed by a key that left for good (403), not by one this replica has yet to read (511).
+    dropped_kids: dict[str, None] = field(default_factory=dict)
     issuers: frozenset[str] = frozenset()
     audiences: frozenset[str] = frozenset()
     accounts: Mapping[str, frozenset[str]] | None = None  # None: the verifier's default
@@ -199,7 +204,13 @@ class ServiceAccountVerifier:
                     st.retired_keys[fp] = (key, now + self._overlap)
             for fp in list(st.retired_keys):
                 if fp in new or st.retired_keys[fp][1] <= now:
+                    if fp not in new:
+                        st.dropped_kids[st.retired_keys[fp][0].kid] = None
                     del st.retired_keys[fp]
+            for key in new.values():
+                st.dropped_kids.pop(key.kid, None)
+            while len(st.dropped_kids) > _DROPPED_KIDS_KEPT:
+                del st.dropped_kids[next(iter(st.dropped_kids))]
             touched = set(st.keys) | set(new)
             st.keys = new
             self._bump(st)
@@ -433,4 +444,6 @@ class ServiceAccountVerifier:
                 index.setdefault(key.kid, []).append((name, fp))
             for fp, (key, _) in st.retired_keys.items():
                 index.setdefault(key.kid, []).append((name, fp))
+            for kid in st.dropped_kids:
+                index.setdefault(kid, []).append((name, _DROPPED))
         self._kid_index = index
