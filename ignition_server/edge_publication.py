@@ -2,7 +2,8 @@
 
 The server writes them (`watch/edge.py`'s EdgePublisher), the proxy reads them
 (`proxy/publication.py`, `proxy/edge.py`); both import this module and nothing of each other.
-`<dir>/publication.json` (PUBLICATION) names the public key files and their algs, the accepted
+`<dir>/publication.json` (PUBLICATION) names the public key files with their algs and key ids
+(the edge answers an unknown kid 511, a known kid's bad signature 403), the accepted
 issuers, the opaque-token map, the serving certificate and its CA; `<dir>/keys/<prefix>-<fp>.pem`
 are the public keys (never a private key).
 """
@@ -25,10 +26,12 @@ PUBLICATION_VERSION = 1
 
 @dataclass(frozen=True)
 class PublishedKey:
-    """A public key file and the one alg it verifies (RS256 or ES256)."""
+    """A public key file, the one alg it verifies (RS256 or ES256), and the key id tokens
+    signed by it carry (None: unknown, e.g. a key file given by path only)."""
 
     path: str
     alg: str
+    kid: str | None = None
 
 
 def write_key_files(
@@ -61,7 +64,7 @@ def write_key_files(
         data = key.pem()
         if not path.exists() or path.read_bytes() != data:
             atomic_write(path, data, 0o644)
-        out.append(PublishedKey(str(path.resolve()), key.alg))
+        out.append(PublishedKey(str(path.resolve()), key.alg, key.kid))
     if prune:
         for stale in base.glob(f"{prefix}-*.pem"):
             if stale.name not in wanted:
@@ -75,7 +78,7 @@ def publication_document(
     """The manifest a proxy reads. Pure."""
     document = {
         "version": PUBLICATION_VERSION,
-        "keys": [{"path": k.path, "alg": k.alg} for k in keys],
+        "keys": [{"path": k.path, "alg": k.alg, "kid": k.kid} for k in keys],
         "issuers": issuers,
         "token_map": str(token_map) if token_map else None,
         "cert": str(cert),

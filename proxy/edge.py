@@ -17,9 +17,15 @@ the edge checks what HAProxy can check without state:
 * ``exp`` (when present) is after ``date()`` minus leeway, ``nbf`` (when present) before
   ``date()`` plus leeway; a present but non-integer ``exp``/``nbf`` is refused.
 
-Refusals use ``http-request return status 403`` (HAProxy 2.6 has no ``deny_status 511``
-for this, and a forged token can never succeed, so 4xx is right). Bodies never echo the
-token, and the optional log format logs the path without the query string.
+Refusals use ``http-request return status 403``: a forged token can never succeed, so 4xx
+is right. One exception, as at the server (:class:`ignition_server.auth.jwt.JwtUnknownKey`):
+a well-formed JWT that no key file verifies and whose ``kid`` (``jwt_header_query('$.kid')``)
+names no key the edge holds, or that has no ``kid``, is answered ``511`` + ``Retry-After``:
+the hosted cluster may have rotated its signing key before the edge was reloaded with the
+new one, and Ignition retries a 5xx but gives up on a 4xx. A ``kid`` naming a held key whose
+signature fails is forged: ``403``. The held kids are written into the rules beside the key
+files (a key change takes a reload anyway, ``jwt_verify`` reads key files at start-up).
+Bodies never echo the token, and the optional log format logs the path without the query string.
 
 :func:`render_edge_config` is pure: re-render it when keys rotate (the set of key files
 changes) and reload HAProxy. :func:`write_key_files` writes the PEM public key files
@@ -314,8 +320,17 @@ def token_check_lines(check: TokenCheck) -> list[str]:
             f" {{ var(txn.jwt_alg) -m str {key.alg} }}"
             f' {{ var(txn.jwt),jwt_verify("{key.alg}","{key.path}") -m int 1 }}'
         )
+    # A kid that is not a plain word cannot be matched safely: left out, its key's forgeries get 511.
+    kids = sorted({k.kid for k in keys if k.kid and _SAFE_WORD.match(k.kid)})
+    out.append("    http-request set-var(txn.jwt_kid) var(txn.jwt),jwt_header_query('$.kid') if " + guard)
+    if kids:
+        out.append(_refuse("token signature not valid",
+                           f"if {guard} !{{ var(txn.jwt_ok) -m bool }} {{ var(txn.jwt_kid) -m str {' '.join(kids)} }}"))
     out += [
-        _refuse("token signature not valid", f"if {guard} !{{ var(txn.jwt_ok) -m bool }}"),
+        "    # No held key verifies it and its kid names none (or it has none): the cluster may have",
+        "    # rotated its key before this edge was reloaded. 511: the client retries, nothing is served.",
+        '    http-request return status 511 content-type "text/plain" string "token signing key not known yet\\n"'
+        f" hdr Cache-Control no-store hdr Retry-After 5 if {guard} !{{ var(txn.jwt_ok) -m bool }}",
         "    http-request set-var(txn.jwt_iss) var(txn.jwt),jwt_payload_query('$.iss') if " + guard,
         _refuse("token issuer not accepted", f"if {guard} !{{ var(txn.jwt_iss) -m str {' '.join(iss)} }}"),
         "    http-request set-var(txn.jwt_sub) var(txn.jwt),jwt_payload_query('$.sub') if " + guard,

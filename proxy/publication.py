@@ -30,7 +30,9 @@ def parse_publication(text: str) -> Publication:
     """Pure: the manifest's text to a :class:`Publication`."""
     try:
         data = json.loads(text)
-        keys = tuple(PublishedKey(str(k["path"]), str(k["alg"])) for k in data["keys"])
+        keys = tuple(
+            PublishedKey(str(k["path"]), str(k["alg"]), str(k["kid"]) if k.get("kid") else None) for k in data["keys"]
+        )
         issuers = tuple(str(i) for i in data["issuers"])
         token_map = Path(data["token_map"]) if data.get("token_map") else None
         cert = Path(data["cert"])

@@ -234,7 +234,6 @@ def _es256_header_on_rsa_signature(keys) -> str:
 
 FORGERIES = {
     "wrong key, claimed kid": lambda k: sign(legacy(), k["rsa2"], kid=kube_key_id(k["rsa"].public_key())),
-    "wrong key, own kid": lambda k: sign(legacy(), k["rsa2"]),
     "wrong key, no kid": lambda k: sign(legacy(), k["ec2"], kid=None),
     "alg none": _alg_none,
     "HS256 with public PEM as secret": _hs256_with_public_pem,
@@ -296,9 +295,54 @@ def test_shared_key_makes_tokens_ambiguous(keys):
 def test_unknown_kid_with_many_keys_is_unknown_key(keys):
     v = make_verifier(max_untargeted_keys=1)
     v.set_keys(CLUSTER, [keys["rsa"].public_key(), keys["ec"].public_key()])
-    with pytest.raises(JwtUnknownKey):
+    with pytest.raises(JwtUnknownKey) as err:
         v.verify(sign(legacy(), keys["rsa2"]))
+    assert err.value.status == 511
     assert v.verify(sign(legacy(), keys["rsa"])).cluster == CLUSTER  # kid targets one key
+
+
+# A token that may succeed later gets a 5xx (Ignition retries it); one that never can, a 4xx.
+KEY_NOT_LOADED_YET = {
+    "new key, its own kid": lambda k: sign(legacy(), k["rsa2"]),
+    "new key, no kid": lambda k: sign(legacy(), k["rsa2"], kid=None),
+    "new key, a kid from a JWKS": lambda k: sign(legacy(), k["rsa2"], kid="rotated-2026"),
+}
+
+
+@pytest.mark.parametrize("name", list(KEY_NOT_LOADED_YET))
+def test_a_key_not_loaded_yet_is_511_until_it_is_then_accepted(keys, name):
+    """The hosted cluster rotated its signing key; this replica has not read the new one."""
+    v = trusting(keys, "rsa")
+    token = KEY_NOT_LOADED_YET[name](keys)
+    with pytest.raises(JwtUnknownKey) as err:
+        v.verify(token)
+    assert err.value.status == 511 and token not in str(err.value)
+    v.set_keys(CLUSTER, [keys["rsa"].public_key(), keys["rsa2"].public_key()])
+    assert v.verify(token).cluster == CLUSTER
+
+
+def test_a_known_kid_whose_signature_fails_is_forged_4xx(keys):
+    v = trusting(keys, "rsa")
+    claimed = kube_key_id(keys["rsa"].public_key())
+    for token in (
+        sign(legacy(), keys["rsa2"], kid=claimed),  # another key's signature under a held kid
+        _tampered(keys),
+        _es256_header_on_rsa_signature(keys),  # a held kid, the wrong alg for its key
+    ):
+        with pytest.raises(JwtRefused) as err:
+            v.verify(token)
+        assert 400 <= err.value.status < 500 and not isinstance(err.value, JwtUnknownKey)
+
+
+def test_unknown_kid_with_many_keys_tries_none(keys):
+    """Cheap to refuse: past max_untargeted_keys an unknown kid costs no signature check."""
+    v = make_verifier(max_untargeted_keys=1)
+    v.set_keys(CLUSTER, [keys["rsa"].public_key(), keys["ec"].public_key()])
+    before = v.stats.signature_checks
+    for _ in range(50):
+        with pytest.raises(JwtUnknownKey):
+            v.verify(sign(legacy(), keys["rsa2"]))
+    assert v.stats.signature_checks == before
 
 
 def test_allowed_accounts_are_configurable(keys):
@@ -422,6 +466,15 @@ def test_signing_key_rotation_overlap(keys):
         v.verify(old)
     assert v.verify(new).cluster == CLUSTER
     assert [k.alg for k in v.trusted_keys(CLUSTER)] == ["ES256"]
+    # A key that left for good is not one this replica may have yet to read: its tokens stay
+    # 4xx, before and after the next key change drops it from the retired keys.
+    for _ in range(2):
+        with pytest.raises(JwtRefused) as err:
+            v.verify(old)
+        assert err.value.status == 403 and not isinstance(err.value, JwtUnknownKey)
+        v.set_keys(CLUSTER, jwks_of(keys["ec"]))
+    v.set_keys(CLUSTER, jwks_of(keys["ec"], keys["rsa"]))  # listed again: accepted again
+    assert v.verify(old).cluster == CLUSTER
 
 
 def test_rotating_back_restores_a_retired_key(keys):

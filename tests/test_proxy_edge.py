@@ -78,8 +78,12 @@ def bound(ns="openshift-machine-config-operator", sa="node-bootstrapper", **extr
 
 
 def sign(claims: dict, key) -> str:
+    return sign_as(claims, key, kube_key_id(key.public_key()))
+
+
+def sign_as(claims: dict, key, kid: str | None) -> str:
     alg = "RS256" if isinstance(key, rsa.RSAPrivateKey) else "ES256"
-    return jwt.encode(claims, key, algorithm=alg, headers={"kid": kube_key_id(key.public_key())})
+    return jwt.encode(claims, key, algorithm=alg, headers={"kid": kid} if kid else None)
 
 
 @pytest.fixture(scope="module")
@@ -282,7 +286,9 @@ GOOD = {
 }
 FORGED = {
     # name: (forged token, the edge's refusal body)
-    "wrong key": (lambda k: sign(legacy(), k["stranger"]), b"token signature not valid\n"),
+    "another key's signature under a held kid": (
+        lambda k: sign_as(legacy(), k["stranger"], kube_key_id(k["previous"].public_key())),
+        b"token signature not valid\n"),
     "tampered payload": (_tampered, b"token signature not valid\n"),
     "wrong namespace": (lambda k: sign(legacy(ns="kube-system"), k["current"]), b"service account not allowed\n"),
     "wrong service account": (lambda k: sign(bound(sa="default"), k["current"]), b"service account not allowed\n"),
@@ -339,7 +345,7 @@ def test_edge_bearer_and_open_paths(edge, keys):
     token = sign(bound(), keys["current"])
     status, _ = get(port, "/ignition", {"Authorization": "Bearer " + base64.b64encode(token.encode()).decode()})
     assert status == 200
-    bad = sign(bound(), keys["stranger"])
+    bad = sign_as(bound(), keys["stranger"], kube_key_id(keys["current"].public_key()))
     status, _ = get(port, "/ignition", {"Authorization": "Bearer " + base64.b64encode(bad.encode()).decode()})
     assert status == 403
     status, body = get(port, "/healthz")
@@ -388,3 +394,46 @@ def test_edge_refuses_two_credentials_or_an_ambiguous_spelling(edge, keys):
     assert backend.requests == []
     assert raw_get(port, f"/config/worker?token={q(good)}", []) == 200  # one, plainly, passes
     assert raw_get(port, "/ignition", [("Authorization", f"Bearer {good}")]) == 200
+
+
+def test_edge_answers_a_key_it_does_not_hold_yet_511_and_passes_it_once_reloaded(edge, keys, tmp_path):
+    """The hosted cluster rotated its signing key before the edge was reloaded with the new one:
+    a token signed by it is 511 + Retry-After (Ignition retries a 5xx, gives up on a 4xx), never
+    forwarded; a kid naming a held key whose signature fails is forged: 403."""
+    port, backend = edge
+    new_key = keys["stranger"]
+    not_yet = {
+        "its own kid": sign(legacy(), new_key),
+        "no kid": sign_as(legacy(), new_key, None),
+    }
+    for name, token in not_yet.items():
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", url_for(token))
+        resp = conn.getresponse()
+        assert (resp.status, resp.read()) == (511, b"token signing key not known yet\n"), name
+        assert resp.getheader("Retry-After") == "5" and resp.getheader("Cache-Control") == "no-store"
+        conn.close()
+    forged = sign_as(legacy(), new_key, kube_key_id(keys["current"].public_key()))
+    assert get(port, url_for(forged)) == (403, b"token signature not valid\n")
+    assert backend.requests == []
+
+    # the edge reads the new key (a new HAProxy over the same keys directory): now it passes
+    key_files = write_key_files(tmp_path / "keys", [keys["current"].public_key(), new_key.public_key()])
+    assert {k.kid for k in key_files} == {kube_key_id(keys["current"].public_key()), kube_key_id(new_key.public_key())}
+    port2 = free_port()
+    cfg = render_edge_config(bind=f"127.0.0.1:{port2}", backend_servers=[f"127.0.0.1:{backend.port}"],
+                             key_files=key_files, issuers=[LEGACY_ISSUER, BOUND_ISSUER])
+    (tmp_path / "edge2.cfg").write_text(cfg)
+    proc = subprocess.Popen([HAPROXY, "-db", "-f", str(tmp_path / "edge2.cfg")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_listening(port2, proc)
+        for name, token in not_yet.items():
+            assert get(port2, url_for(token))[0] == 200, name
+        # the previous key left: its kid is no longer held, so its tokens are "not known", not forged
+        assert get(port2, url_for(sign(legacy(), keys["previous"])))[0] == 511
+        # a held kid over a key no longer held: forged, whatever it once was
+        assert get(port2, url_for(sign_as(legacy(), keys["previous"], kube_key_id(new_key.public_key()))))[0] == 403
+    finally:
+        proc.kill()
+        proc.wait(10)

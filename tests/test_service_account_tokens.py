@@ -12,10 +12,13 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, files_in, ignition_fetch, require_ignition, wait_for, write_manifests
+from testsupport.harness import (
+    EXAMPLE_MACHINECONFIG, ServerProcess, files_in, finish_fetch, ignition_fetch, require_ignition, wait_for, write_manifests,
+)
 from ignition_server.render.userdata import pointer_config
 from testsupport.manifests import build_token_secret
 from ignition_server.watch.trust import ANNOTATION_SERVICE_ACCOUNT_KEYS
+from ignition_server.auth.jwks import kube_key_id
 
 OVERLAP = 3.0
 
@@ -36,7 +39,9 @@ def keys_configmap(namespace: str, key, token_secret: str) -> dict:
     }
 
 
-def legacy_jwt(key, secret_name: str, *, namespace: str = "openshift-infra", alg: str = "RS256") -> str:
+def legacy_jwt(key, secret_name: str, *, namespace: str = "openshift-infra", alg: str = "RS256",
+               kid: str | None = None) -> str:
+    """Signed as kube-apiserver signs: the kid is its key's (or `kid`, to claim another's)."""
     claims = {
         "iss": "kubernetes/serviceaccount",
         "kubernetes.io/serviceaccount/namespace": namespace,
@@ -45,7 +50,7 @@ def legacy_jwt(key, secret_name: str, *, namespace: str = "openshift-infra", alg
         "kubernetes.io/serviceaccount/service-account.uid": "2f3c6a51-0000-4000-8000-000000000001",
         "sub": f"system:serviceaccount:{namespace}:node-bootstrapper",
     }
-    return pyjwt.encode(claims, key, algorithm=alg)
+    return pyjwt.encode(claims, key, algorithm=alg, headers={"kid": kid or kube_key_id(key.public_key())})
 
 
 def url_token(token: str) -> str:
@@ -106,7 +111,8 @@ def test_forged_and_foreign_tokens_are_refused(cluster_pair) -> None:
     ).rstrip(b"=").decode()
     none_alg = pyjwt.encode({"iss": "kubernetes/serviceaccount"}, None, algorithm="none")
     forged = {
-        "wrong key": legacy_jwt(stranger, "node-bootstrapper-token-one"),
+        "another key's signature under cluster A's kid": legacy_jwt(
+            stranger, "node-bootstrapper-token-one", kid=kube_key_id(key_a.public_key())),
         "altered claims": f"{header}.{tampered_claims}.{signature}",
         "alg none": none_alg,
         "wrong namespace": legacy_jwt(key_a, "node-bootstrapper-token-one", namespace="default"),
@@ -115,6 +121,8 @@ def test_forged_and_foreign_tokens_are_refused(cluster_pair) -> None:
     for name, token in forged.items():
         status = proc.get(f"/config/workers?token={url_token(token)}")[0]
         assert 400 <= status < 500, f"{name}: {status}"
+    # A key no cluster here has (its kid names none): maybe one not read yet, retried, never served.
+    assert proc.get(f"/config/workers?token={url_token(legacy_jwt(stranger, 'node-bootstrapper-token-one'))}")[0] == 511
 
 
 def test_token_secret_and_signing_key_rotations_overlap(cluster_pair) -> None:
@@ -137,8 +145,9 @@ def test_token_secret_and_signing_key_rotations_overlap(cluster_pair) -> None:
     wait_for(lambda: proc.get(f"/config/workers?token={url_token(signed_by_new_key)}")[0] == 200,
              what="the new signing key trusted")
     assert proc.get(f"/config/workers?token={url_token(after)}")[0] == 200  # old key, inside the window
-    # After the window: the old key verifies nothing (401), the old Secret's token is refused (403).
-    wait_for(lambda: proc.get(f"/config/workers?token={url_token(after)}")[0] == 401, timeout=OVERLAP + 15,
+    # After the window: the old key's tokens are refused (403: a key that left, not one not read yet),
+    # and so is the old Secret's token.
+    wait_for(lambda: proc.get(f"/config/workers?token={url_token(after)}")[0] == 403, timeout=OVERLAP + 15,
              what="the old signing key dropped after the overlap")
     assert proc.get(f"/config/workers?token={url_token(legacy_jwt(new_key, 'node-bootstrapper-token-one'))}")[0] == 403
     assert proc.get(f"/config/workers?token={url_token(legacy_jwt(new_key, 'node-bootstrapper-token-two'))}")[0] == 200
@@ -167,6 +176,38 @@ def test_a_client_polling_through_a_key_rotation_every_50ms_is_served_once_the_k
     wait_for(lambda: poll() == 200, timeout=60, interval=0, what="the new key's token served to the held address")
     forged = url_token(legacy_jwt(rsa.generate_private_key(public_exponent=65537, key_size=2048), "x"))
     assert proc.get(f"/config/workers?token={forged}")[0] == 503  # still held: the success passed through it
+
+
+def test_real_client_retries_a_key_the_server_has_not_read_yet(cluster_pair, tmp_path: Path) -> None:
+    """The hosted cluster rotated its signing key and the node holds a token signed by the new
+    one before the server reads it: 511 (retried) until it does, then 200; never a 4xx, which
+    would end the node's boot. Uses the real client's own retry."""
+    require_ignition()
+    proc, _, _ = cluster_pair
+    path = proc.source / "clusters-a.yaml"
+    import yaml
+
+    new_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    token = legacy_jwt(new_key, "node-bootstrapper-token-one")
+    pointer = pointer_config(
+        source_url=proc.url, token=base64.b64encode(token.encode()).decode(), ca_pem=proc.ca_file.read_bytes(),
+        shape="mcs", nodepool="clusters/workers",
+    )
+    refused_before = sum(v for k, v in proc.metrics().items() if k.startswith("ign_server_responses_total{code=\"4"))
+    client = ignition_fetch(pointer, tmp_path / "node", background=True)
+    wait_for(lambda: proc.metrics().get('ign_server_responses_total{code="511"}', 0) >= 2, timeout=30,
+             what="the client retrying the unknown key's 511s")
+    assert client.poll() is None, "the client must keep retrying a 511"
+    documents = list(yaml.safe_load_all(path.read_text()))
+    documents[0]["data"]["sa.pub"] = public_pem(new_key)
+    write_manifests(path, *documents)
+    output, _ = client.communicate(timeout=60)
+    run = finish_fetch(client, output, tmp_path / "node")
+    assert run.returncode == 0, output
+    assert "/etc/workers.conf" in files_in(run.config or {})
+    assert "GET result: Network Authentication Required" in output
+    refused_after = sum(v for k, v in proc.metrics().items() if k.startswith("ign_server_responses_total{code=\"4"))
+    assert refused_after == refused_before, "a 4xx was answered while the key was not read yet"
 
 
 @pytest.mark.haproxy
@@ -214,7 +255,9 @@ def test_edge_haproxy_config_follows_key_rotations(tmp_path: Path) -> None:
         good = legacy_jwt(key, "node-bootstrapper-token-one")
         wait_for(lambda: via_edge(good) == 200, what="served through the proxy")
         served = proc.metrics().get('ign_server_get_request{nodePool="clusters/workers"}')
-        assert via_edge(legacy_jwt(rsa.generate_private_key(public_exponent=65537, key_size=2048), "x")) == 403
+        stranger = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        assert via_edge(legacy_jwt(stranger, "x", kid=kube_key_id(key.public_key()))) == 403  # a held kid: forged
+        assert via_edge(legacy_jwt(stranger, "x")) == 511  # a kid the edge does not hold (yet)
         assert proc.metrics().get('ign_server_get_request{nodePool="clusters/workers"}') == served  # stopped at the edge
         # Key rotation: the publication holds both keys, then only the new one; HAProxy 2.6
         # loads jwt_verify keys with its config, so the controller reloads for each (counted).
@@ -240,8 +283,13 @@ def test_edge_haproxy_config_follows_key_rotations(tmp_path: Path) -> None:
         documents[0]["data"]["sa.pub"] = public_pem(new_key)
         write_manifests(source / "a.yaml", *documents)
         new_token = legacy_jwt(new_key, "node-bootstrapper-token-one", alg="ES256")
-        wait_for(lambda: via_edge(new_token) == 200, what="the edge trusting the new key")
-        wait_for(lambda: via_edge(good) == 403, timeout=OVERLAP + 15, what="the edge dropping the old key after the overlap")
+        new_statuses: list[int] = []
+        wait_for(lambda: new_statuses.append(via_edge(new_token)) or new_statuses[-1] == 200,
+                 what="the edge trusting the new key")
+        assert set(new_statuses) <= {511, 200}, new_statuses  # before its reload: retried, never a 4xx
+        # After the overlap the edge holds the old key's file and kid no more: 511 there (the
+        # server, which remembers the kids of keys that left, answers 403 behind it).
+        wait_for(lambda: via_edge(good) == 511, timeout=OVERLAP + 15, what="the edge dropping the old key after the overlap")
         assert via_edge(new_token) == 200
         stop.set()
         booting.join(15)

@@ -59,6 +59,8 @@ __all__ = [
 ]
 
 ALGORITHMS: tuple[str, ...] = ("RS256", "ES256")
+_DROPPED_KIDS_KEPT = 16  # per cluster: a few rotations' worth
+_DROPPED = ""  # the kid index's fingerprint for a dropped key: names it, verifies nothing
 MAX_TOKEN_BYTES = 16 * 1024
 
 # PyJWT checks only the signature (and the alg against the allowed list); every claim is
@@ -77,9 +79,16 @@ _PYJWT_OPTIONS: dict[str, Any] = {
 
 
 class JwtUnknownKey(JwtRefused):
-    """No trusted key carries the token's ``kid`` (or the token has none and there are too
-    many keys to try). May be a cluster whose keys this replica has not loaded yet: the HTTP
-    layer may answer it as "never seen" (511, retried by Ignition) instead of ``status``."""
+    """A well-formed token (allowed alg, parseable) that no key this replica holds could have
+    signed: its ``kid`` names no trusted key, or it has no ``kid`` and no loaded key verifies
+    it (or there are too many keys to try). A hosted cluster that has just rotated its
+    signing key issues such tokens before this replica reads the new key, so it is answered
+    as a token never seen (status 511: Ignition retries a 5xx and gives up on a 4xx) and
+    serves nothing. A ``kid`` naming a key this replica holds whose signature fails is
+    forged: that stays a 4xx (:class:`JwtRefused`)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(511, reason)
 
 
 @dataclass(frozen=True)
@@ -98,6 +107,9 @@ class _ClusterState:
     name: str
     keys: dict[str, TrustedKey] = field(default_factory=dict)  # fingerprint -> current key
     retired_keys: dict[str, tuple[TrustedKey, float]] = field(default_factory=dict)  # fp -> (key, until)
+    # Kids of keys dropped after their overlap, newest last (bounded): a token naming one was
+    # signed by a key that left for good (403), not by one this replica has yet to read (511).
+    dropped_kids: dict[str, None] = field(default_factory=dict)
     issuers: frozenset[str] = frozenset()
     audiences: frozenset[str] = frozenset()
     accounts: Mapping[str, frozenset[str]] | None = None  # None: the verifier's default
@@ -192,7 +204,13 @@ class ServiceAccountVerifier:
                     st.retired_keys[fp] = (key, now + self._overlap)
             for fp in list(st.retired_keys):
                 if fp in new or st.retired_keys[fp][1] <= now:
+                    if fp not in new:
+                        st.dropped_kids[st.retired_keys[fp][0].kid] = None
                     del st.retired_keys[fp]
+            for key in new.values():
+                st.dropped_kids.pop(key.kid, None)
+            while len(st.dropped_kids) > _DROPPED_KIDS_KEPT:
+                del st.dropped_kids[next(iter(st.dropped_kids))]
             touched = set(st.keys) | set(new)
             st.keys = new
             self._bump(st)
@@ -300,7 +318,7 @@ class ServiceAccountVerifier:
                     return entry.token
                 self._cache.pop(digest, None)
             self.stats.cache_misses += 1
-            candidates = self._candidates(token, now)
+            candidates, named = self._candidates(token, now)
 
         verified: list[tuple[_ClusterState, float, dict[str, Any], int]] = []
         for st, key, until, generation in candidates:
@@ -313,7 +331,9 @@ class ServiceAccountVerifier:
                 continue
             verified.append((st, until, claims, generation))
         if not verified:
-            raise JwtRefused(401, "token signature not valid for any trusted key")
+            if named:  # its kid names a key held here, and that key says no: forged
+                raise JwtRefused(401, "token signature not valid for its key")
+            raise JwtUnknownKey("no trusted key verifies the token (its key may not be loaded yet)")
         if len({id(st) for st, _, _, _ in verified}) > 1:
             raise JwtRefused(403, "token verifies under keys of more than one cluster")
         st, key_until, claims, generation = max(verified, key=lambda v: v[1])
@@ -358,7 +378,9 @@ class ServiceAccountVerifier:
                 self._cache[digest] = _CacheEntry(result, generation, valid_until)
         return result
 
-    def _candidates(self, token: str, now: float) -> list[tuple[_ClusterState, TrustedKey, float, int]]:
+    def _candidates(self, token: str, now: float) -> tuple[list[tuple[_ClusterState, TrustedKey, float, int]], bool]:
+        """The keys to try, and whether the token's kid named them (a failure is then forged,
+        not a key this replica may not have loaded yet)."""
         try:
             header = pyjwt.get_unverified_header(token)
         except pyjwt.PyJWTError:
@@ -368,16 +390,19 @@ class ServiceAccountVerifier:
             raise JwtRefused(401, "token algorithm not allowed (RS256 or ES256 only)")
         kid = header.get("kid")
         pairs: list[tuple[str, str]]
-        if isinstance(kid, str) and kid in self._kid_index:
+        named = isinstance(kid, str) and kid in self._kid_index
+        if named:
             pairs = self._kid_index[kid]
         else:
+            # No kid, or one no key here has: try every key while that stays cheap (a key
+            # loaded from a PEM or a JWKS may carry another kid than the token's).
             pairs = [
                 (name, fp)
                 for name, st in self._clusters.items()
                 for fp in list(st.keys) + list(st.retired_keys)
             ]
             if len(pairs) > self._max_untargeted:
-                raise JwtUnknownKey(403, "no trusted key has the token's key id")
+                raise JwtUnknownKey("no trusted key has the token's key id")
         out = []
         for name, fp in pairs:
             st = self._clusters[name]
@@ -392,8 +417,10 @@ class ServiceAccountVerifier:
             if key.alg == alg:
                 out.append((st, key, until, st.generation))
         if not out:
-            raise JwtUnknownKey(403, "no trusted key matches the token")
-        return out
+            if named:  # its key is held here, for another alg or past its overlap: never valid
+                raise JwtRefused(403, "the token's key does not accept it (alg or key retired)")
+            raise JwtUnknownKey("no trusted key matches the token")
+        return out, named
 
     # ----------------------------------------------------------------- internals
     def _state(self, cluster: str) -> _ClusterState:
@@ -417,4 +444,6 @@ class ServiceAccountVerifier:
                 index.setdefault(key.kid, []).append((name, fp))
             for fp, (key, _) in st.retired_keys.items():
                 index.setdefault(key.kid, []).append((name, fp))
+            for kid in st.dropped_kids:
+                index.setdefault(kid, []).append((name, _DROPPED))
         self._kid_index = index
