@@ -146,7 +146,8 @@ async def test_inputs_named_in_another_tenants_namespace_are_refused_and_never_r
     assert payload(cache, f"{EVIL}/token-evil-00000000") is None
     # Nothing of the victim's was looked up on the evil NodePool's behalf: only the victim's own NodePool reads them.
     victim_key = next(k for k in reconciler.secrets if k.namespace == VICTIM)
-    readers = {k for dep, keys in reconciler._dependents.items() if dep.namespace == VICTIM for k in keys}
+    graph = reconciler.input_graph
+    readers = {k for dep in graph.objects_read() if dep.namespace == VICTIM for k in graph.readers_of(dep)}
     assert readers == {victim_key}
     assert refusals(reconciler, "input") >= 1
     # The victim is untouched; an input in a shared namespace stays allowed.

@@ -1,8 +1,9 @@
 """The watcher: turns source changes into token index entries, renders and write-backs.
 
 It owns every side effect between the source and the cache: the HTTP app only reads the
-index and the blobs this keeps up to date. This module keeps the token index, which
-NodePools read which objects, and the housekeeping tick; the renders (renders.py), the
+index and the blobs this keeps up to date. This module keeps the token index and the
+housekeeping tick; which NodePools read which objects is the InputGraph (input_graph.py);
+the renders (renders.py), the
 writer's duties (writes.py), waiting on releases (release_waits.py) and on generated bases
 (generated_bases.py) are mixed in.
 """
@@ -27,6 +28,7 @@ from ..model.objects import ManifestError, ObjectKey, has_large_values
 from ..model.token_secret import TokenSecret, is_token_secret, parse_token_secret
 from .bases import BaseIndex, is_base
 from .faults import Faults, ObjectWork
+from .input_graph import InputGraph
 from .generated_bases import GeneratedBases, is_generated_base
 from ..basegen.generator import BaseGenerator
 from .outputs import TokenOutputs
@@ -80,9 +82,7 @@ class Reconciler(Renders, WriterDuties, ReleaseWaits, GeneratedBases):
     _source_tokens: dict[ObjectKey, str | None] = field(default_factory=dict)  # token as the source holds it
     _pools: dict[tuple[str, str], set[ObjectKey]] = field(default_factory=dict)  # (namespace, pool name) -> Secrets
     _by_nodepool: dict[tuple[str, str], set[ObjectKey]] = field(default_factory=dict)  # generation_group -> its Secrets
-    _deps_of: dict[ObjectKey, frozenset[ObjectKey]] = field(default_factory=dict)  # token Secret -> what it reads
-    _dependents: dict[ObjectKey, set[ObjectKey]] = field(default_factory=dict)  # object -> token Secrets reading it
-    _canonical: dict[ObjectKey, ObjectKey] = field(default_factory=dict)  # the one key object of each dependency
+    input_graph: InputGraph = field(default_factory=InputGraph)  # what each token Secret reads, and who reads each object
     _listed: asyncio.Event = field(default_factory=asyncio.Event)
     _semaphore: asyncio.Semaphore | None = None
     _next_flush: asyncio.Future[None] | None = None
@@ -169,7 +169,7 @@ class Reconciler(Renders, WriterDuties, ReleaseWaits, GeneratedBases):
                     return None
                 why = "its token Secret was deleted" if change.type == "DELETED" else "it is no longer a token Secret"
                 self._forget_secret(key, why)
-        if key in self._dependents:
+        if self.input_graph.is_read(key):
             self._inputs_changed(key)
         return touched
 
@@ -194,31 +194,10 @@ class Reconciler(Renders, WriterDuties, ReleaseWaits, GeneratedBases):
 
     def _inputs_changed(self, dependency: ObjectKey) -> None:
         """Re-render exactly the NodePools that read `dependency` (the digest decides if anything changed)."""
-        for key in list(self._dependents.get(dependency, ())):
+        for key in self.input_graph.readers_of(dependency):
             secret = self.secrets.get(key)
             if secret is not None:
                 self._schedule_render(secret)
-
-    def _track(self, key: ObjectKey, deps: frozenset[ObjectKey]) -> None:
-        previous = self._deps_of.get(key, frozenset())
-        if previous == deps:
-            return
-        # One key object per dependency, shared by every NodePool that reads it: at the seeds'
-        # scale ~74,000 keys were ~6,000 distinct ones (12 NodePools read each namespace's).
-        deps = frozenset(self._canonical.setdefault(dep, dep) for dep in deps)
-        for dep in previous - deps:
-            dependents = self._dependents.get(dep)
-            if dependents is not None:
-                dependents.discard(key)
-                if not dependents:
-                    del self._dependents[dep]
-                    self._canonical.pop(dep, None)
-        for dep in deps - previous:
-            self._dependents.setdefault(dep, set()).add(key)
-        if deps:
-            self._deps_of[key] = deps
-        else:
-            self._deps_of.pop(key, None)
 
     async def _apply(self, key: ObjectKey, obj: dict[str, Any]) -> TokenSecret | None:
         try:
@@ -297,7 +276,7 @@ class Reconciler(Renders, WriterDuties, ReleaseWaits, GeneratedBases):
     def _forget_secret(self, key: ObjectKey, why: str) -> None:
         now = self.clock()
         self._unlist_pool(key)
-        self._track(key, frozenset())
+        self.input_graph.forget(key)
         gone = self.secrets.pop(key, None)
         if gone is not None and self.outputs is not None:
             self.outputs.secret_gone(gone)

@@ -24,6 +24,7 @@ import yaml
 from ..render.inputs import NodePoolInputs
 from ..model.objects import ObjectKey, data_text
 from ..model.token_secret import TokenSecret
+from .input_graph import InputGraph
 from .inputs import JOIN_INPUTS, input_key
 from .releases import ANNOTATION_RELEASE_CATALOG, CATALOG_KEY, HAPROXY_IMAGE, Releases, release_key
 from .status import WAIT, Status
@@ -42,8 +43,7 @@ class ReleaseWaits:
 
     releases: Releases
     secrets: dict[ObjectKey, TokenSecret]
-    _deps_of: dict[ObjectKey, frozenset[ObjectKey]]
-    _dependents: dict[ObjectKey, set[ObjectKey]]
+    input_graph: InputGraph
     _failures: dict[ObjectKey, tuple[str, int, float]]
     _asking: set[str]
     source: Any
@@ -55,7 +55,7 @@ class ReleaseWaits:
 
     def release_resolved(self, pull_spec: str) -> None:
         """The resolver finished with `pull_spec` (known now, or failed): its NodePools look again."""
-        for key in self._dependents.get(release_key(pull_spec), ()):
+        for key in self.input_graph.readers_of(release_key(pull_spec)):
             self._failures.pop(key, None)  # the render back-off was waiting on this
         self._inputs_changed(release_key(pull_spec))
         resolver = self.releases.resolver
@@ -84,7 +84,7 @@ class ReleaseWaits:
         if not self.share_namespace or self.releases.resolver is None or not self.writer():
             return
         resolver = self.releases.resolver
-        for dependency in [d for d in self._dependents if d.kind == "Release"]:
+        for dependency in self.input_graph.releases_read():
             spec = dependency.name
             if self.releases.get(spec) is None and not resolver.pending(spec) and spec not in self._asking \
                     and resolver.failure(spec) is None:
@@ -100,7 +100,7 @@ class ReleaseWaits:
             log.error("mirror set %s is invalid, keeping its last good rules: %s", key, exc)
             return
         if changed:
-            for dependency in [d for d in self._dependents if d.kind == "Release"]:
+            for dependency in self.input_graph.releases_read():
                 self._inputs_changed(dependency)
 
     def release_blocked(self, secret: TokenSecret, inputs: NodePoolInputs) -> Status | str | None:
@@ -109,7 +109,7 @@ class ReleaseWaits:
         spec = secret.release
         if resolver is None or inputs.haproxy_image or not spec:
             return None
-        if release_key(spec) not in self._deps_of.get(secret.key, ()) or self.releases.get(spec) is not None:
+        if not self.input_graph.reads(secret.key, release_key(spec)) or self.releases.get(spec) is not None:
             return None  # not needed, or known (and the render says what is wrong with it)
         if self.share_namespace and not self.writer():
             return WAIT  # the writer reads it and publishes it as a catalog ConfigMap

@@ -29,6 +29,7 @@ from ..basegen.generator import BaseGenerator
 from .bases import BaseIndex
 from .faults import Faults, backoff
 from .gather import gather
+from .input_graph import InputGraph
 from .releases import Releases
 from .status import WAIT, Status
 from .tenancy import OutsideTenancy, Tenancy
@@ -65,11 +66,11 @@ class Renders:
     _failures: dict[ObjectKey, tuple[str, int, float]]
     _semaphore: asyncio.Semaphore | None
 
+    input_graph: InputGraph
+
     # The Reconciler's own methods (they come first, so these only declare them). Those of
     # its other mixins (release_blocked, base_blocked, _write_status_later) are not declared:
     # Renders precedes them, and a stub here would hide them.
-    def _track(self, key: ObjectKey, deps: frozenset[ObjectKey]) -> None: ...
-
     async def persist_index(self) -> None: ...
 
     def inputs_for(self, secret: TokenSecret) -> NodePoolInputs:
@@ -81,7 +82,7 @@ class Renders:
             raise InvalidConfig(str(exc)) from None
         except ManifestError as exc:
             raise InvalidConfig(str(exc)) from None
-        self._track(secret.key, deps)
+        self.input_graph.track(secret.key, deps)
         return inputs
 
     def _generated(self, key: str) -> str | None:
