@@ -306,7 +306,7 @@ class IgnitionServer:
 
         def done(key: str) -> None:
             if self.reconciler is not None:
-                self.reconciler.base_generated(key)
+                self.reconciler.base_waits.generated(key)
 
         files = ImageFiles(resolver.client, releases.mirrors, registry.architecture, self.settings.cache_dir / "tmp-layers")
         return BaseGenerator(

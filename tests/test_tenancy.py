@@ -269,13 +269,13 @@ async def test_a_generated_base_published_outside_the_shared_namespaces_is_not_a
 
     reconciler, source, _cache, source_dir, _ = world
     store: dict[str, bytes] = {}
-    reconciler.generator = BaseGenerator(files=None, load=store.get, save=store.__setitem__,  # type: ignore[arg-type]
-                                         work_dir=tmp_path / "work")
+    reconciler.base_waits.generator = BaseGenerator(files=None, load=store.get, save=store.__setitem__,  # type: ignore[arg-type]
+                                                    work_dir=tmp_path / "work")
     base = EXAMPLE_MACHINECONFIG.format(name="base")
     for namespace, key in ((EVIL, "a" * 64), (SHARED, "b" * 64)):
         write_manifests(source_dir / f"base-{namespace}.yaml", obj(
             "ConfigMap", namespace, "ignition-server-base-x", {"machineconfigs.yaml": base},
             {ANNOTATION_GENERATED_BASE: key}))
     await settle(reconciler, source, reconciler.outputs)
-    assert reconciler.generator.known("a" * 64) is None
-    assert reconciler.generator.known("b" * 64) == base
+    assert reconciler.base_waits.generator.known("a" * 64) is None
+    assert reconciler.base_waits.generator.known("b" * 64) == base

@@ -3,9 +3,9 @@
 It owns every side effect between the source and the cache: the HTTP app only reads the
 index and the blobs this keeps up to date. This module keeps the token index and the
 housekeeping tick; which NodePools read which objects is the InputGraph (input_graph.py);
-the renders (renders.py), the
-writer's duties (writes.py), waiting on releases (release_waits.py) and on generated bases
-(generated_bases.py) are mixed in.
+the NodePools waiting for a
+generated base are the GeneratedBaseWaits (generated_bases.py); the renders (renders.py),
+the writer's duties (writes.py) and waiting on releases (release_waits.py) are mixed in.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any, Callable
 
 from payload_cache import PayloadCache, TokenRecord, TokenState
@@ -29,7 +29,7 @@ from ..model.token_secret import TokenSecret, is_token_secret, parse_token_secre
 from .bases import BaseIndex, is_base
 from .faults import Faults, ObjectWork
 from .input_graph import InputGraph
-from .generated_bases import GeneratedBases, is_generated_base
+from .generated_bases import GeneratedBaseWaits, is_generated_base
 from ..basegen.generator import BaseGenerator
 from .outputs import TokenOutputs
 from ..registry.mirrors import is_mirror_set
@@ -51,7 +51,7 @@ def _pool_of(secret: TokenSecret) -> tuple[str, str]:
 
 
 @dataclass
-class Reconciler(Renders, WriterDuties, ReleaseWaits, GeneratedBases):
+class Reconciler(Renders, WriterDuties, ReleaseWaits):
     source: Source
     cache: PayloadCache
     renderer: Renderer
@@ -68,7 +68,8 @@ class Reconciler(Renders, WriterDuties, ReleaseWaits, GeneratedBases):
     # Which namespaces may shape a NodePool besides its own (--shared-namespaces); by default none.
     tenancy: Tenancy = field(default_factory=Tenancy)
     bases: BaseIndex = field(default_factory=BaseIndex)  # MCO base configurations by (cluster, release)
-    generator: BaseGenerator | None = None  # --generate-bases: bases the release's MCO generates (it calls base_generated)
+    # --generate-bases: bases the release's MCO generates (it calls base_waits.generated); base_waits owns it
+    generator: InitVar[BaseGenerator | None] = None
     # Whether this replica writes (rotation, expiry, status, user-data, ignition-reached):
     # with several replicas only the Lease holder does; every replica indexes and serves.
     writer: Callable[[], bool] = lambda: True
@@ -88,21 +89,22 @@ class Reconciler(Renders, WriterDuties, ReleaseWaits, GeneratedBases):
     _next_flush: asyncio.Future[None] | None = None
     _seq: int = 0
     _asking: set[str] = field(default_factory=set)  # releases whose inputs are being read for the resolver
-    _base_waiters: dict[str, set[ObjectKey]] = field(default_factory=dict)  # generated base key -> its dependency keys
-    _base_asking: set[str] = field(default_factory=set)
     _duplicates: set[ObjectKey] = field(default_factory=set)  # token Secrets refused for another's token
-    _base_held: dict[ObjectKey, tuple[str, Any]] = field(default_factory=dict)  # token Secret -> (its inputs, why it waits)
     # Secrets whose rotation lives in the cache dir although the source is writable: their
     # manifest (a symlink's target on a read-only mount) cannot be written.
     _rotated_in_cache: set[ObjectKey] = field(default_factory=set)
     faults: Faults = field(init=False)
     work: ObjectWork = field(init=False)  # write-backs, queued per object (never awaited by the handler)
+    base_waits: GeneratedBaseWaits = field(init=False)  # NodePools waiting for a generated MCO base
 
     @property
     def catalog(self) -> ReleaseCatalog:
         return self.releases.catalog
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, generator: BaseGenerator | None) -> None:
+        self.base_waits = GeneratedBaseWaits(
+            generator=generator, releases=self.releases, bases=self.bases, source=self.source, tenancy=self.tenancy,
+            share_namespace=self.share_namespace, writer=self.writer, inputs_changed=self._inputs_changed)
         self.faults = Faults(count=lambda step: self.metrics.watch_errors.labels(step=step).inc())
         self.work = ObjectWork(self.faults)
         if self.outputs is not None:
@@ -155,7 +157,7 @@ class Reconciler(Renders, WriterDuties, ReleaseWaits, GeneratedBases):
             for dependency in self.bases.update(key, None if change.type == "DELETED" else change.obj):
                 self._inputs_changed(dependency)
         if key.kind == "ConfigMap" and change.type != "DELETED" and is_generated_base(change.obj):
-            self.shared_base_changed(change.obj)
+            self.base_waits.published(change.obj)
         if is_mirror_set(change.obj) or (key.kind in ("ImageDigestMirrorSet", "ImageTagMirrorSet")):
             self.mirror_set_changed(key, None if change.type == "DELETED" else change.obj)
         if key.kind == "Secret":

@@ -25,10 +25,10 @@ from ..metrics import ServerMetrics
 from ..render.inputs import InvalidConfig, NodePoolInputs, RefusedInput, RenderedPayload, refusal
 from ..model.objects import ManifestError, ObjectKey
 from ..model.token_secret import TokenSecret, token_secret_config
-from ..basegen.generator import BaseGenerator
 from .bases import BaseIndex
 from .faults import Faults, backoff
 from .gather import gather
+from .generated_bases import GeneratedBaseWaits
 from .input_graph import InputGraph
 from .releases import Releases
 from .status import WAIT, Status
@@ -57,7 +57,6 @@ class Renders:
     render_concurrency: int
     releases: Releases
     bases: BaseIndex
-    generator: BaseGenerator | None
     tenancy: Tenancy
     secrets: dict[ObjectKey, TokenSecret]
     faults: Faults
@@ -68,15 +67,17 @@ class Renders:
 
     input_graph: InputGraph
 
+    base_waits: GeneratedBaseWaits
+
     # The Reconciler's own methods (they come first, so these only declare them). Those of
-    # its other mixins (release_blocked, base_blocked, _write_status_later) are not declared:
+    # its other mixins (release_blocked, _write_status_later) are not declared:
     # Renders precedes them, and a stub here would hide them.
     async def persist_index(self) -> None: ...
 
     def inputs_for(self, secret: TokenSecret) -> NodePoolInputs:
         try:
             inputs, deps = gather(secret, secret.annotations, self.source.get, self.releases, bases=self.bases,
-                                  generated=self._generated, tenancy=self.tenancy)
+                                  generated=self.base_waits.known, tenancy=self.tenancy)
         except OutsideTenancy as exc:
             self.metrics.tenancy_refusals.labels(what="input").inc()
             raise InvalidConfig(str(exc)) from None
@@ -84,9 +85,6 @@ class Renders:
             raise InvalidConfig(str(exc)) from None
         self.input_graph.track(secret.key, deps)
         return inputs
-
-    def _generated(self, key: str) -> str | None:
-        return self.generator.known(key) if self.generator is not None else None
 
     def _schedule_render(self, secret: TokenSecret) -> None:
         try:
@@ -98,7 +96,7 @@ class Renders:
             self._render_failed(secret, "", f"cannot gather the inputs: {type(exc).__name__}: {exc}")
             return
         digest = inputs.digest()
-        based = self.base_blocked(secret, inputs)  # a base still to generate: the payload is not current
+        based = self.base_waits.blocked(secret, inputs)  # a base still to generate: the payload is not current
         record = self.cache.get_render(secret.ref)
         if record is not None and record.inputs_digest == digest and self.cache.has_blob(record.blob_id) \
                 and secret.reason in (None, "", "AsExpected") and based is None:
@@ -110,7 +108,7 @@ class Renders:
         if blocked is None:
             blocked = based
         if blocked == WAIT:
-            return  # release_resolved (base_generated) brings it back
+            return  # release_resolved (base_waits.generated) brings it back
         if isinstance(blocked, Status):
             self._render_failed(secret, digest, blocked.message, blocked.reason)
             return
@@ -191,7 +189,7 @@ class Renders:
         try:
             inputs, _deps = gather(
                 secret, secret.annotations, self.source.get_full, self.releases, token_secret_config(obj), self.bases,
-                self._generated, self.tenancy,
+                self.base_waits.known, self.tenancy,
             )
         except ManifestError as exc:
             raise refusal(exc, str(exc)) from None
