@@ -286,7 +286,7 @@ class IgnitionServer:
 
         def resolved(pull_spec: str) -> None:
             if self.reconciler is not None:
-                self.reconciler.release_resolved(pull_spec)
+                self.reconciler.release_waits.resolved(pull_spec)
 
         resolver, session = open_resolver(
             registry, mirrors, store, self.metrics, resolved, self.settings.cache_dir / "tmp-layers",

@@ -2,10 +2,10 @@
 
 It owns every side effect between the source and the cache: the HTTP app only reads the
 index and the blobs this keeps up to date. This module keeps the token index and the
-housekeeping tick; which NodePools read which objects is the InputGraph (input_graph.py);
-the NodePools waiting for a
-generated base are the GeneratedBaseWaits (generated_bases.py); the renders (renders.py),
-the writer's duties (writes.py) and waiting on releases (release_waits.py) are mixed in.
+housekeeping tick. It composes objects that own their state: which NodePools read which
+objects (InputGraph, input_graph.py), the NodePools waiting for a release (ReleaseWaits,
+release_waits.py) or for a generated base (GeneratedBaseWaits, generated_bases.py). The
+renders (renders.py) and the writer's duties (writes.py) are still mixed in.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def _pool_of(secret: TokenSecret) -> tuple[str, str]:
 
 
 @dataclass
-class Reconciler(Renders, WriterDuties, ReleaseWaits):
+class Reconciler(Renders, WriterDuties):
     source: Source
     cache: PayloadCache
     renderer: Renderer
@@ -62,7 +62,7 @@ class Reconciler(Renders, WriterDuties, ReleaseWaits):
     trust: TrustWatcher | None = None
     outputs: TokenOutputs | None = None
     debounce: float = 0.05  # a burst of changes to one NodePool's inputs renders once
-    # The catalog, the registry resolver and mirrors (the resolver calls release_resolved).
+    # The catalog, the registry resolver and mirrors (the resolver calls release_waits.resolved).
     releases: Releases = field(default_factory=Releases)
     share_namespace: str | None = None  # several replicas: the writer publishes resolved releases here
     # Which namespaces may shape a NodePool besides its own (--shared-namespaces); by default none.
@@ -88,13 +88,13 @@ class Reconciler(Renders, WriterDuties, ReleaseWaits):
     _semaphore: asyncio.Semaphore | None = None
     _next_flush: asyncio.Future[None] | None = None
     _seq: int = 0
-    _asking: set[str] = field(default_factory=set)  # releases whose inputs are being read for the resolver
     _duplicates: set[ObjectKey] = field(default_factory=set)  # token Secrets refused for another's token
     # Secrets whose rotation lives in the cache dir although the source is writable: their
     # manifest (a symlink's target on a read-only mount) cannot be written.
     _rotated_in_cache: set[ObjectKey] = field(default_factory=set)
     faults: Faults = field(init=False)
     work: ObjectWork = field(init=False)  # write-backs, queued per object (never awaited by the handler)
+    release_waits: ReleaseWaits = field(init=False)  # NodePools waiting for a release the resolver reads
     base_waits: GeneratedBaseWaits = field(init=False)  # NodePools waiting for a generated MCO base
 
     @property
@@ -105,6 +105,10 @@ class Reconciler(Renders, WriterDuties, ReleaseWaits):
         self.base_waits = GeneratedBaseWaits(
             generator=generator, releases=self.releases, bases=self.bases, source=self.source, tenancy=self.tenancy,
             share_namespace=self.share_namespace, writer=self.writer, inputs_changed=self._inputs_changed)
+        self.release_waits = ReleaseWaits(
+            releases=self.releases, input_graph=self.input_graph, source=self.source, tenancy=self.tenancy,
+            share_namespace=self.share_namespace, writer=self.writer, inputs_changed=self._inputs_changed,
+            retry_now=lambda key: self._failures.pop(key, None))
         self.faults = Faults(count=lambda step: self.metrics.watch_errors.labels(step=step).inc())
         self.work = ObjectWork(self.faults)
         if self.outputs is not None:
@@ -159,7 +163,7 @@ class Reconciler(Renders, WriterDuties, ReleaseWaits):
         if key.kind == "ConfigMap" and change.type != "DELETED" and is_generated_base(change.obj):
             self.base_waits.published(change.obj)
         if is_mirror_set(change.obj) or (key.kind in ("ImageDigestMirrorSet", "ImageTagMirrorSet")):
-            self.mirror_set_changed(key, None if change.type == "DELETED" else change.obj)
+            self.release_waits.mirror_set_changed(key, None if change.type == "DELETED" else change.obj)
         if key.kind == "Secret":
             if change.type != "DELETED" and is_token_secret(change.obj):
                 secret = await self._apply(key, change.obj)
@@ -376,7 +380,7 @@ class Reconciler(Renders, WriterDuties, ReleaseWaits):
                 await self.rotate_due()
                 await self.prune_expired()
                 await self.retry_failed()
-                self.nudge_releases()
+                self.release_waits.nudge()
                 now = self.clock()
                 for secret in list(self.secrets.values()):
                     if secret.expired(now):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import yaml
@@ -38,26 +39,28 @@ log = logging.getLogger("ignition_server.watch")
 SHARED_IMAGES = frozenset((HAPROXY_IMAGE, "rhel-coreos", "rhel-coreos-extensions", "machine-config-operator"))
 
 
+@dataclass
 class ReleaseWaits:
-    """Mixed into the Reconciler (like WriterDuties): uses its secrets, source and dependents."""
+    """Which NodePools wait for a release: asks the resolver, waits, says why.
+
+    The renders ask `blocked` before rendering; when the resolver is done with a pull spec,
+    every NodePool that reads the release is handed back to `inputs_changed` and renders again."""
 
     releases: Releases
-    secrets: dict[ObjectKey, TokenSecret]
     input_graph: InputGraph
-    _failures: dict[ObjectKey, tuple[str, int, float]]
-    _asking: set[str]
     source: Any
-    share_namespace: str | None
     tenancy: Tenancy
+    share_namespace: str | None  # several replicas: the writer publishes resolved releases here
     writer: Callable[[], bool]
+    inputs_changed: Callable[[ObjectKey], None]  # re-render the NodePools that read this object
+    retry_now: Callable[[ObjectKey], None]  # drop a NodePool's render back-off (it waited on a release)
+    _asking: set[str] = field(default_factory=set)  # releases whose inputs are being read for the resolver
 
-    def _inputs_changed(self, dependency: ObjectKey) -> None: ...
-
-    def release_resolved(self, pull_spec: str) -> None:
+    def resolved(self, pull_spec: str) -> None:
         """The resolver finished with `pull_spec` (known now, or failed): its NodePools look again."""
         for key in self.input_graph.readers_of(release_key(pull_spec)):
-            self._failures.pop(key, None)  # the render back-off was waiting on this
-        self._inputs_changed(release_key(pull_spec))
+            self.retry_now(key)  # the render back-off was waiting on this
+        self.inputs_changed(release_key(pull_spec))
         resolver = self.releases.resolver
         content = resolver.known(pull_spec) if resolver is not None else None
         if content is not None and self.share_namespace and self.writer():
@@ -79,7 +82,7 @@ class ReleaseWaits:
         except Exception as exc:  # the others keep waiting; the next resolution (or restart) publishes again
             log.error("could not publish release %s for the other replicas: %s", pull_spec, exc)
 
-    def nudge_releases(self) -> None:
+    def nudge(self) -> None:
         """A replica that became the writer takes over the releases the others wait for."""
         if not self.share_namespace or self.releases.resolver is None or not self.writer():
             return
@@ -88,7 +91,7 @@ class ReleaseWaits:
             spec = dependency.name
             if self.releases.get(spec) is None and not resolver.pending(spec) and spec not in self._asking \
                     and resolver.failure(spec) is None:
-                self._inputs_changed(dependency)
+                self.inputs_changed(dependency)
 
     def mirror_set_changed(self, key: ObjectKey, obj: Mapping[str, Any] | None) -> None:
         mirrors = self.releases.mirrors
@@ -101,9 +104,9 @@ class ReleaseWaits:
             return
         if changed:
             for dependency in self.input_graph.releases_read():
-                self._inputs_changed(dependency)
+                self.inputs_changed(dependency)
 
-    def release_blocked(self, secret: TokenSecret, inputs: NodePoolInputs) -> Status | str | None:
+    def blocked(self, secret: TokenSecret, inputs: NodePoolInputs) -> Status | str | None:
         """None: render. WAIT: the release is being read. A Status: why it cannot be read."""
         resolver = self.releases.resolver
         spec = secret.release

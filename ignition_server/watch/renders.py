@@ -1,7 +1,7 @@
 """The watcher's renders: a NodePool's inputs to its payload in the cache, off the event loop.
 
-Mixed into the Reconciler (like WriterDuties): the Reconciler indexes tokens and tracks what
-each token Secret reads; this decides when a NodePool renders and stores the result. Renders
+Mixed into the Reconciler (like WriterDuties): the Reconciler indexes tokens, the InputGraph
+tracks what each token Secret reads; this decides when a NodePool renders and stores the result. Renders
 run in threads with bounded concurrency, a burst of changes to one NodePool's inputs renders
 once (debounce), and identical inputs render once (single-flight, by inputs digest), so
 serving never stalls. A failed render keeps the last good payload serving, says why in the
@@ -30,6 +30,7 @@ from .faults import Faults, backoff
 from .gather import gather
 from .generated_bases import GeneratedBaseWaits
 from .input_graph import InputGraph
+from .release_waits import ReleaseWaits
 from .releases import Releases
 from .status import WAIT, Status
 from .tenancy import OutsideTenancy, Tenancy
@@ -64,14 +65,13 @@ class Renders:
     _pending: dict[ObjectKey, PendingRender]
     _failures: dict[ObjectKey, tuple[str, int, float]]
     _semaphore: asyncio.Semaphore | None
-
-    input_graph: InputGraph
-
-    base_waits: GeneratedBaseWaits
+    input_graph: InputGraph  # told what each render read
+    release_waits: ReleaseWaits  # asked before a render: is its release known?
+    base_waits: GeneratedBaseWaits  # and its generated base?
 
     # The Reconciler's own methods (they come first, so these only declare them). Those of
-    # its other mixins (release_blocked, _write_status_later) are not declared:
-    # Renders precedes them, and a stub here would hide them.
+    # its other mixin (_write_status_later) are not declared: Renders precedes it, and a
+    # stub here would hide it.
     async def persist_index(self) -> None: ...
 
     def inputs_for(self, secret: TokenSecret) -> NodePoolInputs:
@@ -104,11 +104,11 @@ class Renders:
             return
         # (A Secret that says a render failed although its payload is current, as after its
         # config was broken and then put back, renders once more so its status says so.)
-        blocked = self.release_blocked(secret, inputs)
+        blocked = self.release_waits.blocked(secret, inputs)
         if blocked is None:
             blocked = based
         if blocked == WAIT:
-            return  # release_resolved (base_waits.generated) brings it back
+            return  # release_waits.resolved (base_waits.generated) brings it back
         if isinstance(blocked, Status):
             self._render_failed(secret, digest, blocked.message, blocked.reason)
             return
