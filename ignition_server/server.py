@@ -195,7 +195,7 @@ class IgnitionServer:
             running.pool = WorkerPool(settings=settings, count=settings.workers, port=self.ports["serving"],
                                       tls_files=self.tls_files, cache=running.cache, authenticator=authenticator,
                                       metrics=self.metrics, on_served=reconciler.note_served,
-                                      on_missing=reconciler.payload_missing, behind=self.state.behind)
+                                      on_missing=reconciler.renders.payload_missing, behind=self.state.behind)
         pool = running.pool
         # Metrics first: once a worker answers /readyz, everything of this server answers.
         if settings.metrics_listen is not None:
@@ -345,7 +345,7 @@ class IgnitionServer:
             metrics=self.metrics,
             state=self.state,
             on_served=reconciler.note_served,
-            on_missing=reconciler.payload_missing,
+            on_missing=reconciler.renders.payload_missing,
             max_in_flight=settings.max_in_flight,
             limiter=FailedAuthLimiter(settings.auth_failure_burst, settings.auth_failure_window),
             access=AccessLog(settings.log_format),

@@ -2,10 +2,14 @@
 
 It owns every side effect between the source and the cache: the HTTP app only reads the
 index and the blobs this keeps up to date. This module keeps the token index and the
-housekeeping tick. It composes objects that own their state: which NodePools read which
-objects (InputGraph, input_graph.py), the NodePools waiting for a release (ReleaseWaits,
-release_waits.py) or for a generated base (GeneratedBaseWaits, generated_bases.py). The
-renders (renders.py) and the writer's duties (writes.py) are still mixed in.
+housekeeping tick, and composes objects that own their state: which NodePools read which
+objects (InputGraph, input_graph.py), when each renders (RenderScheduler, renders.py), the
+NodePools waiting for a release (ReleaseWaits, release_waits.py) or for a generated base
+(GeneratedBaseWaits, generated_bases.py). The writer's duties (writes.py) are still mixed in.
+
+One Secret change: `handle` -> `_apply` (index its tokens) -> `renders.schedule` (which asks
+`release_waits.blocked` and `base_waits.blocked`, then renders into the cache) -> the
+status write-back (`_write_status_later`, writes.py).
 """
 
 from __future__ import annotations
@@ -22,7 +26,6 @@ from ..auth.tokens import Grant
 from ..auth.rotation import RotationPolicy
 from .. import memory
 from ..metrics import ServerMetrics
-from ..render.inputs import RenderedPayload
 from ..sources.events import Change, Source
 from ..model.objects import ManifestError, ObjectKey, has_large_values
 from ..model.token_secret import TokenSecret, is_token_secret, parse_token_secret
@@ -35,7 +38,7 @@ from .outputs import TokenOutputs
 from ..registry.mirrors import is_mirror_set
 from .release_waits import ReleaseWaits
 from .releases import ReleaseCatalog, Releases, is_catalog, release_key
-from .renders import PendingRender, Renderer, Renders
+from .renders import Renderer, RenderScheduler
 from .status import Status
 from .writes import WriterDuties
 from .tenancy import Tenancy, generation_group, oldest_first
@@ -51,7 +54,7 @@ def _pool_of(secret: TokenSecret) -> tuple[str, str]:
 
 
 @dataclass
-class Reconciler(Renders, WriterDuties):
+class Reconciler(WriterDuties):
     source: Source
     cache: PayloadCache
     renderer: Renderer
@@ -76,16 +79,12 @@ class Reconciler(Renders, WriterDuties):
     prune_grace: float = 60.0  # an expired token Secret is deleted this long after its expiry (sources that can)
     secrets: dict[ObjectKey, TokenSecret] = field(default_factory=dict)
     _order: dict[ObjectKey, int] = field(default_factory=dict)  # first-seen order, for ties
-    _renders: dict[str, asyncio.Task[RenderedPayload]] = field(default_factory=dict)  # by inputs digest
-    _pending: dict[ObjectKey, PendingRender] = field(default_factory=dict)
-    _failures: dict[ObjectKey, tuple[str, int, float]] = field(default_factory=dict)  # digest, attempts, retry at
     _reached_written: set[ObjectKey] = field(default_factory=set)
     _source_tokens: dict[ObjectKey, str | None] = field(default_factory=dict)  # token as the source holds it
     _pools: dict[tuple[str, str], set[ObjectKey]] = field(default_factory=dict)  # (namespace, pool name) -> Secrets
     _by_nodepool: dict[tuple[str, str], set[ObjectKey]] = field(default_factory=dict)  # generation_group -> its Secrets
     input_graph: InputGraph = field(default_factory=InputGraph)  # what each token Secret reads, and who reads each object
     _listed: asyncio.Event = field(default_factory=asyncio.Event)
-    _semaphore: asyncio.Semaphore | None = None
     _next_flush: asyncio.Future[None] | None = None
     _seq: int = 0
     _duplicates: set[ObjectKey] = field(default_factory=set)  # token Secrets refused for another's token
@@ -96,21 +95,28 @@ class Reconciler(Renders, WriterDuties):
     work: ObjectWork = field(init=False)  # write-backs, queued per object (never awaited by the handler)
     release_waits: ReleaseWaits = field(init=False)  # NodePools waiting for a release the resolver reads
     base_waits: GeneratedBaseWaits = field(init=False)  # NodePools waiting for a generated MCO base
+    renders: RenderScheduler = field(init=False)  # when each NodePool renders, into the cache
 
     @property
     def catalog(self) -> ReleaseCatalog:
         return self.releases.catalog
 
     def __post_init__(self, generator: BaseGenerator | None) -> None:
+        self.faults = Faults(count=lambda step: self.metrics.watch_errors.labels(step=step).inc())
+        self.work = ObjectWork(self.faults)
         self.base_waits = GeneratedBaseWaits(
             generator=generator, releases=self.releases, bases=self.bases, source=self.source, tenancy=self.tenancy,
             share_namespace=self.share_namespace, writer=self.writer, inputs_changed=self._inputs_changed)
         self.release_waits = ReleaseWaits(
             releases=self.releases, input_graph=self.input_graph, source=self.source, tenancy=self.tenancy,
             share_namespace=self.share_namespace, writer=self.writer, inputs_changed=self._inputs_changed,
-            retry_now=lambda key: self._failures.pop(key, None))
-        self.faults = Faults(count=lambda step: self.metrics.watch_errors.labels(step=step).inc())
-        self.work = ObjectWork(self.faults)
+            retry_now=lambda key: self.renders.clear_backoff(key))
+        self.renders = RenderScheduler(
+            source=self.source, cache=self.cache, renderer=self.renderer, metrics=self.metrics, faults=self.faults,
+            releases=self.releases, bases=self.bases, tenancy=self.tenancy, input_graph=self.input_graph,
+            release_waits=self.release_waits, base_waits=self.base_waits, secret_of=lambda key: self.secrets.get(key),
+            persist_index=self.persist_index, write_status=self._write_status_later, clock=self.clock,
+            debounce=self.debounce, render_concurrency=self.render_concurrency)
         if self.outputs is not None:
             self.outputs.faults = self.faults
             self.outputs.writer = self.writer
@@ -203,7 +209,7 @@ class Reconciler(Renders, WriterDuties):
         for key in self.input_graph.readers_of(dependency):
             secret = self.secrets.get(key)
             if secret is not None:
-                self._schedule_render(secret)
+                self.renders.schedule(secret)
 
     async def _apply(self, key: ObjectKey, obj: dict[str, Any]) -> TokenSecret | None:
         try:
@@ -227,7 +233,7 @@ class Reconciler(Renders, WriterDuties):
         self._index_tokens(secret)
         if self.outputs is not None:
             self.outputs.tokens_changed(secret)
-        self._schedule_render(secret)
+        self.renders.schedule(secret)
         return secret
 
     def _token_held_elsewhere(self, key: ObjectKey, secret: TokenSecret, obj: dict[str, Any]) -> bool:
@@ -288,9 +294,7 @@ class Reconciler(Renders, WriterDuties):
             self.outputs.secret_gone(gone)
         if gone is not None and why == "its token Secret was deleted":
             self._orphaned_user_data(gone)
-        pending = self._pending.pop(key, None)
-        if pending:
-            pending.task.cancel()
+        self.renders.forget(key)
         self.work.cancel(key.ref)
         self.faults.forget(key.ref)
         self._rotated_in_cache.discard(key)
@@ -342,8 +346,8 @@ class Reconciler(Renders, WriterDuties):
         """Until no render and no queued write-back is pending (tests and graceful shutdown).
 
         A write-back that failed and waits for its retry does not count."""
-        while self._pending or self.work.running():
-            tasks = [p.task for p in self._pending.values()] + list(self.work.running())
+        while self.renders.pending() or self.work.running():
+            tasks = self.renders.pending() + list(self.work.running())
             await asyncio.gather(*tasks, return_exceptions=True)
 
     def grant_for(self, namespace: str, pool_name: str) -> Grant | None:
@@ -379,7 +383,7 @@ class Reconciler(Renders, WriterDuties):
             try:
                 await self.rotate_due()
                 await self.prune_expired()
-                await self.retry_failed()
+                await self.renders.retry_failed()
                 self.release_waits.nudge()
                 now = self.clock()
                 for secret in list(self.secrets.values()):
