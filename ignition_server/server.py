@@ -194,7 +194,7 @@ class IgnitionServer:
             self.ports["serving"] = running.reserved.getsockname()[1]
             running.pool = WorkerPool(settings=settings, count=settings.workers, port=self.ports["serving"],
                                       tls_files=self.tls_files, cache=running.cache, authenticator=authenticator,
-                                      metrics=self.metrics, on_served=reconciler.note_served,
+                                      metrics=self.metrics, on_served=reconciler.write_backs.note_served,
                                       on_missing=reconciler.renders.payload_missing, behind=self.state.behind)
         pool = running.pool
         # Metrics first: once a worker answers /readyz, everything of this server answers.
@@ -344,7 +344,7 @@ class IgnitionServer:
             authenticator=authenticator,
             metrics=self.metrics,
             state=self.state,
-            on_served=reconciler.note_served,
+            on_served=reconciler.write_backs.note_served,
             on_missing=reconciler.renders.payload_missing,
             max_in_flight=settings.max_in_flight,
             limiter=FailedAuthLimiter(settings.auth_failure_burst, settings.auth_failure_window),

@@ -9,7 +9,7 @@ NodePools waiting for a release (ReleaseWaits, release_waits.py) or for a genera
 
 One Secret change: `handle` -> `_apply` (index its tokens) -> `renders.schedule` (which asks
 `release_waits.blocked` and `base_waits.blocked`, then renders into the cache) -> the
-status write-back (`_write_status_later`, writes.py).
+status write-back (`write_backs.status_later`, write_backs.py).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from .release_waits import ReleaseWaits
 from .releases import ReleaseCatalog, Releases, is_catalog, release_key
 from .renders import Renderer, RenderScheduler
 from .status import Status
+from .write_backs import WriteBacks
 from .writes import WriterDuties
 from .tenancy import Tenancy, generation_group, oldest_first
 from .trust import TrustWatcher, is_trust_object
@@ -79,7 +80,6 @@ class Reconciler(WriterDuties):
     prune_grace: float = 60.0  # an expired token Secret is deleted this long after its expiry (sources that can)
     secrets: dict[ObjectKey, TokenSecret] = field(default_factory=dict)
     _order: dict[ObjectKey, int] = field(default_factory=dict)  # first-seen order, for ties
-    _reached_written: set[ObjectKey] = field(default_factory=set)
     _source_tokens: dict[ObjectKey, str | None] = field(default_factory=dict)  # token as the source holds it
     _pools: dict[tuple[str, str], set[ObjectKey]] = field(default_factory=dict)  # (namespace, pool name) -> Secrets
     _by_nodepool: dict[tuple[str, str], set[ObjectKey]] = field(default_factory=dict)  # generation_group -> its Secrets
@@ -96,6 +96,7 @@ class Reconciler(WriterDuties):
     release_waits: ReleaseWaits = field(init=False)  # NodePools waiting for a release the resolver reads
     base_waits: GeneratedBaseWaits = field(init=False)  # NodePools waiting for a generated MCO base
     renders: RenderScheduler = field(init=False)  # when each NodePool renders, into the cache
+    write_backs: WriteBacks = field(init=False)  # status, ignition-reached, deletions (rotation: writes.py)
 
     @property
     def catalog(self) -> ReleaseCatalog:
@@ -104,6 +105,9 @@ class Reconciler(WriterDuties):
     def __post_init__(self, generator: BaseGenerator | None) -> None:
         self.faults = Faults(count=lambda step: self.metrics.watch_errors.labels(step=step).inc())
         self.work = ObjectWork(self.faults)
+        self.write_backs = WriteBacks(source=self.source, work=self.work, faults=self.faults,
+                                      secret_of=lambda key: self.secrets.get(key), writer=self.writer,
+                                      clock=self.clock, prune_grace=self.prune_grace)
         self.base_waits = GeneratedBaseWaits(
             generator=generator, releases=self.releases, bases=self.bases, source=self.source, tenancy=self.tenancy,
             share_namespace=self.share_namespace, writer=self.writer, inputs_changed=self._inputs_changed)
@@ -115,7 +119,7 @@ class Reconciler(WriterDuties):
             source=self.source, cache=self.cache, renderer=self.renderer, metrics=self.metrics, faults=self.faults,
             releases=self.releases, bases=self.bases, tenancy=self.tenancy, input_graph=self.input_graph,
             release_waits=self.release_waits, base_waits=self.base_waits, secret_of=lambda key: self.secrets.get(key),
-            persist_index=self.persist_index, write_status=self._write_status_later, clock=self.clock,
+            persist_index=self.persist_index, write_status=self.write_backs.status_later, clock=self.clock,
             debounce=self.debounce, render_concurrency=self.render_concurrency)
         if self.outputs is not None:
             self.outputs.faults = self.faults
@@ -217,7 +221,7 @@ class Reconciler(WriterDuties):
         except ManifestError as exc:
             # Bad input loses nothing: the last good tokens and payload keep serving.
             log.error("token Secret %s is invalid, keeping its last good state: %s", key, exc)
-            self._write_status_later(key, obj, Status("InvalidConfig", f"cannot read the token Secret: {exc}"))
+            self.write_backs.status_later(key, obj, Status("InvalidConfig", f"cannot read the token Secret: {exc}"))
             return None
         if key not in self._order:
             self._seq += 1
@@ -255,7 +259,7 @@ class Reconciler(WriterDuties):
                       "not rotated); give it a token of its own", key.ref, ", ".join(sorted(holders)))
         if key in self.secrets:
             self._forget_secret(key, "it now holds another Secret's token")
-        self._write_status_later(key, obj, Status(
+        self.write_backs.status_later(key, obj, Status(
             "InvalidConfig", "refused: a token of this Secret is already held by another token Secret; "
                              "generate a new token"))
         return True
@@ -293,7 +297,7 @@ class Reconciler(WriterDuties):
         if gone is not None and self.outputs is not None:
             self.outputs.secret_gone(gone)
         if gone is not None and why == "its token Secret was deleted":
-            self._orphaned_user_data(gone)
+            self.write_backs.orphaned_user_data(gone)
         self.renders.forget(key)
         self.work.cancel(key.ref)
         self.faults.forget(key.ref)
@@ -382,7 +386,7 @@ class Reconciler(WriterDuties):
             await asyncio.sleep(tick)
             try:
                 await self.rotate_due()
-                await self.prune_expired()
+                await self.write_backs.prune_expired(list(self.secrets.items()))
                 await self.renders.retry_failed()
                 self.release_waits.nudge()
                 now = self.clock()
