@@ -194,8 +194,8 @@ class IgnitionServer:
             self.ports["serving"] = running.reserved.getsockname()[1]
             running.pool = WorkerPool(settings=settings, count=settings.workers, port=self.ports["serving"],
                                       tls_files=self.tls_files, cache=running.cache, authenticator=authenticator,
-                                      metrics=self.metrics, on_served=reconciler.note_served,
-                                      on_missing=reconciler.payload_missing, behind=self.state.behind)
+                                      metrics=self.metrics, on_served=reconciler.write_backs.note_served,
+                                      on_missing=reconciler.renders.payload_missing, behind=self.state.behind)
         pool = running.pool
         # Metrics first: once a worker answers /readyz, everything of this server answers.
         if settings.metrics_listen is not None:
@@ -286,7 +286,7 @@ class IgnitionServer:
 
         def resolved(pull_spec: str) -> None:
             if self.reconciler is not None:
-                self.reconciler.release_resolved(pull_spec)
+                self.reconciler.release_waits.resolved(pull_spec)
 
         resolver, session = open_resolver(
             registry, mirrors, store, self.metrics, resolved, self.settings.cache_dir / "tmp-layers",
@@ -306,7 +306,7 @@ class IgnitionServer:
 
         def done(key: str) -> None:
             if self.reconciler is not None:
-                self.reconciler.base_generated(key)
+                self.reconciler.base_waits.generated(key)
 
         files = ImageFiles(resolver.client, releases.mirrors, registry.architecture, self.settings.cache_dir / "tmp-layers")
         return BaseGenerator(
@@ -344,8 +344,8 @@ class IgnitionServer:
             authenticator=authenticator,
             metrics=self.metrics,
             state=self.state,
-            on_served=reconciler.note_served,
-            on_missing=reconciler.payload_missing,
+            on_served=reconciler.write_backs.note_served,
+            on_missing=reconciler.renders.payload_missing,
             max_in_flight=settings.max_in_flight,
             limiter=FailedAuthLimiter(settings.auth_failure_burst, settings.auth_failure_window),
             access=AccessLog(settings.log_format),

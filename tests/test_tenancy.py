@@ -146,7 +146,8 @@ async def test_inputs_named_in_another_tenants_namespace_are_refused_and_never_r
     assert payload(cache, f"{EVIL}/token-evil-00000000") is None
     # Nothing of the victim's was looked up on the evil NodePool's behalf: only the victim's own NodePool reads them.
     victim_key = next(k for k in reconciler.secrets if k.namespace == VICTIM)
-    readers = {k for dep, keys in reconciler._dependents.items() if dep.namespace == VICTIM for k in keys}
+    graph = reconciler.input_graph
+    readers = {k for dep in graph.objects_read() if dep.namespace == VICTIM for k in graph.readers_of(dep)}
     assert readers == {victim_key}
     assert refusals(reconciler, "input") >= 1
     # The victim is untouched; an input in a shared namespace stays allowed.
@@ -268,13 +269,13 @@ async def test_a_generated_base_published_outside_the_shared_namespaces_is_not_a
 
     reconciler, source, _cache, source_dir, _ = world
     store: dict[str, bytes] = {}
-    reconciler.generator = BaseGenerator(files=None, load=store.get, save=store.__setitem__,  # type: ignore[arg-type]
-                                         work_dir=tmp_path / "work")
+    reconciler.base_waits.generator = BaseGenerator(files=None, load=store.get, save=store.__setitem__,  # type: ignore[arg-type]
+                                                    work_dir=tmp_path / "work")
     base = EXAMPLE_MACHINECONFIG.format(name="base")
     for namespace, key in ((EVIL, "a" * 64), (SHARED, "b" * 64)):
         write_manifests(source_dir / f"base-{namespace}.yaml", obj(
             "ConfigMap", namespace, "ignition-server-base-x", {"machineconfigs.yaml": base},
             {ANNOTATION_GENERATED_BASE: key}))
     await settle(reconciler, source, reconciler.outputs)
-    assert reconciler.generator.known("a" * 64) is None
-    assert reconciler.generator.known("b" * 64) == base
+    assert reconciler.base_waits.generator.known("a" * 64) is None
+    assert reconciler.base_waits.generator.known("b" * 64) == base

@@ -129,7 +129,7 @@ async def test_a_fault_in_one_object_leaves_later_changes_applied(step: str, tmp
             write_manifests(source_dir / "v2.yaml", newer)
         if step == "write-back":
             await wait_until(lambda: VICTIM in {s.ref for s in reconciler.secrets.values()})
-            reconciler.note_served(VICTIM)
+            reconciler.write_backs.note_served(VICTIM)
 
         await wait_until(lambda: errors(metrics, step) >= 1)
         # A NodePool added after the fault is applied: its token opens its payload.

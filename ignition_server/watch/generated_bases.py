@@ -20,6 +20,7 @@ import asyncio
 import hashlib
 import json
 import logging
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from ..basegen.generator import BaseGenerator, BaseJob, cluster_key
@@ -130,31 +131,39 @@ def generated_key(secret: TokenSecret, notes: Mapping[str, str], lookup: Lookup,
     return cluster_key(cluster, digest), deps
 
 
-class GeneratedBases:
-    """Mixed into the Reconciler: asks the generator, waits, says why."""
+@dataclass
+class GeneratedBaseWaits:
+    """Which NodePools wait for which generated base: asks the generator, waits, says why.
+
+    The renders ask `blocked` before rendering; when the generator is done with a key (or
+    the writer's published copy arrives), every NodePool waiting for it is handed back to
+    `inputs_changed` with its base's dependency key, and renders again."""
 
     generator: BaseGenerator | None
     releases: Releases
     bases: BaseIndex
     source: Any
-    share_namespace: str | None
     tenancy: Tenancy
+    share_namespace: str | None  # several replicas: the writer publishes generated bases here
     writer: Callable[[], bool]
-    _base_waiters: dict[str, set[ObjectKey]]
-    _base_asking: set[str]
-    _base_held: dict[ObjectKey, tuple[str, Status]]
+    inputs_changed: Callable[[ObjectKey], None]  # re-render the NodePools that read this object
+    _waiters: dict[str, set[ObjectKey]] = field(default_factory=dict)  # generated base key -> its dependency keys
+    _asking: set[str] = field(default_factory=set)  # keys whose inputs are being read for the generator
+    _held: dict[ObjectKey, tuple[str, Status]] = field(default_factory=dict)  # token Secret -> (its inputs, why it waits)
 
-    def _inputs_changed(self, dependency: ObjectKey) -> None: ...
+    def known(self, key: str) -> str | None:
+        """The generated base of `key` (None: not generated, or no generator)."""
+        return self.generator.known(key) if self.generator is not None else None
 
-    def base_generated(self, key: str) -> None:
+    def generated(self, key: str) -> None:
         """The generator finished `key` (generated, or failed): its NodePools look again."""
         generator = self.generator
         if generator is not None and self.share_namespace and self.writer():
             text = generator.known(key)
             if text is not None:
                 asyncio.create_task(self._share_base(key, text), name=f"share mco base {key[:16]}")
-        for dependency in self._base_waiters.pop(key, set()):
-            self._inputs_changed(dependency)
+        for dependency in self._waiters.pop(key, set()):
+            self.inputs_changed(dependency)
 
     async def _share_base(self, key: str, text: str) -> None:
         """Publish a generated base for the other replicas (Kubernetes mode), as releases are."""
@@ -169,7 +178,7 @@ class GeneratedBases:
         except Exception as exc:  # the others keep waiting; the next run (or restart) publishes again
             log.error("could not publish the generated MCO base %s for the other replicas: %s", key[:16], exc)
 
-    def shared_base_changed(self, obj: Mapping[str, Any]) -> None:
+    def published(self, obj: Mapping[str, Any]) -> None:
         """A base the writer generated and published: kept like one generated here."""
         generator = self.generator
         key = str(annotations(obj).get(ANNOTATION_GENERATED_BASE, ""))
@@ -181,9 +190,9 @@ class GeneratedBases:
         except ValueError as exc:
             log.error("the published MCO base %s is not usable: %s", key[:16], exc)
             return
-        self.base_generated(key)
+        self.generated(key)
 
-    def base_blocked(self, secret: TokenSecret, inputs: NodePoolInputs) -> Status | str | None:
+    def blocked(self, secret: TokenSecret, inputs: NodePoolInputs) -> Status | str | None:
         """None: render. WAIT: the base is being generated. A Status: why it cannot be."""
         generator = self.generator
         if generator is None or inputs.mco_base_yaml is not None or not secret.release:
@@ -197,12 +206,12 @@ class GeneratedBases:
         pending = self._configuration_pending(secret) or self._cloud_config_pending(secret)
         if pending is not None:
             return pending
-        self._base_waiters.setdefault(key, set()).add(base_key(secret.key.namespace, "generated:" + secret.release))
+        self._waiters.setdefault(key, set()).add(base_key(secret.key.namespace, "generated:" + secret.release))
         if self.share_namespace and not self.writer():
-            return WAIT  # the writer generates it and publishes it (shared_base_changed)
+            return WAIT  # the writer generates it and publishes it (published)
         failure = generator.failure(key)
-        if generator.due(key) and not generator.pending(key) and key not in self._base_asking:
-            self._base_asking.add(key)
+        if generator.due(key) and not generator.pending(key) and key not in self._asking:
+            self._asking.add(key)
             asyncio.create_task(self._ask_base(key, secret), name=f"mco base {secret.ref}")
         if failure is None:
             return WAIT
@@ -212,11 +221,11 @@ class GeneratedBases:
         """The token Secret was made for inputs the source does not hold yet (its `*-hash`
         preconditions): wait, as HyperShift's GetPayload does, in its words. Values past the
         slim size are checked on their full text when the run is asked for (_ask_base)."""
-        held = self._base_held.get(secret.key)
+        held = self._held.get(secret.key)
         if held is not None:
             if held[0] == self._precondition_inputs(secret):
                 return held[1]
-            del self._base_held[secret.key]  # an input changed: look again
+            del self._held[secret.key]  # an input changed: look again
         notes = secret.annotations
         values = []
         for wanted in (JOIN_INPUTS[0], JOIN_INPUTS[2]):  # pull-secret, user-ca-bundle
@@ -263,9 +272,9 @@ class GeneratedBases:
             held = Status("InvalidConfig", why) if why else (
                 cloud_config_mismatch(secret, cloud_config["data"], cloud_config["metadata"]["name"]) if cloud_config else None)
             if held is not None:  # seen only on the full text of a large value
-                self._base_held[secret.key] = (self._precondition_inputs(secret), held)
-                for dependency in self._base_waiters.get(key, set()):
-                    self._inputs_changed(dependency)
+                self._held[secret.key] = (self._precondition_inputs(secret), held)
+                for dependency in self._waiters.get(key, set()):
+                    self.inputs_changed(dependency)
                 return
             assert self.generator is not None
             self.generator.request(BaseJob(
@@ -277,7 +286,7 @@ class GeneratedBases:
         except Exception:
             log.exception("asking for the MCO base of %s failed", secret.ref)
         finally:
-            self._base_asking.discard(key)
+            self._asking.discard(key)
 
     def _full_inputs(self, secret: TokenSecret) -> tuple[dict[str, str], str | None, str | None, dict[str, Any] | None]:
         notes = secret.annotations

@@ -1,10 +1,15 @@
 """The watcher: turns source changes into token index entries, renders and write-backs.
 
 It owns every side effect between the source and the cache: the HTTP app only reads the
-index and the blobs this keeps up to date. This module keeps the token index, which
-NodePools read which objects, and the housekeeping tick; the renders (renders.py), the
-writer's duties (writes.py), waiting on releases (release_waits.py) and on generated bases
-(generated_bases.py) are mixed in.
+index and the blobs this keeps up to date. This module keeps the token index and the
+housekeeping tick, and composes objects that own their state: which NodePools read which
+objects (InputGraph, input_graph.py), when each renders (RenderScheduler, renders.py), the
+NodePools waiting for a release (ReleaseWaits, release_waits.py) or for a generated base
+(GeneratedBaseWaits, generated_bases.py). The writer's duties (writes.py) are still mixed in.
+
+One Secret change: `handle` -> `_apply` (index its tokens) -> `renders.schedule` (which asks
+`release_waits.blocked` and `base_waits.blocked`, then renders into the cache) -> the
+status write-back (`write_backs.status_later`, write_backs.py).
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any, Callable
 
 from payload_cache import PayloadCache, TokenRecord, TokenState
@@ -21,20 +26,21 @@ from ..auth.tokens import Grant
 from ..auth.rotation import RotationPolicy
 from .. import memory
 from ..metrics import ServerMetrics
-from ..render.inputs import RenderedPayload
 from ..sources.events import Change, Source
 from ..model.objects import ManifestError, ObjectKey, has_large_values
 from ..model.token_secret import TokenSecret, is_token_secret, parse_token_secret
 from .bases import BaseIndex, is_base
 from .faults import Faults, ObjectWork
-from .generated_bases import GeneratedBases, is_generated_base
+from .input_graph import InputGraph
+from .generated_bases import GeneratedBaseWaits, is_generated_base
 from ..basegen.generator import BaseGenerator
 from .outputs import TokenOutputs
 from ..registry.mirrors import is_mirror_set
 from .release_waits import ReleaseWaits
 from .releases import ReleaseCatalog, Releases, is_catalog, release_key
-from .renders import PendingRender, Renderer, Renders
+from .renders import Renderer, RenderScheduler
 from .status import Status
+from .write_backs import WriteBacks
 from .writes import WriterDuties
 from .tenancy import Tenancy, generation_group, oldest_first
 from .trust import TrustWatcher, is_trust_object
@@ -49,7 +55,7 @@ def _pool_of(secret: TokenSecret) -> tuple[str, str]:
 
 
 @dataclass
-class Reconciler(Renders, WriterDuties, ReleaseWaits, GeneratedBases):
+class Reconciler(WriterDuties):
     source: Source
     cache: PayloadCache
     renderer: Renderer
@@ -60,51 +66,61 @@ class Reconciler(Renders, WriterDuties, ReleaseWaits, GeneratedBases):
     trust: TrustWatcher | None = None
     outputs: TokenOutputs | None = None
     debounce: float = 0.05  # a burst of changes to one NodePool's inputs renders once
-    # The catalog, the registry resolver and mirrors (the resolver calls release_resolved).
+    # The catalog, the registry resolver and mirrors (the resolver calls release_waits.resolved).
     releases: Releases = field(default_factory=Releases)
     share_namespace: str | None = None  # several replicas: the writer publishes resolved releases here
     # Which namespaces may shape a NodePool besides its own (--shared-namespaces); by default none.
     tenancy: Tenancy = field(default_factory=Tenancy)
     bases: BaseIndex = field(default_factory=BaseIndex)  # MCO base configurations by (cluster, release)
-    generator: BaseGenerator | None = None  # --generate-bases: bases the release's MCO generates (it calls base_generated)
+    # --generate-bases: bases the release's MCO generates (it calls base_waits.generated); base_waits owns it
+    generator: InitVar[BaseGenerator | None] = None
     # Whether this replica writes (rotation, expiry, status, user-data, ignition-reached):
     # with several replicas only the Lease holder does; every replica indexes and serves.
     writer: Callable[[], bool] = lambda: True
     prune_grace: float = 60.0  # an expired token Secret is deleted this long after its expiry (sources that can)
     secrets: dict[ObjectKey, TokenSecret] = field(default_factory=dict)
     _order: dict[ObjectKey, int] = field(default_factory=dict)  # first-seen order, for ties
-    _renders: dict[str, asyncio.Task[RenderedPayload]] = field(default_factory=dict)  # by inputs digest
-    _pending: dict[ObjectKey, PendingRender] = field(default_factory=dict)
-    _failures: dict[ObjectKey, tuple[str, int, float]] = field(default_factory=dict)  # digest, attempts, retry at
-    _reached_written: set[ObjectKey] = field(default_factory=set)
     _source_tokens: dict[ObjectKey, str | None] = field(default_factory=dict)  # token as the source holds it
     _pools: dict[tuple[str, str], set[ObjectKey]] = field(default_factory=dict)  # (namespace, pool name) -> Secrets
     _by_nodepool: dict[tuple[str, str], set[ObjectKey]] = field(default_factory=dict)  # generation_group -> its Secrets
-    _deps_of: dict[ObjectKey, frozenset[ObjectKey]] = field(default_factory=dict)  # token Secret -> what it reads
-    _dependents: dict[ObjectKey, set[ObjectKey]] = field(default_factory=dict)  # object -> token Secrets reading it
-    _canonical: dict[ObjectKey, ObjectKey] = field(default_factory=dict)  # the one key object of each dependency
+    input_graph: InputGraph = field(default_factory=InputGraph)  # what each token Secret reads, and who reads each object
     _listed: asyncio.Event = field(default_factory=asyncio.Event)
-    _semaphore: asyncio.Semaphore | None = None
     _next_flush: asyncio.Future[None] | None = None
     _seq: int = 0
-    _asking: set[str] = field(default_factory=set)  # releases whose inputs are being read for the resolver
-    _base_waiters: dict[str, set[ObjectKey]] = field(default_factory=dict)  # generated base key -> its dependency keys
-    _base_asking: set[str] = field(default_factory=set)
     _duplicates: set[ObjectKey] = field(default_factory=set)  # token Secrets refused for another's token
-    _base_held: dict[ObjectKey, tuple[str, Any]] = field(default_factory=dict)  # token Secret -> (its inputs, why it waits)
     # Secrets whose rotation lives in the cache dir although the source is writable: their
     # manifest (a symlink's target on a read-only mount) cannot be written.
     _rotated_in_cache: set[ObjectKey] = field(default_factory=set)
     faults: Faults = field(init=False)
     work: ObjectWork = field(init=False)  # write-backs, queued per object (never awaited by the handler)
+    release_waits: ReleaseWaits = field(init=False)  # NodePools waiting for a release the resolver reads
+    base_waits: GeneratedBaseWaits = field(init=False)  # NodePools waiting for a generated MCO base
+    renders: RenderScheduler = field(init=False)  # when each NodePool renders, into the cache
+    write_backs: WriteBacks = field(init=False)  # status, ignition-reached, deletions (rotation: writes.py)
 
     @property
     def catalog(self) -> ReleaseCatalog:
         return self.releases.catalog
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, generator: BaseGenerator | None) -> None:
         self.faults = Faults(count=lambda step: self.metrics.watch_errors.labels(step=step).inc())
         self.work = ObjectWork(self.faults)
+        self.write_backs = WriteBacks(source=self.source, work=self.work, faults=self.faults,
+                                      secret_of=lambda key: self.secrets.get(key), writer=self.writer,
+                                      clock=self.clock, prune_grace=self.prune_grace)
+        self.base_waits = GeneratedBaseWaits(
+            generator=generator, releases=self.releases, bases=self.bases, source=self.source, tenancy=self.tenancy,
+            share_namespace=self.share_namespace, writer=self.writer, inputs_changed=self._inputs_changed)
+        self.release_waits = ReleaseWaits(
+            releases=self.releases, input_graph=self.input_graph, source=self.source, tenancy=self.tenancy,
+            share_namespace=self.share_namespace, writer=self.writer, inputs_changed=self._inputs_changed,
+            retry_now=lambda key: self.renders.clear_backoff(key))
+        self.renders = RenderScheduler(
+            source=self.source, cache=self.cache, renderer=self.renderer, metrics=self.metrics, faults=self.faults,
+            releases=self.releases, bases=self.bases, tenancy=self.tenancy, input_graph=self.input_graph,
+            release_waits=self.release_waits, base_waits=self.base_waits, secret_of=lambda key: self.secrets.get(key),
+            persist_index=self.persist_index, write_status=self.write_backs.status_later, clock=self.clock,
+            debounce=self.debounce, render_concurrency=self.render_concurrency)
         if self.outputs is not None:
             self.outputs.faults = self.faults
             self.outputs.writer = self.writer
@@ -155,9 +171,9 @@ class Reconciler(Renders, WriterDuties, ReleaseWaits, GeneratedBases):
             for dependency in self.bases.update(key, None if change.type == "DELETED" else change.obj):
                 self._inputs_changed(dependency)
         if key.kind == "ConfigMap" and change.type != "DELETED" and is_generated_base(change.obj):
-            self.shared_base_changed(change.obj)
+            self.base_waits.published(change.obj)
         if is_mirror_set(change.obj) or (key.kind in ("ImageDigestMirrorSet", "ImageTagMirrorSet")):
-            self.mirror_set_changed(key, None if change.type == "DELETED" else change.obj)
+            self.release_waits.mirror_set_changed(key, None if change.type == "DELETED" else change.obj)
         if key.kind == "Secret":
             if change.type != "DELETED" and is_token_secret(change.obj):
                 secret = await self._apply(key, change.obj)
@@ -169,7 +185,7 @@ class Reconciler(Renders, WriterDuties, ReleaseWaits, GeneratedBases):
                     return None
                 why = "its token Secret was deleted" if change.type == "DELETED" else "it is no longer a token Secret"
                 self._forget_secret(key, why)
-        if key in self._dependents:
+        if self.input_graph.is_read(key):
             self._inputs_changed(key)
         return touched
 
@@ -194,31 +210,10 @@ class Reconciler(Renders, WriterDuties, ReleaseWaits, GeneratedBases):
 
     def _inputs_changed(self, dependency: ObjectKey) -> None:
         """Re-render exactly the NodePools that read `dependency` (the digest decides if anything changed)."""
-        for key in list(self._dependents.get(dependency, ())):
+        for key in self.input_graph.readers_of(dependency):
             secret = self.secrets.get(key)
             if secret is not None:
-                self._schedule_render(secret)
-
-    def _track(self, key: ObjectKey, deps: frozenset[ObjectKey]) -> None:
-        previous = self._deps_of.get(key, frozenset())
-        if previous == deps:
-            return
-        # One key object per dependency, shared by every NodePool that reads it: at the seeds'
-        # scale ~74,000 keys were ~6,000 distinct ones (12 NodePools read each namespace's).
-        deps = frozenset(self._canonical.setdefault(dep, dep) for dep in deps)
-        for dep in previous - deps:
-            dependents = self._dependents.get(dep)
-            if dependents is not None:
-                dependents.discard(key)
-                if not dependents:
-                    del self._dependents[dep]
-                    self._canonical.pop(dep, None)
-        for dep in deps - previous:
-            self._dependents.setdefault(dep, set()).add(key)
-        if deps:
-            self._deps_of[key] = deps
-        else:
-            self._deps_of.pop(key, None)
+                self.renders.schedule(secret)
 
     async def _apply(self, key: ObjectKey, obj: dict[str, Any]) -> TokenSecret | None:
         try:
@@ -226,7 +221,7 @@ class Reconciler(Renders, WriterDuties, ReleaseWaits, GeneratedBases):
         except ManifestError as exc:
             # Bad input loses nothing: the last good tokens and payload keep serving.
             log.error("token Secret %s is invalid, keeping its last good state: %s", key, exc)
-            self._write_status_later(key, obj, Status("InvalidConfig", f"cannot read the token Secret: {exc}"))
+            self.write_backs.status_later(key, obj, Status("InvalidConfig", f"cannot read the token Secret: {exc}"))
             return None
         if key not in self._order:
             self._seq += 1
@@ -242,7 +237,7 @@ class Reconciler(Renders, WriterDuties, ReleaseWaits, GeneratedBases):
         self._index_tokens(secret)
         if self.outputs is not None:
             self.outputs.tokens_changed(secret)
-        self._schedule_render(secret)
+        self.renders.schedule(secret)
         return secret
 
     def _token_held_elsewhere(self, key: ObjectKey, secret: TokenSecret, obj: dict[str, Any]) -> bool:
@@ -264,7 +259,7 @@ class Reconciler(Renders, WriterDuties, ReleaseWaits, GeneratedBases):
                       "not rotated); give it a token of its own", key.ref, ", ".join(sorted(holders)))
         if key in self.secrets:
             self._forget_secret(key, "it now holds another Secret's token")
-        self._write_status_later(key, obj, Status(
+        self.write_backs.status_later(key, obj, Status(
             "InvalidConfig", "refused: a token of this Secret is already held by another token Secret; "
                              "generate a new token"))
         return True
@@ -297,15 +292,13 @@ class Reconciler(Renders, WriterDuties, ReleaseWaits, GeneratedBases):
     def _forget_secret(self, key: ObjectKey, why: str) -> None:
         now = self.clock()
         self._unlist_pool(key)
-        self._track(key, frozenset())
+        self.input_graph.forget(key)
         gone = self.secrets.pop(key, None)
         if gone is not None and self.outputs is not None:
             self.outputs.secret_gone(gone)
         if gone is not None and why == "its token Secret was deleted":
-            self._orphaned_user_data(gone)
-        pending = self._pending.pop(key, None)
-        if pending:
-            pending.task.cancel()
+            self.write_backs.orphaned_user_data(gone)
+        self.renders.forget(key)
         self.work.cancel(key.ref)
         self.faults.forget(key.ref)
         self._rotated_in_cache.discard(key)
@@ -357,8 +350,8 @@ class Reconciler(Renders, WriterDuties, ReleaseWaits, GeneratedBases):
         """Until no render and no queued write-back is pending (tests and graceful shutdown).
 
         A write-back that failed and waits for its retry does not count."""
-        while self._pending or self.work.running():
-            tasks = [p.task for p in self._pending.values()] + list(self.work.running())
+        while self.renders.pending() or self.work.running():
+            tasks = self.renders.pending() + list(self.work.running())
             await asyncio.gather(*tasks, return_exceptions=True)
 
     def grant_for(self, namespace: str, pool_name: str) -> Grant | None:
@@ -393,9 +386,9 @@ class Reconciler(Renders, WriterDuties, ReleaseWaits, GeneratedBases):
             await asyncio.sleep(tick)
             try:
                 await self.rotate_due()
-                await self.prune_expired()
-                await self.retry_failed()
-                self.nudge_releases()
+                await self.write_backs.prune_expired(list(self.secrets.items()))
+                await self.renders.retry_failed()
+                self.release_waits.nudge()
                 now = self.clock()
                 for secret in list(self.secrets.values()):
                     if secret.expired(now):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import yaml
@@ -24,6 +25,7 @@ import yaml
 from ..render.inputs import NodePoolInputs
 from ..model.objects import ObjectKey, data_text
 from ..model.token_secret import TokenSecret
+from .input_graph import InputGraph
 from .inputs import JOIN_INPUTS, input_key
 from .releases import ANNOTATION_RELEASE_CATALOG, CATALOG_KEY, HAPROXY_IMAGE, Releases, release_key
 from .status import WAIT, Status
@@ -37,27 +39,28 @@ log = logging.getLogger("ignition_server.watch")
 SHARED_IMAGES = frozenset((HAPROXY_IMAGE, "rhel-coreos", "rhel-coreos-extensions", "machine-config-operator"))
 
 
+@dataclass
 class ReleaseWaits:
-    """Mixed into the Reconciler (like WriterDuties): uses its secrets, source and dependents."""
+    """Which NodePools wait for a release: asks the resolver, waits, says why.
+
+    The renders ask `blocked` before rendering; when the resolver is done with a pull spec,
+    every NodePool that reads the release is handed back to `inputs_changed` and renders again."""
 
     releases: Releases
-    secrets: dict[ObjectKey, TokenSecret]
-    _deps_of: dict[ObjectKey, frozenset[ObjectKey]]
-    _dependents: dict[ObjectKey, set[ObjectKey]]
-    _failures: dict[ObjectKey, tuple[str, int, float]]
-    _asking: set[str]
+    input_graph: InputGraph
     source: Any
-    share_namespace: str | None
     tenancy: Tenancy
+    share_namespace: str | None  # several replicas: the writer publishes resolved releases here
     writer: Callable[[], bool]
+    inputs_changed: Callable[[ObjectKey], None]  # re-render the NodePools that read this object
+    retry_now: Callable[[ObjectKey], None]  # drop a NodePool's render back-off (it waited on a release)
+    _asking: set[str] = field(default_factory=set)  # releases whose inputs are being read for the resolver
 
-    def _inputs_changed(self, dependency: ObjectKey) -> None: ...
-
-    def release_resolved(self, pull_spec: str) -> None:
+    def resolved(self, pull_spec: str) -> None:
         """The resolver finished with `pull_spec` (known now, or failed): its NodePools look again."""
-        for key in self._dependents.get(release_key(pull_spec), ()):
-            self._failures.pop(key, None)  # the render back-off was waiting on this
-        self._inputs_changed(release_key(pull_spec))
+        for key in self.input_graph.readers_of(release_key(pull_spec)):
+            self.retry_now(key)  # the render back-off was waiting on this
+        self.inputs_changed(release_key(pull_spec))
         resolver = self.releases.resolver
         content = resolver.known(pull_spec) if resolver is not None else None
         if content is not None and self.share_namespace and self.writer():
@@ -79,16 +82,16 @@ class ReleaseWaits:
         except Exception as exc:  # the others keep waiting; the next resolution (or restart) publishes again
             log.error("could not publish release %s for the other replicas: %s", pull_spec, exc)
 
-    def nudge_releases(self) -> None:
+    def nudge(self) -> None:
         """A replica that became the writer takes over the releases the others wait for."""
         if not self.share_namespace or self.releases.resolver is None or not self.writer():
             return
         resolver = self.releases.resolver
-        for dependency in [d for d in self._dependents if d.kind == "Release"]:
+        for dependency in self.input_graph.releases_read():
             spec = dependency.name
             if self.releases.get(spec) is None and not resolver.pending(spec) and spec not in self._asking \
                     and resolver.failure(spec) is None:
-                self._inputs_changed(dependency)
+                self.inputs_changed(dependency)
 
     def mirror_set_changed(self, key: ObjectKey, obj: Mapping[str, Any] | None) -> None:
         mirrors = self.releases.mirrors
@@ -100,16 +103,16 @@ class ReleaseWaits:
             log.error("mirror set %s is invalid, keeping its last good rules: %s", key, exc)
             return
         if changed:
-            for dependency in [d for d in self._dependents if d.kind == "Release"]:
-                self._inputs_changed(dependency)
+            for dependency in self.input_graph.releases_read():
+                self.inputs_changed(dependency)
 
-    def release_blocked(self, secret: TokenSecret, inputs: NodePoolInputs) -> Status | str | None:
+    def blocked(self, secret: TokenSecret, inputs: NodePoolInputs) -> Status | str | None:
         """None: render. WAIT: the release is being read. A Status: why it cannot be read."""
         resolver = self.releases.resolver
         spec = secret.release
         if resolver is None or inputs.haproxy_image or not spec:
             return None
-        if release_key(spec) not in self._deps_of.get(secret.key, ()) or self.releases.get(spec) is not None:
+        if not self.input_graph.reads(secret.key, release_key(spec)) or self.releases.get(spec) is not None:
             return None  # not needed, or known (and the render says what is wrong with it)
         if self.share_namespace and not self.writer():
             return WAIT  # the writer reads it and publishes it as a catalog ConfigMap

@@ -1,8 +1,8 @@
 """The watcher's renders: a NodePool's inputs to its payload in the cache, off the event loop.
 
-Mixed into the Reconciler (like WriterDuties): the Reconciler indexes tokens and tracks what
-each token Secret reads; this decides when a NodePool renders and stores the result. Renders
-run in threads with bounded concurrency, a burst of changes to one NodePool's inputs renders
+The Reconciler indexes tokens and calls `schedule` for each token Secret added or changed
+and for each reader of a changed input (the InputGraph, which `inputs_for` keeps current);
+the RenderScheduler decides when a NodePool renders and stores the result. Renders run in threads with bounded concurrency, a burst of changes to one NodePool's inputs renders
 once (debounce), and identical inputs render once (single-flight, by inputs digest), so
 serving never stalls. A failed render keeps the last good payload serving, says why in the
 Secret's status and is retried with back-off; a render waits (no status churn) while its
@@ -15,8 +15,8 @@ import asyncio
 import logging
 import math
 import time
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
 
 from payload_cache import PayloadCache, RenderRecord
 
@@ -25,10 +25,12 @@ from ..metrics import ServerMetrics
 from ..render.inputs import InvalidConfig, NodePoolInputs, RefusedInput, RenderedPayload, refusal
 from ..model.objects import ManifestError, ObjectKey
 from ..model.token_secret import TokenSecret, token_secret_config
-from ..basegen.generator import BaseGenerator
 from .bases import BaseIndex
 from .faults import Faults, backoff
 from .gather import gather
+from .generated_bases import GeneratedBaseWaits
+from .input_graph import InputGraph
+from .release_waits import ReleaseWaits
 from .releases import Releases
 from .status import WAIT, Status
 from .tenancy import OutsideTenancy, Tenancy
@@ -44,50 +46,46 @@ class PendingRender:
     digest: str
 
 
-class Renders:
-    """Mixed into the Reconciler, whose state it uses: the render queue is its fields."""
+@dataclass
+class RenderScheduler:
+    """When a NodePool renders, and what becomes of the result: queued, debounced, single-flight."""
 
     source: Any
     cache: PayloadCache
     renderer: Renderer
     metrics: ServerMetrics
-    clock: Callable[[], float]
-    debounce: float
-    render_concurrency: int
+    faults: Faults
     releases: Releases
     bases: BaseIndex
-    generator: BaseGenerator | None
     tenancy: Tenancy
-    secrets: dict[ObjectKey, TokenSecret]
-    faults: Faults
-    _renders: dict[str, asyncio.Task[RenderedPayload]]
-    _pending: dict[ObjectKey, PendingRender]
-    _failures: dict[ObjectKey, tuple[str, int, float]]
-    _semaphore: asyncio.Semaphore | None
-
-    # The Reconciler's own methods (they come first, so these only declare them). Those of
-    # its other mixins (release_blocked, base_blocked, _write_status_later) are not declared:
-    # Renders precedes them, and a stub here would hide them.
-    def _track(self, key: ObjectKey, deps: frozenset[ObjectKey]) -> None: ...
-
-    async def persist_index(self) -> None: ...
+    input_graph: InputGraph  # told what each render read
+    release_waits: ReleaseWaits  # asked before a render: is its release known?
+    base_waits: GeneratedBaseWaits  # and its generated base?
+    secret_of: Callable[[ObjectKey], TokenSecret | None]  # the token Secret as the index holds it now
+    persist_index: Callable[[], Awaitable[None]]  # durable before a render is said to be done
+    write_status: Callable[[ObjectKey, dict[str, Any] | None, Status], None]  # queued, never awaited
+    clock: Callable[[], float] = time.time
+    debounce: float = 0.05  # a burst of changes to one NodePool's inputs renders once
+    render_concurrency: int = 2
+    _renders: dict[str, asyncio.Task[RenderedPayload]] = field(default_factory=dict)  # by inputs digest
+    _pending: dict[ObjectKey, PendingRender] = field(default_factory=dict)
+    _failures: dict[ObjectKey, tuple[str, int, float]] = field(default_factory=dict)  # digest, attempts, retry at
+    _semaphore: asyncio.Semaphore | None = None
 
     def inputs_for(self, secret: TokenSecret) -> NodePoolInputs:
         try:
             inputs, deps = gather(secret, secret.annotations, self.source.get, self.releases, bases=self.bases,
-                                  generated=self._generated, tenancy=self.tenancy)
+                                  generated=self.base_waits.known, tenancy=self.tenancy)
         except OutsideTenancy as exc:
             self.metrics.tenancy_refusals.labels(what="input").inc()
             raise InvalidConfig(str(exc)) from None
         except ManifestError as exc:
             raise InvalidConfig(str(exc)) from None
-        self._track(secret.key, deps)
+        self.input_graph.track(secret.key, deps)
         return inputs
 
-    def _generated(self, key: str) -> str | None:
-        return self.generator.known(key) if self.generator is not None else None
-
-    def _schedule_render(self, secret: TokenSecret) -> None:
+    def schedule(self, secret: TokenSecret) -> None:
+        """Render `secret`'s NodePool if its inputs changed (or its last render failed and is due)."""
         try:
             inputs = self.inputs_for(secret)
         except InvalidConfig as exc:
@@ -97,7 +95,7 @@ class Renders:
             self._render_failed(secret, "", f"cannot gather the inputs: {type(exc).__name__}: {exc}")
             return
         digest = inputs.digest()
-        based = self.base_blocked(secret, inputs)  # a base still to generate: the payload is not current
+        based = self.base_waits.blocked(secret, inputs)  # a base still to generate: the payload is not current
         record = self.cache.get_render(secret.ref)
         if record is not None and record.inputs_digest == digest and self.cache.has_blob(record.blob_id) \
                 and secret.reason in (None, "", "AsExpected") and based is None:
@@ -105,11 +103,11 @@ class Renders:
             return
         # (A Secret that says a render failed although its payload is current, as after its
         # config was broken and then put back, renders once more so its status says so.)
-        blocked = self.release_blocked(secret, inputs)
+        blocked = self.release_waits.blocked(secret, inputs)
         if blocked is None:
             blocked = based
         if blocked == WAIT:
-            return  # release_resolved (base_generated) brings it back
+            return  # release_waits.resolved (base_waits.generated) brings it back
         if isinstance(blocked, Status):
             self._render_failed(secret, digest, blocked.message, blocked.reason)
             return
@@ -150,7 +148,7 @@ class Renders:
             message = "; ".join(rendered.notes)
             # Queued, not awaited: the write-back re-enters the handler, and a render must
             # not wait on (or fail with) what that does to other objects.
-            self._write_status_later(secret.key, None, Status("AsExpected", message))
+            self.write_status(secret.key, None, Status("AsExpected", message))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # e.g. the index flush: the next housekeeping tick flushes again
@@ -190,7 +188,7 @@ class Renders:
         try:
             inputs, _deps = gather(
                 secret, secret.annotations, self.source.get_full, self.releases, token_secret_config(obj), self.bases,
-                self._generated, self.tenancy,
+                self.base_waits.known, self.tenancy,
             )
         except ManifestError as exc:
             raise refusal(exc, str(exc)) from None
@@ -205,21 +203,35 @@ class Renders:
         self._failures[secret.key] = (digest, attempts, self.clock() + delay)
         serving = "the last good payload keeps serving" if self.cache.get_render(secret.ref) else "no payload yet"
         self.faults.failed("render", secret.ref, f"{message} ({serving})")  # logged once, counted
-        self._write_status_later(secret.key, None, Status(reason, message))
+        self.write_status(secret.key, None, Status(reason, message))
 
     async def retry_failed(self) -> None:
         now = self.clock()
         for key, (_digest, _attempts, retry_at) in list(self._failures.items()):
-            secret = self.secrets.get(key)
+            secret = self.secret_of(key)
             if secret is None:
                 self._failures.pop(key, None)
             elif retry_at <= now and key not in self._pending:
                 self._failures[key] = (_digest, _attempts, 0.0)
-                self._schedule_render(secret)
+                self.schedule(secret)
 
     def payload_missing(self, secret_ref: str) -> None:
         """The stored payload is gone or failed its integrity check: render it again."""
         namespace, _, name = secret_ref.partition("/")
-        secret = self.secrets.get(ObjectKey("Secret", namespace, name))
+        secret = self.secret_of(ObjectKey("Secret", namespace, name))
         if secret is not None:
-            self._schedule_render(secret)  # has_blob is False now, so this renders
+            self.schedule(secret)  # has_blob is False now, so this renders
+
+    def clear_backoff(self, key: ObjectKey) -> None:
+        """What the NodePool's failed render waited for has changed: the next schedule renders at once."""
+        self._failures.pop(key, None)
+
+    def forget(self, key: ObjectKey) -> None:
+        """The token Secret is gone: its queued render is cancelled (its back-off goes at the next retry_failed)."""
+        pending = self._pending.pop(key, None)
+        if pending:
+            pending.task.cancel()
+
+    def pending(self) -> list[asyncio.Task[None]]:
+        """The renders queued or running."""
+        return [p.task for p in self._pending.values()]

@@ -1,8 +1,9 @@
-"""What only the writing replica does: rotation, expiry of outdated Secrets, status,
-`ignition-reached`, and the rotation state kept in the cache dir for a source that cannot be
-written. With several replicas (Kubernetes mode) only the Lease holder writes; every replica
-indexes tokens, renders and serves (watch/reconciler.py). Each write-back is gated by
-`writer()` and queued per object (`work`), never awaited by the event handler.
+"""What only the writing replica does about tokens: rotation, expiry of outdated Secrets, and
+the rotation state kept in the cache dir for a source that cannot be written (status,
+`ignition-reached` and deletions are the WriteBacks, write_backs.py). With several replicas
+(Kubernetes mode) only the Lease holder writes; every replica indexes tokens, renders and
+serves (watch/reconciler.py). Each write-back goes through `write_backs.write` (gated by
+`writer()`); an expiry is queued per object (`work`), never awaited by the event handler.
 """
 
 from __future__ import annotations
@@ -11,17 +12,14 @@ import errno
 import json
 import logging
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any
 
 from payload_cache import TokenRecord, TokenState
 
 from ..auth.rotation import new_token, rotation_mutation
 from ..config import SUPERSEDED_GRACE
 from ..model.objects import ObjectKey, set_annotation
-from ..model.token_secret import ANNOTATION_IGNITION_REACHED, ANNOTATION_TOKEN_EXPIRATION, TokenSecret, format_time
-from ..render.userdata import user_data_secret_name
-from ..sources.events import PruningSource
-from .status import Status, status_mutation, written_status
+from ..model.token_secret import ANNOTATION_TOKEN_EXPIRATION, TokenSecret, format_time
 
 log = logging.getLogger("ignition_server.watch")
 
@@ -32,40 +30,7 @@ def rotation_name(secret_ref: str) -> str:
 
 
 class WriterDuties:
-    """Mixed into the Reconciler, whose state it uses (secrets, cache, source, work, faults)."""
-
-    def _write_status_later(self, key: ObjectKey, obj: dict[str, Any] | None, status: Status) -> None:
-        current = self.secrets.get(key)
-        if current is not None and (current.reason, current.message) == (status.reason, status.message) \
-                and not self.work.in_hand(key.ref, "status"):
-            self.work.discard(key.ref, "status")  # an older status waiting for its retry is moot
-            return  # the common case after a restart: no task per NodePool for nothing to write
-        self.work.submit(key.ref, "status", lambda: self._write_status(key, status, obj))
-
-    async def _write_status(self, key: ObjectKey, status: Status, obj: dict[str, Any] | None = None) -> None:
-        # Only when it changes: the reference flooded its API server otherwise (OCPBUGS-42320).
-        current = self.secrets.get(key)
-        if current is not None and (current.reason, current.message) == (status.reason, status.message):
-            return
-        if obj is not None and written_status(obj) == status:
-            return
-        written = await self._write_back(key, status_mutation(status), "status")
-        if written and status.reason != "AsExpected" and isinstance(self.source, PruningSource):
-            # Once per change of status, like the status itself: `kubectl describe` shows why.
-            await self.source.record_event(key, status.reason, status.message)
-
-    async def _write_back(self, key: ObjectKey, mutate: Callable[[dict[str, Any]], bool], what: str) -> bool:
-        """True when written. Raises when it could not be (the caller's queue retries with back-off)."""
-        if not self.writer():
-            log.debug("not the writer: %s of %s left to the replica that writes", what, key)
-            return False
-        if not self.source.writable:
-            log.debug("source %s is read-only: %s of %s not written back", self.source.describe(), what, key)
-            return False
-        try:
-            return await self.source.write_back(key, mutate) is not None
-        except KeyError:
-            return False  # gone from the source meanwhile: nothing to write to
+    """Mixed into the Reconciler, whose state it uses (secrets, cache, source, work, faults, write_backs)."""
 
     # A read-only source cannot take rotations: they live in the cache dir instead, sealed
     # (encrypted) with the index, and apply for as long as the source keeps its own token.
@@ -141,7 +106,7 @@ class WriterDuties:
         indexing it again would retire the token the source now holds.
         """
         try:
-            written = await self._write_back(key, rotation_mutation(secret.token, token, now), "token rotation")
+            written = await self.write_backs.write(key, rotation_mutation(secret.token, token, now), "token rotation")
         except OSError as exc:
             if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
                 self._rotate_to_cache(key, secret, now, token, exc)
@@ -216,62 +181,5 @@ class WriterDuties:
                 # a failure to write this one (a manifest broken by hand) must reach no other.
                 self.work.submit(
                     outdated.key.ref, "expiry",
-                    lambda key=outdated.key, mutate=mutate: self._write_back(key, mutate, "expiration"),
+                    lambda key=outdated.key, mutate=mutate: self.write_backs.write(key, mutate, "expiration"),
                 )
-
-    def note_served(self, secret_ref: str) -> None:
-        """Set `ignition-reached` once per Secret, off the request path (the reference paid a GET+UPDATE per request)."""
-        namespace, _, name = secret_ref.partition("/")
-        key = ObjectKey("Secret", namespace, name)
-        secret = self.secrets.get(key)
-        if secret is None or secret.ignition_reached or key in self._reached_written:
-            return
-        self._reached_written.add(key)
-
-        def mutate(obj: dict[str, Any]) -> bool:
-            notes = (obj.get("metadata") or {}).get("annotations") or {}
-            if str(notes.get(ANNOTATION_IGNITION_REACHED, "")).lower() == "true":
-                return False
-            set_annotation(obj, ANNOTATION_IGNITION_REACHED, "True")
-            return True
-
-        self.work.submit(key.ref, "write-back", lambda: self._write_back(key, mutate, "ignition-reached"))
-
-    def _orphaned_user_data(self, secret: TokenSecret) -> None:
-        """A token Secret deleted (its NodePool gone, or superseded and expired): its user-data
-        Secret points at a token that no longer opens anything, so it goes too."""
-        if not self.writer() or not isinstance(self.source, PruningSource):
-            return
-        key = self._user_data_key(secret)
-        if self.source.get(key) is None:
-            return
-        self.work.submit(key.ref, "prune", lambda: self.source.delete(key))  # type: ignore[attr-defined]
-        log.info("deleting %s: its token Secret %s is gone", key.ref, secret.ref)
-
-    @staticmethod
-    def _user_data_key(secret: TokenSecret) -> ObjectKey:
-        return ObjectKey("Secret", secret.key.namespace, user_data_secret_name(
-            nodepool_name=secret.nodepool.partition("/")[2], token_secret_name=secret.key.name, user_data=b""))
-
-    async def prune_expired(self) -> int:
-        """Delete token Secrets that expired (`grace` seconds ago, so every replica has
-        stopped serving them) and their user-data Secrets (the reference leaked both)."""
-        if not self.writer() or not isinstance(self.source, PruningSource):
-            return 0
-        now = self.clock()
-        pruned = 0
-        for key, secret in list(self.secrets.items()):
-            if secret.expiration is None or now < secret.expiration + self.prune_grace or self.faults.waiting("prune", key.ref):
-                continue
-            user_data = self._user_data_key(secret)
-            try:
-                if self.source.get(user_data) is not None:
-                    await self.source.delete(user_data)
-                await self.source.delete(key)
-            except Exception as exc:
-                self.faults.failed("prune", key.ref, exc)
-                continue
-            self.faults.succeeded("prune", key.ref)
-            log.info("deleted the expired token Secret %s and its user-data", key.ref)
-            pruned += 1
-        return pruned

@@ -1,7 +1,8 @@
 """The wire between the owner and a worker: length-prefixed pickles over a socketpair.
 
 Both ends are this program (the owner starts the worker with the socket's other end), so
-pickle carries the records and settings as they are.
+pickle carries the records and settings as they are. What may be sent is declared in
+messages.py.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ import asyncio
 import pickle
 import socket
 import struct
-from typing import Any
+
+from .messages import Message
 
 _LENGTH = struct.Struct("!I")
 
@@ -25,7 +27,7 @@ class Channel:
         reader, writer = await asyncio.open_unix_connection(sock=sock)
         return cls(reader, writer)
 
-    def send(self, *message: Any) -> None:
+    def send(self, message: Message) -> None:
         """Queue a message (never blocks; `drain` waits for the buffer to empty)."""
         if self._writer.is_closing():
             return
@@ -35,7 +37,7 @@ class Channel:
     async def drain(self) -> None:
         await self._writer.drain()
 
-    async def receive(self) -> tuple[Any, ...]:
+    async def receive(self) -> Message:
         """The next message; raises EOFError when the other end is gone."""
         try:
             (length,) = _LENGTH.unpack(await self._reader.readexactly(_LENGTH.size))

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from payload_cache import PayloadCache
 
-from ..auth.presented import admit
+from ..auth.presented import Presented, admit
 from ..auth.tokens import Refusal, TokenAuthenticator
 from ..config import ServeSettings
 from ..http.connection_table import ConnectionTable
@@ -32,7 +32,9 @@ from ..http.limits import FailedAuthLimiter
 from ..http.tls import TLSFiles
 from ..metrics import ServerMetrics
 from .channel import Channel
-from .worker import WorkerSpec, process_name
+from .messages import (Ask, Behind, Changes, Drain, Granted, Hello, Hold, Missing, Ready, Refused, Report, Reported,
+                       ReportNow, WorkerSpec)
+from .worker import process_name
 
 log = logging.getLogger("ignition_server.workers")
 RESTART_DELAYS = (0.1, 0.5, 1.0, 2.0, 5.0)  # a worker that keeps dying is started again ever more slowly
@@ -98,7 +100,7 @@ class WorkerPool:
         for worker in self._workers.values():
             changes = [change for generation, change in pending if generation > worker.base_generation]
             if changes:
-                worker.channel.send("changes", newest, changes)
+                worker.channel.send(Changes(newest, changes))
 
     # -- lifecycle -----------------------------------------------------------------
     async def start(self) -> None:
@@ -124,10 +126,10 @@ class WorkerPool:
         generation, tokens, renders = self._cache.index_rows()
         worker = _Worker(number, process, channel, generation)
         self._workers[number] = worker
-        channel.send("hello", WorkerSpec(number, self._settings, self._port, self._tls_files, self._memory.tier,
-                                         self._memory.ready, generation, tokens, renders))
+        channel.send(Hello(WorkerSpec(number, self._settings, self._port, self._tls_files, self._memory.tier,
+                                      self._memory.ready, generation, tokens, renders)))
         if self._told_behind:
-            channel.send("behind", self._told_behind)
+            channel.send(Behind(self._told_behind))
         asyncio.create_task(self._listen(worker), name=f"worker-{number}")
         return worker
 
@@ -142,7 +144,7 @@ class WorkerPool:
         if behind != self._told_behind:
             self._told_behind = behind
             for worker in self._workers.values():
-                worker.channel.send("behind", behind)
+                worker.channel.send(Behind(behind))
 
     async def run(self) -> None:
         """Start again any worker that exits, until `stop`; keep their /readyz current."""
@@ -184,7 +186,7 @@ class WorkerPool:
         self._stopping = True
         self._publish()
         for worker in self._workers.values():
-            worker.channel.send("drain")
+            worker.channel.send(Drain())
         processes = [worker.process for worker in self._workers.values()]
         try:
             await asyncio.wait_for(asyncio.gather(*(p.wait() for p in processes)), timeout)
@@ -206,21 +208,21 @@ class WorkerPool:
     async def _listen(self, worker: _Worker) -> None:
         with contextlib.suppress(EOFError):
             while True:
-                kind, *rest = await worker.channel.receive()
-                if kind == "ask":
-                    worker.channel.send("answer", rest[0], *self._answer(*rest[1:]))
-                elif kind == "report":
-                    self._take_report(worker.number, *rest)
-                elif kind == "reported":
-                    answered = worker.reported.pop(rest[0], None)
-                    if answered is not None and not answered.done():
-                        answered.set_result(None)
-                elif kind == "missing":
-                    self._on_missing(rest[0])
-                elif kind == "ready":
-                    log.info("worker %d (pid %d) is serving", worker.number, rest[0])
-                    worker.ready.set()
-                    self._count_serving()
+                match await worker.channel.receive():
+                    case Ask(ask_id, presented, remote):
+                        worker.channel.send(self._answer(ask_id, presented, remote))
+                    case Report(deltas, served, held):
+                        self._take_report(worker.number, deltas, served, held)
+                    case Reported(report_id):
+                        answered = worker.reported.pop(report_id, None)
+                        if answered is not None and not answered.done():
+                            answered.set_result(None)
+                    case Missing(secret):
+                        self._on_missing(secret)
+                    case Ready(pid):
+                        log.info("worker %d (pid %d) is serving", worker.number, pid)
+                        worker.ready.set()
+                        self._count_serving()
 
     async def gather_reports(self, timeout: float = 1.0) -> None:
         """Have every serving worker report now, so a scrape sees each request already answered."""
@@ -233,24 +235,24 @@ class WorkerPool:
             if worker.ready.is_set():
                 answered = asyncio.get_running_loop().create_future()
                 worker.reported[report_id] = answered
-                worker.channel.send("report-now", report_id)
+                worker.channel.send(ReportNow(report_id))
                 waits.append(answered)
         if waits:
             await asyncio.wait(waits, timeout=timeout)
 
-    def _answer(self, presented: Any, remote: str | None) -> tuple[Any, ...]:
+    def _answer(self, ask_id: int, presented: Presented, remote: str | None) -> Granted | Refused:
         # Every failed attempt, whichever worker took it, is counted here: one limit per
         # source address for the whole server, as in a single process. Only failures are
         # held off: a credential that opens a payload is granted whatever its address did.
         try:
-            return ("grant", admit(presented, self._auth))
+            return Granted(ask_id, admit(presented, self._auth))
         except Refusal as refusal:
             was_held = self._limiter.retry_after(remote) is not None
             answer = self._limiter.answer_failed(refusal, remote)
             if answer is not refusal and not was_held:
                 for worker in self._workers.values():
-                    worker.channel.send("hold", remote, answer.retry_after)
-            return ("refused", answer.status, answer.reason, answer.retry_after)
+                    worker.channel.send(Hold(remote, answer.retry_after))
+            return Refused(ask_id, answer.status, answer.reason, answer.retry_after)
 
     def _take_report(self, number: int, deltas: dict[str, dict[str, int]], served: list[str],
                      held: dict[str, int]) -> None:

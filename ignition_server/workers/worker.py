@@ -18,23 +18,24 @@ import socket
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import replace
 
 from payload_cache import CacheConfig, PayloadCache
 
 from .. import logs, memory
 from ..auth.presented import Presented
 from ..auth.tokens import Grant, Refusal, TokenAuthenticator
-from ..config import ServeSettings
 from ..http.connection_table import ConnectionTable
 from ..http.app import IgnitionHandlers, ServingState, build_dispatch
 from ..http.access_log import AccessLog
 from ..http.guard import ConnectionGuard
 from ..http.limits import FailedAuthLimiter
 from ..http.listen import start_site
-from ..http.tls import TLSFiles, reload_on_change, server_context
+from ..http.tls import reload_on_change, server_context
 from ..metrics import ServerMetrics
+from .channel import Channel
+from .messages import (Ask, Behind, Changes, Drain, Granted, Hello, Hold, Missing, Ready, Refused, Report, Reported,
+                       ReportNow, WorkerSpec)
 
 log = logging.getLogger("ignition_server.worker")
 REPORT_INTERVAL = 1.0  # served NodePools and counters go to the owner this often
@@ -46,23 +47,10 @@ def process_name(number: int) -> str:
     return f"w{number}"
 
 
-@dataclass(frozen=True)
-class WorkerSpec:
-    """All a worker needs, sent as the channel's first message."""
-
-    number: int
-    settings: ServeSettings
-    port: int
-    tls_files: TLSFiles
-    memory_bytes: int  # this worker's memory tier and ready bodies: its share of --cache-memory
-    ready_bytes: int
-    generation: int
-    tokens: list[list]
-    renders: list[list]
 
 
 class Worker:
-    def __init__(self, spec: WorkerSpec, channel: Any, connections: ConnectionTable) -> None:
+    def __init__(self, spec: WorkerSpec, channel: Channel, connections: ConnectionTable) -> None:
         self.channel = channel
         self.connections = connections
         settings = spec.settings
@@ -73,7 +61,7 @@ class Worker:
         self.metrics = ServerMetrics()
         self._behind: list[str] = []
         self.state = ServingState(behind=lambda: self._behind)  # what the owner says is behind
-        self._asks: dict[int, asyncio.Future[tuple[Any, ...]]] = {}
+        self._asks: dict[int, asyncio.Future[Granted | Refused]] = {}
         self._ids = itertools.count(1)
         self._served: set[str] = set()
         self._owner_gone = False
@@ -88,7 +76,7 @@ class Worker:
             metrics=self.metrics,
             state=self.state,
             on_served=self._served.add,
-            on_missing=lambda secret: self.channel.send("missing", secret),
+            on_missing=lambda secret: self.channel.send(Missing(secret)),
             max_in_flight=settings.max_in_flight,
             limiter=self.limiter,
             second_opinion=self.ask_owner,
@@ -102,19 +90,18 @@ class Worker:
         if self._owner_gone:
             raise Refusal(503, "the token check is unavailable for a moment", retry_after=1)
         ask_id = next(self._ids)
-        answer: asyncio.Future[tuple[Any, ...]] = asyncio.get_running_loop().create_future()
+        answer: asyncio.Future[Granted | Refused] = asyncio.get_running_loop().create_future()
         self._asks[ask_id] = answer
-        self.channel.send("ask", ask_id, presented, remote)
+        self.channel.send(Ask(ask_id, presented, remote))
         try:
-            kind, *rest = await asyncio.wait_for(answer, timeout=5.0)
+            answered = await asyncio.wait_for(answer, timeout=5.0)
         except (asyncio.TimeoutError, EOFError):
             raise Refusal(503, "the token check is unavailable for a moment", retry_after=1) from None
         finally:
             self._asks.pop(ask_id, None)
-        if kind == "grant":
-            return rest[0]
-        status, reason, retry_after = rest
-        raise Refusal(status, reason, retry_after=retry_after)
+        if isinstance(answered, Granted):
+            return answered.grant
+        raise Refusal(answered.status, answered.reason, retry_after=answered.retry_after)
 
     async def run(self, stop: asyncio.Event) -> None:
         settings = self.spec.settings
@@ -125,7 +112,7 @@ class Worker:
                                          guard=guard, shutdown_timeout=settings.shutdown_timeout, reuse_port=True,
                                          proxy_from=settings.proxy_protocol_from)
         self.state.ready = True
-        self.channel.send("ready", os.getpid())
+        self.channel.send(Ready(os.getpid()))
         tasks = [
             asyncio.create_task(self._receive(stop), name="owner-channel"),
             asyncio.create_task(self._report_periodically(), name="report"),
@@ -150,24 +137,23 @@ class Worker:
     async def _receive(self, stop: asyncio.Event) -> None:
         try:
             while True:
-                kind, *rest = await self.channel.receive()
-                if kind == "changes":
-                    generation, changes = rest
-                    self.cache.apply(changes)
-                    self.generation = generation
-                elif kind == "answer":
-                    answer = self._asks.get(rest[0])
-                    if answer is not None and not answer.done():
-                        answer.set_result(tuple(rest[1:]))
-                elif kind == "behind":
-                    self._behind = rest[0]
-                elif kind == "hold":  # every failure is the owner's to count; it says whom to hold off
-                    self.limiter.hold(*rest)
-                elif kind == "report-now":  # a scrape of the owner's /metrics is waiting
-                    self._report()
-                    self.channel.send("reported", rest[0])
-                elif kind == "drain":
-                    break
+                match await self.channel.receive():
+                    case Changes(generation, changes):
+                        self.cache.apply(changes)
+                        self.generation = generation
+                    case Granted() | Refused() as answered:
+                        answer = self._asks.get(answered.ask_id)
+                        if answer is not None and not answer.done():
+                            answer.set_result(answered)
+                    case Behind(what):
+                        self._behind = what
+                    case Hold(source, seconds):  # every failure is the owner's to count; it says whom to hold off
+                        self.limiter.hold(source, seconds)
+                    case ReportNow(report_id):  # a scrape of the owner's /metrics is waiting
+                        self._report()
+                        self.channel.send(Reported(report_id))
+                    case Drain():
+                        break
         except EOFError:
             log.warning("worker %d: the owner process is gone; draining", self.spec.number)
         finally:
@@ -211,17 +197,17 @@ class Worker:
             self._reported[name] = now
         held = {"memory": stats.memory_bytes, "ready": self.handlers.ready_held()}
         if deltas or self._served or held != self._held:
-            self.channel.send("report", deltas, sorted(self._served), held)
+            self.channel.send(Report(deltas, sorted(self._served), held))
             self._served.clear()
             self._held = held
 
 
 async def _main(fd: int, connections_fd: int) -> None:
-    from .channel import Channel
-
     channel = await Channel.open(socket.socket(fileno=fd))
-    kind, spec = await channel.receive()
-    assert kind == "hello"
+    hello = await channel.receive()
+    assert isinstance(hello, Hello)
+    spec = hello.spec
+    del hello  # `spec` alone holds the rows now (let go of below)
     logs.configure(spec.settings.log_format)
     memory.tune(memory.SERVING_MMAP_THRESHOLD)
     stop = asyncio.Event()
