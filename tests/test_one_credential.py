@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for, write_manifests
+from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, raw_status, wait_for, write_manifests
 from testsupport.manifests import build_token_secret
 
 
@@ -20,16 +20,8 @@ def bearer(token: str) -> str:
 
 
 def raw_get(proc: ServerProcess, target: str, headers: list[tuple[str, str]]) -> int:
-    """The status of a request sent exactly as written (urllib would tidy the target and headers)."""
-    connection = http.client.HTTPSConnection("127.0.0.1", proc.port, context=proc.ssl_context(), timeout=10)
-    try:
-        connection.putrequest("GET", target, skip_accept_encoding=True)
-        for name, value in headers:
-            connection.putheader(name, value)
-        connection.endheaders()
-        return connection.getresponse().status
-    finally:
-        connection.close()
+    return raw_status(http.client.HTTPSConnection("127.0.0.1", proc.port, context=proc.ssl_context(), timeout=10),
+                      target, headers)
 
 
 @pytest.fixture

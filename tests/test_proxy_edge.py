@@ -26,6 +26,7 @@ from ignition_server.auth.jwks import PrivateKeyRefused, kube_key_id, public_key
 from ignition_server.auth.claims import LEGACY_ISSUER, JwtRefused
 from ignition_server.auth.jwt import ServiceAccountVerifier
 from proxy.edge import EdgeKey, render_edge_config, write_key_files
+from testsupport.harness import raw_status
 from testsupport.realtools import require_tool
 
 HAPROXY = shutil.which("haproxy") or "haproxy"
@@ -357,16 +358,7 @@ def test_edge_bearer_and_open_paths(edge, keys):
 
 
 def raw_get(port: int, target: str, headers: list[tuple[str, str]]) -> int:
-    """A request sent exactly as written (http.client would not send two headers of one name from a dict)."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        conn.putrequest("GET", target, skip_accept_encoding=True)
-        for name, value in headers:
-            conn.putheader(name, value)
-        conn.endheaders()
-        return conn.getresponse().status
-    finally:
-        conn.close()
+    return raw_status(http.client.HTTPConnection("127.0.0.1", port, timeout=10), target, headers)
 
 
 def test_edge_refuses_two_credentials_or_an_ambiguous_spelling(edge, keys):

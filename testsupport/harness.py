@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import re
@@ -111,6 +112,19 @@ def wait_for(predicate: Any, timeout: float = 30.0, interval: float = 0.1, what:
         if time.monotonic() >= deadline:
             raise AssertionError(f"{what} not met within {timeout}s")
         time.sleep(interval)
+
+
+def raw_status(connection: http.client.HTTPConnection, target: str, headers: list[tuple[str, str]]) -> int:
+    """The status of one request sent exactly as written: urllib would tidy the target, and a dict
+    cannot carry two headers of one name. Closes the connection."""
+    try:
+        connection.putrequest("GET", target, skip_accept_encoding=True)
+        for name, value in headers:
+            connection.putheader(name, value)
+        connection.endheaders()
+        return connection.getresponse().status
+    finally:
+        connection.close()
 
 
 def wait_for_port(port: int, timeout: float = 10.0) -> None:
