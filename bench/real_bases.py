@@ -33,7 +33,7 @@ from real_release import hypershift_mcs_config, push_real_release, require_real_
 from registry_world import Registry  # noqa: E402
 from test_registry_server import bearer  # noqa: E402
 from test_watcher_inputs import KUBECONFIG, secret_obj  # noqa: E402
-from ignition_server.http.tls import make_ca  # noqa: E402
+from ignition_server.tls.certificates import make_ca  # noqa: E402
 from testsupport.manifests import build_token_secret  # noqa: E402
 
 

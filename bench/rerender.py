@@ -54,7 +54,7 @@ if str(_REPO) not in sys.path:  # testsupport/ is not an installed package (pyth
 from testsupport.harness import ServerProcess  # noqa: E402
 
 from ignition_server.render.join import USER_CA_BUNDLE_PATH, merge_ca_bundles  # noqa: E402
-from ignition_server.watch.inputs import ANNOTATION_INPUT_PREFIX  # noqa: E402
+from ignition_server.reconcile.inputs import ANNOTATION_INPUT_PREFIX  # noqa: E402
 
 from . import fleet as fleetgen  # noqa: E402
 from . import run as runner  # noqa: E402

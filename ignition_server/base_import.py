@@ -94,7 +94,7 @@ def from_bootstrap_documents(texts: Iterable[tuple[str, str]]) -> list[dict]:
 
 
 def base_configmap(machineconfigs: list[dict], *, name: str, namespace: str, release: str, version: str) -> dict:
-    """The ConfigMap watch/bases.py reads; the MachineConfigs are checked as a render would."""
+    """The ConfigMap reconcile/bases.py reads; the MachineConfigs are checked as a render would."""
     if not release and not version:
         raise ValueError("name the release: --release (pull spec) and/or --release-version")
     text = yaml.safe_dump_all(machineconfigs, sort_keys=False)

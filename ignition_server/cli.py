@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from . import __version__
-from .tls_profiles import profile as tls_profile
+from .tls.profiles import profile as tls_profile
 from .config import (
     RegistrySettings,
     ServeSettings,
@@ -78,7 +78,7 @@ def _add_node_proxy(parser: argparse.ArgumentParser) -> None:
 
 def node_proxy(args: argparse.Namespace) -> dict:
     """`ignition.proxy` of pointer configs from the --node-*-proxy flags ({}: none)."""
-    from .render.proxy import proxy_settings
+    from .render.cluster_proxy import proxy_settings
 
     settings = proxy_settings({"httpProxy": args.node_http_proxy or "", "httpsProxy": args.node_https_proxy or "",
                                "noProxy": args.node_no_proxy or ""})
@@ -286,7 +286,7 @@ def _workers(value: str) -> int:
 
 
 def _tls_profile(args: argparse.Namespace) -> Any:
-    from .http.fips import fips_profile
+    from .tls.fips import fips_profile
 
     chosen = tls_profile(args.tls_profile, min_version=args.tls_min_version, ciphers=args.tls_ciphers)
     return fips_profile(chosen) if args.fips else chosen
@@ -340,8 +340,8 @@ def _newest_secret(source_dir: Path, nodepool: str, shared: frozenset[str] | Non
     (from the `shared` namespaces only, as `serve` reads it; None: any), the MCO bases."""
     from .sources.files import FileSource
     from .model.token_secret import is_token_secret, parse_token_secret
-    from .watch.bases import BaseIndex, is_base
-    from .watch.releases import ReleaseCatalog, is_catalog
+    from .reconcile.bases import BaseIndex, is_base
+    from .reconcile.releases import ReleaseCatalog, is_catalog
 
     source = FileSource(source_dir)
     source._rescan()
@@ -367,12 +367,12 @@ def _render(args: argparse.Namespace) -> int:
     from .render.spec import (
         SUPPORTED_VERSIONS, UnsatisfiableVersion, accept_for, body_version, negotiate, unsatisfiable_reason, with_version,
     )
-    from .watch.gather import gather
+    from .reconcile.gather import gather
 
     from .model.token_secret import token_secret_config
 
-    from .watch.releases import Releases
-    from .watch.tenancy import Tenancy
+    from .reconcile.releases import Releases
+    from .reconcile.tenancy import Tenancy
 
     tenancy = Tenancy(frozenset(n.strip() for n in args.shared_namespaces.split(",") if n.strip()))
     source, secret, catalog, bases = _newest_secret(Path(args.source), args.nodepool, tenancy.shared)
@@ -478,7 +478,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "serve" and args.fips:
-        from .http.fips import reexec_with_fips_openssl
+        from .tls.fips import reexec_with_fips_openssl
 
         reexec_with_fips_openssl(list(argv) if argv is not None else sys.argv[1:])
     handlers = {"serve": _serve, "render": _render, "userdata": _userdata, "cache": _cache, "base": _base}

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .tls_profiles import TLSProfile
+from .tls.profiles import TLSProfile
 
 DEFAULT_TOKEN_TTL = 11 * 3600.0  # HyperShift's token TTL
 SUPERSEDED_GRACE = 2 * 3600.0

@@ -156,7 +156,7 @@ class ServerMetrics:
             "Token Secrets whose last rotation is older than the TTL although this server rotates them",
             registry=self.registry,
         )
-        # The wall between tenants (watch/tenancy.py): what one namespace tried to do to another.
+        # The wall between tenants (reconcile/tenancy.py): what one namespace tried to do to another.
         self.tenancy_refusals = Counter(
             "ign_server_tenancy_refusals",
             "Objects refused for reaching past their namespace (what: input, shared-object, duplicate-token, "

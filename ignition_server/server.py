@@ -23,19 +23,19 @@ from aiohttp import web
 
 from payload_cache import CacheConfig, PayloadCache
 
-from .auth.rotation import RotationPolicy
+from .auth.rotation_policy import RotationPolicy
 from .auth.jwt import ServiceAccountVerifier
 from .auth.tokens import TokenAuthenticator
 from .config import ServeSettings
 from .http.connection_table import ConnectionTable
-from .http.fips import describe as fips_describe
+from .tls.fips import describe as fips_describe
 from .http.access_log import AccessLog
 from .http.guard import ConnectionGuard
 from .http.listen import reserve_port, start_site
 from .http.limits import FailedAuthLimiter
 from .http.app import IgnitionHandlers, ServingState, build_dispatch, build_metrics_app
-from .http.ca_rotation import CARotation, CAStore, DirectoryStore
-from .http.tls import TLSFiles, ensure_self_signed, make_ca, reload_on_change, server_context
+from .tls.ca_rotation import CARotation, CAStore, DirectoryStore
+from .tls.certificates import TLSFiles, ensure_self_signed, make_ca, reload_on_change, server_context
 from .metrics import ServerMetrics
 from .render.payload import render_payload
 from .sources.events import Source
@@ -49,12 +49,12 @@ from .registry.image_files import ImageFiles
 from .basegen.generator import BaseGenerator, GeneratorSettings
 from .basegen.sandbox import Sandbox, SandboxUnavailable
 from .basegen.run import Limits
-from .watch.reconciler import Reconciler, Renderer
-from .watch.releases import Releases
-from .watch.edge import EdgePublisher
-from .watch.outputs import PointerSettings, TokenOutputs
-from .watch.tenancy import Tenancy
-from .watch.trust import TrustWatcher
+from .reconcile.reconciler import Reconciler, Renderer
+from .reconcile.releases import Releases
+from .reconcile.edge_publisher import EdgePublisher
+from .reconcile.outputs import PointerSettings, TokenOutputs
+from .reconcile.tenancy import Tenancy
+from .reconcile.trust import TrustWatcher
 from .workers.pool import WorkerPool
 
 if TYPE_CHECKING:

@@ -6,7 +6,7 @@ One `bind :::PORT v4v6` frontend in TCP mode reads the TLS ClientHello and route
 - *passthrough* routes go to a TCP backend: TLS ends at the server (no token check possible);
 - *terminate* routes loop (PROXY v2 over a unix socket, so the client's address survives) to
   an internal HTTPS frontend that terminates TLS with the server's published certificate,
-  checks the token (proxy.edge: JWTs with `jwt_verify`, opaque tokens in the route's map),
+  checks the token (proxy.jwt_frontend: JWTs with `jwt_verify`, opaque tokens in the route's map),
   and re-encrypts to the backends, verifying them with the server's CA.
 
 Every backend has `slots` server lines; the ones beyond the table's backends wait disabled, so
@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from .edge import TokenCheck, token_check_lines
+from .jwt_frontend import TokenCheck, token_check_lines
 from .publication import Publication
 from .table import Backend, Route, Table
 

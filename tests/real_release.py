@@ -291,7 +291,7 @@ def mcs_reference_payload(real: RealMCO, work: Path, *, cluster_files: dict[str,
     import urllib.request
 
     from testsupport.harness import free_port, wait_for
-    from ignition_server.http.tls import ensure_self_signed
+    from ignition_server.tls.certificates import ensure_self_signed
 
     config, mco, mcc, mcs, gates = (work / n for n in ("config", "mco", "mcc", "mcs", "cca"))
     for directory in (config, mco, mcc, mcs, gates / "input", gates / "output", gates / "manifests"):

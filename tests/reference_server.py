@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from testsupport.harness import free_port, wait_for
-from ignition_server.http.tls import ensure_self_signed
+from ignition_server.tls.certificates import ensure_self_signed
 from kubeapi import KubeAPI
 from real_release import require_real_dir
 from testsupport.realtools import in_ci

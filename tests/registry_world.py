@@ -36,7 +36,7 @@ with warnings.catch_warnings():  # bcrypt hashes for htpasswd from the system's 
 
 from testsupport.harness import free_port, wait_for
 from testsupport.realtools import require_tool
-from ignition_server.http.tls import ensure_self_signed, make_ca
+from ignition_server.tls.certificates import ensure_self_signed, make_ca
 
 REGISTRY = "/usr/bin/docker-registry"
 SERVICE, ISSUER = "test-registry", "test-token-issuer"

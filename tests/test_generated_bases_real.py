@@ -23,7 +23,7 @@ from real_release import RealMCO, RealRelease, hypershift_mcs_config, mcs_refere
 from registry_world import Registry
 from test_registry_server import bearer, token_status
 from test_watcher_inputs import KUBECONFIG, secret_obj
-from ignition_server.http.tls import make_ca
+from ignition_server.tls.certificates import make_ca
 from testsupport.manifests import build_token_secret
 
 
@@ -196,7 +196,7 @@ def test_azure_cloud_config_waits_for_its_hash_and_an_os_stream_is_its_own_run(r
     import yaml
 
     from real_release import azure_cloud_config
-    from ignition_server.watch.generated_bases import hash_simple
+    from ignition_server.reconcile.generated_bases import hash_simple
 
     registry, release = real_world
     ca = make_ca()[0].decode()

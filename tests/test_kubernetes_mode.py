@@ -391,7 +391,7 @@ def test_the_ca_is_renewed_with_an_overlap(api: KubeAPI, replicas, tmp_path: Pat
     import ssl
     from urllib.parse import unquote
 
-    from ignition_server.http.ca_rotation import split_pem
+    from ignition_server.tls.ca_rotation import split_pem
 
     api.create(token_secret("workers", "tok-0"))
     flags = ("--ca-lifetime", "40s", "--ca-check-interval", "0.5s")
@@ -446,7 +446,7 @@ def test_a_deleted_token_secret_takes_its_user_data_along(api: KubeAPI, replicas
 
 
 def test_an_input_secret_named_by_annotation_is_fetched(api: KubeAPI, replicas) -> None:
-    from ignition_server.watch.inputs import ANNOTATION_INPUT_PREFIX
+    from ignition_server.reconcile.inputs import ANNOTATION_INPUT_PREFIX
 
     auth = base64.b64encode(b"user:pa55word-marker").decode()
     api.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "shared-pull", "namespace": "shared"},

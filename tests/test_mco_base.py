@@ -29,7 +29,7 @@ from ignition_server.render.mco import rendered_name
 from ignition_server.render.payload import render_payload
 from ignition_server.model.token_secret import parse_token_secret
 from testsupport.manifests import build_token_secret
-from ignition_server.watch.releases import ANNOTATION_RELEASE_CATALOG
+from ignition_server.reconcile.releases import ANNOTATION_RELEASE_CATALOG
 
 LAYERED = "registry.example.com/custom/rhcos-layered@sha256:" + "d" * 64
 RELEASE_2 = "quay.io/openshift-release-dev/ocp-release@sha256:" + "2" * 64
@@ -494,7 +494,7 @@ def test_the_real_client_fetches_the_payload_through_the_pointer_configs_proxy(t
 
 def test_base_index_names_the_releases_a_change_touches_and_picks_one_base_per_release() -> None:
     from ignition_server.model.objects import ObjectKey
-    from ignition_server.watch.bases import BaseIndex, base_key
+    from ignition_server.reconcile.bases import BaseIndex, base_key
 
     index = BaseIndex()
     first = ObjectKey("ConfigMap", "clusters-a", "base-b")

@@ -282,7 +282,7 @@ def test_new_certificate_is_served_without_a_reload(fleet: Fleet, tmp_path: Path
     from cryptography import x509
     from cryptography.hazmat.primitives.serialization import Encoding
 
-    from ignition_server.http.tls import ensure_self_signed
+    from ignition_server.tls.certificates import ensure_self_signed
 
     fleet.table("terminate", "passthrough")
     fleet.start_proxy()

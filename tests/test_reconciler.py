@@ -12,14 +12,14 @@ import pytest
 import yaml
 
 from testsupport.harness import EXAMPLE_MACHINECONFIG, write_manifests
-from ignition_server.auth.rotation import RotationPolicy
+from ignition_server.auth.rotation_policy import RotationPolicy
 from ignition_server.auth.tokens import Refusal, TokenAuthenticator
 from ignition_server.metrics import ServerMetrics
 from ignition_server.render.payload import render_payload
 from ignition_server.sources.files import FileSource
 from ignition_server.model.token_secret import ANNOTATION_TOKEN_EXPIRATION, format_time, is_token_secret, parse_token_secret
 from testsupport.manifests import build_token_secret
-from ignition_server.watch.reconciler import Reconciler
+from ignition_server.reconcile.reconciler import Reconciler
 from payload_cache import CacheConfig, PayloadCache, TokenState
 
 T0 = 1_800_000_000.0

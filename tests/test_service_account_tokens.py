@@ -17,7 +17,7 @@ from testsupport.harness import (
 )
 from ignition_server.render.userdata import pointer_config
 from testsupport.manifests import build_token_secret
-from ignition_server.watch.trust import ANNOTATION_SERVICE_ACCOUNT_KEYS
+from ignition_server.reconcile.trust import ANNOTATION_SERVICE_ACCOUNT_KEYS
 from ignition_server.auth.jwks import kube_key_id
 
 OVERLAP = 3.0

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ignition_server.auth.rotation import RotationPolicy, rotation_mutation
+from ignition_server.auth.rotation_policy import RotationPolicy, rotation_mutation
 from ignition_server.config import parse_duration, parse_hostport
 from ignition_server.sources.events import Change
 from ignition_server.sources.files import FileSource

@@ -20,17 +20,17 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from testsupport.harness import EXAMPLE_MACHINECONFIG, write_manifests
 from test_watcher_inputs import T0, Clock, settle
 from ignition_server.auth.jwt import ServiceAccountVerifier
-from ignition_server.auth.rotation import RotationPolicy
+from ignition_server.auth.rotation_policy import RotationPolicy
 from ignition_server.metrics import ServerMetrics
 from ignition_server.render.payload import render_payload
 from ignition_server.sources.files import FileSource
 from ignition_server.model.token_secret import ANNOTATION_TOKEN_EXPIRATION, parse_token_secret
 from testsupport.manifests import build_token_secret
-from ignition_server.watch.outputs import PointerSettings, TokenOutputs
-from ignition_server.watch.reconciler import Reconciler
-from ignition_server.watch.releases import ANNOTATION_RELEASE_CATALOG
-from ignition_server.watch.tenancy import Tenancy
-from ignition_server.watch.trust import ANNOTATION_SERVICE_ACCOUNT_KEYS, TrustWatcher
+from ignition_server.reconcile.outputs import PointerSettings, TokenOutputs
+from ignition_server.reconcile.reconciler import Reconciler
+from ignition_server.reconcile.releases import ANNOTATION_RELEASE_CATALOG
+from ignition_server.reconcile.tenancy import Tenancy
+from ignition_server.reconcile.trust import ANNOTATION_SERVICE_ACCOUNT_KEYS, TrustWatcher
 from payload_cache import CacheConfig, PayloadCache, TokenState
 
 RELEASE = "quay.io/openshift-release-dev/ocp-release@sha256:" + "1" * 64
@@ -265,7 +265,7 @@ async def test_a_generated_base_published_outside_the_shared_namespaces_is_not_a
     """The writer publishes generated bases in its own namespace for the other replicas; a copy
     in a tenant's namespace naming some pair's key must not become that pair's base."""
     from ignition_server.basegen.generator import BaseGenerator
-    from ignition_server.watch.generated_bases import ANNOTATION_GENERATED_BASE
+    from ignition_server.reconcile.generated_bases import ANNOTATION_GENERATED_BASE
 
     reconciler, source, _cache, source_dir, _ = world
     store: dict[str, bytes] = {}

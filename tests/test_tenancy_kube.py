@@ -110,7 +110,7 @@ def test_a_tenants_catalog_and_a_copied_service_account_key_change_nothing(api: 
     import yaml
     from cryptography.hazmat.primitives.asymmetric import rsa
 
-    from ignition_server.watch.releases import ANNOTATION_RELEASE_CATALOG
+    from ignition_server.reconcile.releases import ANNOTATION_RELEASE_CATALOG
     from test_service_account_tokens import keys_configmap, legacy_jwt, url_token
 
     good, evil = ("quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:" + c * 64 for c in "27")

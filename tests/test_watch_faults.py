@@ -19,17 +19,17 @@ import pytest
 import yaml
 
 from testsupport.harness import write_manifests
-from ignition_server.auth.rotation import RotationPolicy
+from ignition_server.auth.rotation_policy import RotationPolicy
 from ignition_server.auth.tokens import TokenAuthenticator
 from ignition_server.metrics import ServerMetrics
 from ignition_server.render.payload import render_payload
 from ignition_server.sources.files import FileSource
 from ignition_server.model.objects import ObjectKey
 from ignition_server.model.token_secret import is_token_secret
-from ignition_server.watch import reconciler as reconciler_module
-from ignition_server.watch.outputs import PointerSettings, TokenOutputs
-from ignition_server.watch.reconciler import Reconciler
-from ignition_server.watch.status import written_status
+from ignition_server.reconcile import reconciler as reconciler_module
+from ignition_server.reconcile.outputs import PointerSettings, TokenOutputs
+from ignition_server.reconcile.reconciler import Reconciler
+from ignition_server.reconcile.status import written_status
 from payload_cache import CacheConfig, PayloadCache
 from test_reconciler import T0, Clock, secret, settle, world  # noqa: F401  (world is a fixture)
 

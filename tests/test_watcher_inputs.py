@@ -16,16 +16,16 @@ import yaml
 
 from testsupport.harness import EXAMPLE_MACHINECONFIG, ignition_files_stage, write_manifests
 from testsupport.realtools import require_tool
-from ignition_server.auth.rotation import RotationPolicy
+from ignition_server.auth.rotation_policy import RotationPolicy
 from ignition_server.metrics import ServerMetrics
 from ignition_server.render.payload import render_payload
 from ignition_server.sources.files import FileSource
 from ignition_server.model.token_secret import parse_token_secret
 from testsupport.manifests import build_token_secret
-from ignition_server.watch.outputs import PointerSettings, TokenOutputs
-from ignition_server.watch.reconciler import Reconciler
-from ignition_server.watch.releases import ANNOTATION_RELEASE_CATALOG
-from ignition_server.watch.tenancy import Tenancy
+from ignition_server.reconcile.outputs import PointerSettings, TokenOutputs
+from ignition_server.reconcile.reconciler import Reconciler
+from ignition_server.reconcile.releases import ANNOTATION_RELEASE_CATALOG
+from ignition_server.reconcile.tenancy import Tenancy
 from payload_cache import CacheConfig, PayloadCache
 
 T0 = 1_900_000_000.0

@@ -34,7 +34,7 @@ def ambiguity(raw_target: str, authorizations: int, *, url_shape: bool) -> str |
     """Why a request with this raw target (path and query, still percent-encoded) and this many
     Authorization headers presents more than one credential, or one in a spelling readers may
     disagree on; None when it presents at most one, plainly. The front proxy refuses exactly
-    the same requests (proxy.edge.ONE_CREDENTIAL_RULES)."""
+    the same requests (proxy.jwt_frontend.ONE_CREDENTIAL_RULES)."""
     if authorizations > 1:
         return "more than one Authorization header"
     if ";" in raw_target:

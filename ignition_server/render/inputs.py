@@ -56,7 +56,7 @@ class NodePoolInputs:
     # the release (only an error for payloads that need it).
     haproxy_image: str | None = None
     # MCO's base configuration for this cluster and release (multi-document MachineConfig
-    # YAML, watch/bases.py); None: no base, the payload is the NodePool's MachineConfigs and
+    # YAML, reconcile/bases.py); None: no base, the payload is the NodePool's MachineConfigs and
     # the server's additions only, without the machine-config-server's appended files.
     mco_base_yaml: str | None = None
     # The release's `rhel-coreos` and `rhel-coreos-extensions` images (release catalog).

@@ -18,7 +18,7 @@ from .mco import (
     ReleaseImages, appender_files, check_spec, mcs_appender_files, mcs_machineconfig, migrate_kernel_arguments,
     placed_otherwise, rendered_machineconfig, served_by_mcs, set_file,
 )
-from .proxy import render_proxy_fragment, proxy_settings
+from .cluster_proxy import render_proxy_fragment, proxy_settings
 from .settings import HAPROXY_TEMPLATE_KEY, apiserver_access, ibmcloud_settings
 from .spec import encode, minimum_version_reason
 from .validation import validate

@@ -14,7 +14,7 @@ from typing import Any
 from ..auth.presented import Presented
 from ..auth.tokens import Grant
 from ..config import ServeSettings
-from ..http.tls import TLSFiles
+from ..tls.certificates import TLSFiles
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from ..auth.tokens import Refusal, TokenAuthenticator
 from ..config import ServeSettings
 from ..http.connection_table import ConnectionTable
 from ..http.limits import FailedAuthLimiter
-from ..http.tls import TLSFiles
+from ..tls.certificates import TLSFiles
 from ..metrics import ServerMetrics
 from .channel import Channel
 from .messages import (Ask, Behind, Changes, Drain, Granted, Hello, Hold, Missing, Ready, Refused, Report, Reported,

@@ -31,7 +31,7 @@ from ..http.access_log import AccessLog
 from ..http.guard import ConnectionGuard
 from ..http.limits import FailedAuthLimiter
 from ..http.listen import start_site
-from ..http.tls import reload_on_change, server_context
+from ..tls.certificates import reload_on_change, server_context
 from ..metrics import ServerMetrics
 from .channel import Channel
 from .messages import (Ask, Behind, Changes, Drain, Granted, Hello, Hold, Missing, Ready, Refused, Report, Reported,

@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from ignition_server.http.tls import ensure_self_signed, server_context
+from ignition_server.tls.certificates import ensure_self_signed, server_context
 
 from .patch import MERGE, apply_patch
 from .server import ApiServer, Faults

@@ -35,7 +35,7 @@ from .releases import Releases, release_key
 from .status import WAIT, Status
 from .tenancy import Tenancy
 
-log = logging.getLogger("ignition_server.watch")
+log = logging.getLogger("ignition_server.reconcile")
 
 CLUSTER_CONFIG = InputObject("ConfigMap", "machine-config-server", None)
 # On Azure and OpenStack HyperShift hands the cloud provider's ConfigMap to the operator

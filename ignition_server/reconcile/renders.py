@@ -35,7 +35,7 @@ from .releases import Releases
 from .status import WAIT, Status
 from .tenancy import OutsideTenancy, Tenancy
 
-log = logging.getLogger("ignition_server.watch")
+log = logging.getLogger("ignition_server.reconcile")
 
 Renderer = Callable[[NodePoolInputs], RenderedPayload]
 

@@ -26,7 +26,7 @@ from ..registry.mirrors import Mirrors
 from ..registry.resolver import ReleaseResolver
 from ..model.objects import ObjectKey, annotations
 
-log = logging.getLogger("ignition_server.watch.releases")
+log = logging.getLogger("ignition_server.reconcile.releases")
 
 ANNOTATION_RELEASE_CATALOG = "ignition-server.openshift.io/release-catalog"
 CATALOG_KEY = "releases.yaml"

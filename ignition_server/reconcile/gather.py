@@ -3,7 +3,7 @@
 By namespace convention, as the reference reads them: the token Secret's namespace holds
 `Secret pull-secret` (.dockerconfigjson), `Secret bootstrap-kubeconfig` (kubeconfig),
 `ConfigMap user-ca-bundle` (ca-bundle.crt), and optionally `ConfigMap apiserver-proxy`,
-`ConfigMap ibmcloud-vpc` (render/settings.py) and `ConfigMap cluster-proxy` (render/proxy.py);
+`ConfigMap ibmcloud-vpc` (render/settings.py) and `ConfigMap cluster-proxy` (render/cluster_proxy.py);
 the MCO base of the NodePool's release, when the namespace holds one (bases.py). An annotation on the token Secret,
 `ignition-server.openshift.io/input-<name>: <namespace>/<object>`, points one input
 elsewhere (so many NodePools can share, say, one CA bundle): only into a namespace the

@@ -28,7 +28,7 @@ from typing import Any, Mapping
 from ..model.mco_base import ANNOTATION_MCO_BASE, RELEASE_KEY, VERSION_KEY
 from ..model.objects import ObjectKey, annotations, data_text
 
-log = logging.getLogger("ignition_server.watch.bases")
+log = logging.getLogger("ignition_server.reconcile.bases")
 
 # The release catalog's component images a base's payload needs (releases.py's `images`):
 # the OS image nodes rebase to on first boot (osImageURL), and its extensions image.

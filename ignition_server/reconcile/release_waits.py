@@ -31,7 +31,7 @@ from .releases import ANNOTATION_RELEASE_CATALOG, CATALOG_KEY, HAPROXY_IMAGE, Re
 from .status import WAIT, Status
 from .tenancy import Tenancy
 
-log = logging.getLogger("ignition_server.watch")
+log = logging.getLogger("ignition_server.reconcile")
 
 # What payloads name of a release: the node HAProxy's image, and with an MCO base the OS
 # image and its extensions (the MCO image is for the writer's base generation; shared so

@@ -23,7 +23,7 @@ from typing import Any, Callable
 from payload_cache import PayloadCache, TokenRecord, TokenState
 
 from ..auth.tokens import Grant
-from ..auth.rotation import RotationPolicy
+from ..auth.rotation_policy import RotationPolicy
 from .. import memory
 from ..metrics import ServerMetrics
 from ..sources.events import Change, Source
@@ -45,7 +45,7 @@ from .writes import WriterDuties
 from .tenancy import Tenancy, generation_group, oldest_first
 from .trust import TrustWatcher, is_trust_object
 
-log = logging.getLogger("ignition_server.watch")
+log = logging.getLogger("ignition_server.reconcile")
 
 GC_INTERVAL = 600.0
 

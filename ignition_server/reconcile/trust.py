@@ -25,7 +25,7 @@ from ..auth.jwt import ServiceAccountVerifier
 from ..sources.events import Change
 from ..model.objects import ManifestError, ObjectKey, annotations, data_text
 
-log = logging.getLogger("ignition_server.watch.trust")
+log = logging.getLogger("ignition_server.reconcile.trust")
 
 ANNOTATION_SERVICE_ACCOUNT_KEYS = "ignition-server.openshift.io/service-account-keys"
 _KEY_SUFFIXES = (".pub", ".pem")

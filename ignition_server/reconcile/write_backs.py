@@ -19,7 +19,7 @@ from ..sources.events import PruningSource
 from .faults import Faults, ObjectWork
 from .status import Status, status_mutation, written_status
 
-log = logging.getLogger("ignition_server.watch")
+log = logging.getLogger("ignition_server.reconcile")
 
 
 def user_data_key(secret: TokenSecret) -> ObjectKey:

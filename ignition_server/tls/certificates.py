@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from ..tls_profiles import TLSProfile
+from .profiles import TLSProfile
 
 log = logging.getLogger("ignition_server.tls")
 

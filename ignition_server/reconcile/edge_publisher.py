@@ -31,7 +31,7 @@ from ..auth.claims import LEGACY_ISSUER
 from ..auth.jwt import ServiceAccountVerifier
 from ..edge_publication import PUBLICATION, publication_document, write_key_files
 
-log = logging.getLogger("ignition_server.watch.edge")
+log = logging.getLogger("ignition_server.reconcile.edge_publisher")
 
 
 def _ensure_exists(path: Path) -> None:

@@ -24,7 +24,7 @@ from ..model.objects import ObjectKey, object_key, value_digest
 from ..model.token_secret import TokenSecret
 from .faults import Faults
 
-log = logging.getLogger("ignition_server.watch.outputs")
+log = logging.getLogger("ignition_server.reconcile.outputs")
 
 
 @dataclass(frozen=True)

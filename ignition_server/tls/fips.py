@@ -15,7 +15,7 @@ import sys
 import tempfile
 from typing import Sequence
 
-from ..tls_profiles import TLSProfile
+from .profiles import TLSProfile
 
 MARKER = "IGNITION_SERVER_FIPS_OPENSSL_CONF"
 TLS13_SUITES = "TLS_AES_256_GCM_SHA384:TLS_AES_128_GCM_SHA256"

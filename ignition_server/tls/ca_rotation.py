@@ -29,7 +29,7 @@ from cryptography import x509
 
 from payload_cache.fsio import atomic_write
 
-from .tls import ensure_self_signed
+from .certificates import ensure_self_signed
 
 log = logging.getLogger("ignition_server.tls")
 

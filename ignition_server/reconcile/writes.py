@@ -2,7 +2,7 @@
 the rotation state kept in the cache dir for a source that cannot be written (status,
 `ignition-reached` and deletions are the WriteBacks, write_backs.py). With several replicas
 (Kubernetes mode) only the Lease holder writes; every replica indexes tokens, renders and
-serves (watch/reconciler.py). Each write-back goes through `write_backs.write` (gated by
+serves (reconcile/reconciler.py). Each write-back goes through `write_backs.write` (gated by
 `writer()`); an expiry is queued per object (`work`), never awaited by the event handler.
 """
 
@@ -16,12 +16,12 @@ from typing import Any
 
 from payload_cache import TokenRecord, TokenState
 
-from ..auth.rotation import new_token, rotation_mutation
+from ..auth.rotation_policy import new_token, rotation_mutation
 from ..config import SUPERSEDED_GRACE
 from ..model.objects import ObjectKey, set_annotation
 from ..model.token_secret import ANNOTATION_TOKEN_EXPIRATION, TokenSecret, format_time
 
-log = logging.getLogger("ignition_server.watch")
+log = logging.getLogger("ignition_server.reconcile")
 
 
 def rotation_name(secret_ref: str) -> str:
