@@ -15,7 +15,7 @@ import yaml
 
 from testsupport.harness import write_manifests
 from ignition_server.auth.tokens import TokenAuthenticator
-from ignition_server.sources import files as files_module
+from ignition_server.sources import file_writes
 from ignition_server.model.token_secret import parse_token_secret
 from test_reconciler import T0, secret, settle, world  # noqa: F401  (world is a fixture)
 
@@ -86,14 +86,14 @@ def read_only_dir(tmp_path: Path, monkeypatch):
                 mounted.append(directory)
                 return
             subprocess.run(["umount", str(directory)], check=True)
-        real_write = files_module.write_exclusive
+        real_write = file_writes.write_exclusive
 
         def write_exclusive(path: Path, data: bytes, mode: int) -> None:
             if Path(path).parent == directory:
                 raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
             real_write(path, data, mode)
 
-        monkeypatch.setattr(files_module, "write_exclusive", write_exclusive)
+        monkeypatch.setattr(file_writes, "write_exclusive", write_exclusive)
 
     yield directory, seal
     if mounted:

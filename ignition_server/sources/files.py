@@ -1,20 +1,18 @@
 """The file source: a directory (recursive) of Kubernetes YAML manifests, as `oc get -o yaml` prints them.
 
 It lists, then polls for changed files, and hands every change to the handler it runs
-with, like a Kubernetes watch (ADDED / MODIFIED / DELETED). Write-back rewrites only the
-document it changes, atomically, and never over an edit made meanwhile.
+with, like a Kubernetes watch (ADDED / MODIFIED / DELETED). Writes into the manifests
+(write-back, new objects) are `file_writes.py`'s; this module keeps what it knows of the
+files up to date after them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import errno
 import hashlib
 import json
 import logging
 import os
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,38 +20,19 @@ from typing import Any, Callable
 
 import yaml
 
-from payload_cache.fsio import atomic_write, fsync_dir, temp_path_for, write_exclusive
-
 from .. import bounded_yaml
-from . import listing
+from . import file_writes, listing
 from .events import Change, ChangeHandler, Mutation
 from .listing import ListingStore
 from ..model.objects import ObjectKey, digested, has_large_values, object_key, slim
 
 log = logging.getLogger("ignition_server.sources.files")
 
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-_Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-_DOC_SEPARATOR = re.compile(r"(?m)^---[ \t]*(?:#.*)?\n?")
 _SUFFIXES = (".yaml", ".yml", ".json")
 _RACY_NS = 2_000_000_000
 SNAPSHOT_INTERVAL = 10.0
 # A manifest larger than this is refused unread (a 300 KiB payload's token Secret is ~350 KiB).
 MAX_MANIFEST_BYTES = 32 * 1024 * 1024
-
-
-def split_documents(text: str) -> list[str]:
-    """The documents of a multi-document YAML file, each with its own text kept verbatim."""
-    parts = _DOC_SEPARATOR.split(text)
-    return parts
-
-
-def _objects_of(document: Any) -> list[dict[str, Any]]:
-    if not isinstance(document, dict):
-        return []
-    if document.get("kind") == "List" or (document.get("kind", "").endswith("List") and "items" in document):
-        return [item for item in document.get("items") or [] if isinstance(item, dict)]
-    return [document]
 
 
 @dataclass
@@ -202,6 +181,13 @@ class FileSource:
         if (changes or not self._listed) and self._handler is not None:
             self._listed = True
             await self._handler(changes)
+
+    def read_once(self) -> dict[ObjectKey, dict[str, Any]]:
+        """Read the directory once, without running or telling a handler: for a one-shot
+        command (`ignition-server render`). Returns `objects()`; `get_full` then reads any
+        object whole. Blocking I/O."""
+        self._rescan()
+        return self.objects()
 
     def _rescan(self) -> list[Change]:
         seen: set[Path] = set()
@@ -356,7 +342,7 @@ class FileSource:
     def _parse(raw: bytes) -> list[tuple[ObjectKey, dict[str, Any]]]:
         found = []
         for document in bounded_yaml.load_all(raw.decode()):
-            for obj in _objects_of(document):
+            for obj in file_writes.objects_of(document):
                 key = object_key(obj)
                 if key is not None:
                     found.append((key, obj))
@@ -382,7 +368,7 @@ class FileSource:
         if key is None:
             raise ValueError("an object needs kind and metadata.name")
         if key in self._where:
-            await self.write_back(key, _replace_with(obj))
+            await self.write_back(key, file_writes.replace_with(obj))
             return
         if not self.writable:
             raise PermissionError(f"source {self.root} is read-only")
@@ -393,130 +379,19 @@ class FileSource:
 
     def _create(self, key: ObjectKey, obj: dict[str, Any], beside: ObjectKey) -> list[Change]:
         near = self._where.get(beside)
-        directory = near.parent if near is not None else self.root
-        path = directory / f"{key.name}.yaml"
-        counter = 1
-        while path.exists():
-            path = directory / f"{key.name}-{counter}.yaml"
-            counter += 1
-        # Private: what the server creates (user-data Secrets) holds the current token.
-        atomic_write(path, yaml.dump(obj, Dumper=_Dumper, sort_keys=False).encode(), 0o600)
+        path = file_writes.create(near.parent if near is not None else self.root, key, obj)
         return self._reload(path, _stamp(path))
 
     def _write_back(self, key: ObjectKey, mutate: Mutation) -> tuple[list[Change], dict[str, Any] | None]:
         path = self._where.get(key)
         if path is None:
             raise KeyError(f"{key} is not in the source")
-        for _ in range(10):
-            # A symlinked manifest (a GitOps checkout, a Kubernetes volume's `..data/` chain)
-            # is written where it really lives, and the link(s) stay: replacing the link
-            # itself would leave the operator's file with the old token. Resolved on every
-            # attempt, since a volume update swaps `..data` to a new directory.
-            real = Path(os.path.realpath(path))
-            with open(real, "rb") as original:
-                raw = original.read()
-                inode = os.fstat(original.fileno()).st_ino
-                edited = self._edit(path, raw, key, mutate)
-                if edited is None:
-                    return self._reload(path, _stamp(path)), None
-                new_text, target, written = edited
-                new_bytes = new_text.encode()
-                mode = real.stat().st_mode & 0o7777
-                if key.kind == "Secret":  # it now holds a token the server made: never world-readable
-                    mode &= ~0o007  # (the group the operator chose keeps its access)
-                tmp = temp_path_for(real)  # in the target's own directory: the rename stays atomic
-                _writing(real, lambda: write_exclusive(tmp, new_bytes, mode))
-                # Compare before replacing: an edit made while we worked must not be clobbered.
-                if os.stat(real).st_ino != inode or os.pread(original.fileno(), len(raw) + 1, 0) != raw:
-                    os.unlink(tmp)
-                    continue
-                try:
-                    _writing(real, lambda: os.replace(tmp, real))
-                except BaseException:
-                    with contextlib.suppress(OSError):
-                        os.unlink(tmp)
-                    raise
-                fsync_dir(real.parent)
-                # An in-place write racing the rename landed in the old file: it wins, and
-                # the mutation is applied again on top of it.
-                late = _read_all(original.fileno())
-                if late != raw:
-                    atomic_write(real, late, real.stat().st_mode & 0o7777)
-                    continue
-            if written is not None:
-                # A one-document file: what we wrote is what a re-read would parse (a 345 KiB
-                # manifest costs more to parse than to write).
-                digest = hashlib.sha256(new_bytes).hexdigest()
-                return self._apply_parsed(path, _stamp(path), digest, written), target
-            return self._reload(path, _stamp(path)), target
-        raise RuntimeError(f"{path} kept changing while writing back {key}")
-
-    @staticmethod
-    def _edit(
-        path: Path, raw: bytes, key: ObjectKey, mutate: Mutation
-    ) -> tuple[str, dict[str, Any], list[tuple[ObjectKey, dict[str, Any]]] | None] | None:
-        """The file's new text, the mutated object and, for a one-document file, its objects (slim)."""
-        try:
-            text = raw.decode()
-            documents = split_documents(text)
-        except UnicodeDecodeError as exc:
-            raise ManifestUnreadable(f"{path} is not UTF-8 text ({exc}); left as it is") from None
-        for index, doc_text in enumerate(documents):
-            try:
-                document = bounded_yaml.load(doc_text)
-            except yaml.YAMLError as exc:
-                # Nothing is written to a file that no longer parses: the operator's edit
-                # stays exactly as it is, and the write is tried again once it is fixed.
-                raise ManifestUnreadable(f"{path} no longer parses, left as it is: {_one_line(exc)}") from None
-            target = next((o for o in _objects_of(document) if object_key(o) == key), None)
-            if target is not None:
-                break
-        else:
-            raise KeyError(f"{key} is no longer in {path}")
-        if not mutate(target):
-            return None
-        documents[index] = yaml.dump(document, Dumper=_Dumper, sort_keys=False, default_flow_style=False)
-        written = None
-        if len([d for d in documents if d.strip()]) == 1:
-            written = [(k, slim(o)) for o in _objects_of(document) if (k := object_key(o)) is not None]
-        return _join_documents(text, documents), target, written
-
-
-class ManifestUnreadable(ValueError):
-    """A write-back's target file does not parse (edited by hand meanwhile); nothing was written."""
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())
-
-
-def _writing(target: Path, write: Callable[[], None]) -> None:
-    """Run `write`; a target that cannot be written (read-only mount, permissions) says which file."""
-    try:
-        write()
-    except OSError as exc:
-        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-            raise PermissionError(exc.errno, f"cannot write {target} ({os.strerror(exc.errno)})") from None
-        raise
-
-
-def _read_all(fd: int) -> bytes:
-    chunks, offset = [], 0
-    while chunk := os.pread(fd, 1 << 20, offset):
-        chunks.append(chunk)
-        offset += len(chunk)
-    return b"".join(chunks)
-
-
-def _replace_with(new: dict[str, Any]) -> Mutation:
-    def mutate(obj: dict[str, Any]) -> bool:
-        if obj == new:
-            return False
-        obj.clear()
-        obj.update(new)
-        return True
-
-    return mutate
+        done = file_writes.rewrite(path, key, mutate)
+        if done is None:
+            return self._reload(path, _stamp(path)), None
+        if done.objects is not None:
+            return self._apply_parsed(path, _stamp(path), hashlib.sha256(done.data).hexdigest(), done.objects), done.obj
+        return self._reload(path, _stamp(path)), done.obj
 
 
 def _decoded(raw: bytes | None, path: Path) -> listing.Record | None:
@@ -531,17 +406,6 @@ def _decoded(raw: bytes | None, path: Path) -> listing.Record | None:
 
 def _fingerprint(obj: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def _join_documents(original: str, documents: list[str]) -> str:
-    separators = _DOC_SEPARATOR.findall(original)
-    out = [documents[0]]
-    for separator, document in zip(separators, documents[1:]):
-        if out[-1] and not out[-1].endswith("\n"):
-            out.append("\n")
-        out.append(separator if separator.endswith("\n") else separator + "\n")
-        out.append(document)
-    return "".join(out)
 
 
 def _stamp(path: Path) -> tuple[int, int, int]:
