@@ -1,5 +1,5 @@
-"""What `ignition-server cache stats` prints (the CLI owns argument parsing; verify, gc and
-rekey are the cache's own methods)."""
+"""What `ignition-server cache stats` prints: the cache's counters (upkeep.py) and what it is
+made of (the CLI owns argument parsing)."""
 
 from __future__ import annotations
 

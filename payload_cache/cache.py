@@ -2,7 +2,8 @@
 
 Two tiers for payload blobs — a byte-bounded LRU in memory in front of
 encrypted files on disk — plus the token index, which is held entirely in
-memory and persisted as one encrypted snapshot by ``flush()``.
+memory and persisted as one encrypted snapshot by ``flush()``. Its upkeep (gc, verify,
+rekey, stats) is ``upkeep.py``'s; the methods here forward to it.
 
 Threads: ``get_blob``/``put_blob``/``flush``/``gc``/``verify``/``rekey`` may run
 on worker threads while the event loop reads the index; shared structures are
@@ -14,7 +15,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import TracebackType
@@ -23,7 +23,7 @@ from cachetools import LRUCache
 
 from .blobstore import BlobStore, open_with_reload, quarantine_file
 from .config import CacheConfig
-from .envelope import INDEX_CONTEXT, EnvelopeError, envelope_key_id, seal
+from .envelope import INDEX_CONTEXT, EnvelopeError, seal
 from .errors import CacheKeyError
 from .fsio import atomic_write, make_dir
 from .index import Change, IndexDecodeError, TokenIndex
@@ -32,11 +32,9 @@ from .layout import FORMAT_LINE, Layout
 from .records import RenderRecord, TokenRecord
 from .reports import GcReport, VerifyReport
 from .stats import CacheStats, Counters
+from .upkeep import CacheUpkeep
 
 log = logging.getLogger("payload_cache")
-
-# Temp files younger than this may belong to a live writer in another process.
-_TEMP_FILE_MIN_AGE = 600.0
 
 
 class PayloadCache:
@@ -57,6 +55,10 @@ class PayloadCache:
         self._flush_lock = threading.Lock()
         self._memory: LRUCache[str, bytes] = LRUCache(maxsize=config.memory_bytes, getsizeof=len)
         self._flushed_generation = index.generation
+        self._upkeep = CacheUpkeep(
+            config, self._blobs, keys, index, counters, self._memory, self._lock, self._disk_lock,
+            quarantine=self._quarantine, forget=self._forget, rewrite_index=self._rewrite_index,
+        )
 
     # -- opening ----------------------------------------------------------
     @classmethod
@@ -306,115 +308,25 @@ class PayloadCache:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
 
-    # -- maintenance ------------------------------------------------------
+    def _rewrite_index(self) -> None:
+        with self._flush_lock:
+            self._write_index()
+
+    # -- upkeep (upkeep.py) -----------------------------------------------
     def gc(self, now: float | None = None) -> GcReport:
         """Delete blobs no render record references whose file is older than the grace period."""
-        now = time.time() if now is None else now
-        cutoff = now - self.config.gc_grace_seconds
-        referenced = self._index.referenced_blobs()
-        on_disk = self._blobs.scan()
-        deleted = freed = 0
-        for blob_id, size in list(on_disk.items()):
-            if blob_id in referenced:
-                continue
-            with self._disk_lock:
-                stat = self._blobs.mtime_and_size(blob_id)
-                if stat is None or stat[0] >= cutoff:
-                    continue
-                self._blobs.delete(blob_id)
-            del on_disk[blob_id]
-            self._forget(blob_id)
-            deleted += 1
-            freed += stat[1]
-        temp_removed = self._blobs.remove_stale_temp(min(cutoff, now - _TEMP_FILE_MIN_AGE))
-        # Resync the disk levels with the scan (another process may have written or
-        # deleted blobs); a blob known but not scanned may be a write that raced the scan.
-        vanished = [b for b in list(self._counters.on_disk) if b not in on_disk and not self._blobs.exists(b)]
-        with self._lock:
-            for blob_id, size in on_disk.items():
-                self._counters.disk_added(blob_id, size)
-            for blob_id in vanished:
-                self._counters.disk_removed(blob_id)
-            self._counters.gc_runs += 1
-            self._counters.gc_deleted += deleted
-        if deleted:
-            log.info("gc deleted %d unreferenced blobs (%d bytes)", deleted, freed)
-        return GcReport(deleted=deleted, bytes_freed=freed, kept=len(on_disk), temp_removed=temp_removed)
+        return self._upkeep.gc(now)
 
     def verify(self, progress: Callable[[int, int], None] | None = None) -> VerifyReport:
         """Decrypt every blob and check it is named by the HMAC of its content; quarantine bad ones."""
-        ids = sorted(self._blobs.scan())
-        total = len(ids)
-        bad: list[str] = []
-        by_key: dict[str, int] = {}
-        checked = 0
-        for done, blob_id in enumerate(ids, 1):
-            raw = self._blobs.read(blob_id)
-            if raw is not None:
-                checked += 1
-                try:
-                    payload, kid = self._blobs.decrypt(blob_id, raw)
-                except EnvelopeError as exc:
-                    self._quarantine(blob_id, str(exc))
-                    bad.append(blob_id)
-                else:
-                    if self._keys.ring.hmac(payload).hex() != blob_id:
-                        self._quarantine(blob_id, "content does not match its blob id")
-                        bad.append(blob_id)
-                    else:
-                        by_key[kid.hex()] = by_key.get(kid.hex(), 0) + 1
-            if progress is not None:
-                progress(done, total)
-        missing = sorted(b for b in self._index.referenced_blobs() if not self._blobs.exists(b))
-        return VerifyReport(
-            checked=checked, ok=checked - len(bad), quarantined=tuple(bad), missing=tuple(missing), by_key=by_key
-        )
+        return self._upkeep.verify(progress)
 
     def rekey(self) -> int:
-        """Re-encrypt every blob and the index under the newest key; returns blobs re-encrypted.
-
-        Re-reads the key file first, so ``add_key`` then ``rekey`` works without a restart.
-        Idempotent and safe to interrupt: blobs already under the newest key are skipped.
-        """
-        ring = self._keys.refresh()
-        count = 0
-        for blob_id in sorted(self._blobs.scan()):
-            raw = self._blobs.read(blob_id)
-            if raw is None or envelope_key_id(raw) == ring.newest_id:
-                continue
-            try:
-                payload, _ = self._blobs.decrypt(blob_id, raw)
-            except EnvelopeError as exc:
-                self._quarantine(blob_id, str(exc))
-                continue
-            ciphertext = self._blobs.encrypt(blob_id, payload, ring)
-            self._blobs.write(blob_id, ciphertext)
-            with self._lock:
-                self._counters.disk_added(blob_id, len(ciphertext))
-            count += 1
-        with self._flush_lock:
-            self._write_index()
-        log.info("rekey re-encrypted %d blobs and the index under key %s", count, ring.newest_id.hex())
-        return count
+        """Re-encrypt every blob and the index under the newest key; returns blobs re-encrypted."""
+        return self._upkeep.rekey()
 
     def stats(self) -> CacheStats:
-        with self._lock:
-            c = self._counters
-            return CacheStats(
-                memory_hits=c.memory_hits,
-                disk_hits=c.disk_hits,
-                misses=c.misses,
-                memory_bytes=int(self._memory.currsize),
-                memory_items=len(self._memory),
-                disk_bytes=c.disk_bytes,
-                blob_count=len(c.on_disk),
-                quarantined=c.quarantined,
-                gc_runs=c.gc_runs,
-                gc_deleted=c.gc_deleted,
-                blobs_written=c.blobs_written,
-                tokens=self._index.token_count(),
-                renders=self._index.render_count(),
-            )
+        return self._upkeep.stats()
 
     def quarantine_files(self) -> int:
         return self._blobs.quarantined_count()
