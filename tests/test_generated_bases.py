@@ -152,7 +152,8 @@ def test_a_step_past_its_time_limit_is_killed(world, tmp_path: Path) -> None:  #
 
 
 def test_generate_bases_needs_release_resolve(tmp_path: Path) -> None:
-    from ignition_server.cli import build_parser, serve_settings
+    from ignition_server.cli.parser import build_parser
+    from ignition_server.cli.settings import serve_settings
 
     args = build_parser().parse_args(["serve", "--source", str(tmp_path), "--cache-dir", str(tmp_path / "c"),
                                       "--generate-bases"])

@@ -15,11 +15,11 @@ NodePool is rendered again, and no other.
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 from ..model.mco_base import BASE_KEY
 from ..model.objects import ManifestError, ObjectKey, data_text
-from ..model.token_secret import TokenSecret
+from ..model.token_secret import TokenSecret, token_secret_config
 from ..render.inputs import NodePoolInputs, Settings
 from .bases import RHCOS_EXTENSIONS_IMAGE, RHCOS_IMAGE, BaseIndex, release_keys
 from .generated_bases import generated_key
@@ -109,3 +109,21 @@ def gather(
         cloud_ca=values.get("cloud-provider-ca"),
     )
     return inputs, frozenset(deps)
+
+
+def gather_for_render(
+    secret: TokenSecret,
+    obj: Mapping[str, Any],
+    lookup: Lookup,
+    releases: Releases,
+    bases: BaseIndex | None = None,
+    generated: Callable[[str], str | None] | None = None,
+    tenancy: Tenancy | None = None,
+) -> NodePoolInputs:
+    """What a render reads: `gather` with whole objects (`lookup` reads them in full) and the
+    token Secret's decoded config (`obj`: the Secret whole). The reconciler's renders and
+    `ignition-server render` both gather through here, so the command prints what serve serves."""
+    inputs, _deps = gather(
+        secret, secret.annotations, lookup, releases, token_secret_config(obj), bases, generated, tenancy,
+    )
+    return inputs

@@ -24,10 +24,10 @@ from .. import memory
 from ..metrics import ServerMetrics
 from ..render.inputs import InvalidConfig, NodePoolInputs, RefusedInput, RenderedPayload, refusal
 from ..model.objects import ManifestError, ObjectKey
-from ..model.token_secret import TokenSecret, token_secret_config
+from ..model.token_secret import TokenSecret
 from .bases import BaseIndex
 from .faults import Faults, backoff
-from .gather import gather
+from .gather import gather, gather_for_render
 from .generated_bases import GeneratedBaseWaits
 from .input_graph import InputGraph
 from .release_waits import ReleaseWaits
@@ -186,9 +186,8 @@ class RenderScheduler:
         if obj is None:
             raise InvalidConfig(f"{secret.ref} is no longer in the source")
         try:
-            inputs, _deps = gather(
-                secret, secret.annotations, self.source.get_full, self.releases, token_secret_config(obj), self.bases,
-                self.base_waits.known, self.tenancy,
+            inputs = gather_for_render(
+                secret, obj, self.source.get_full, self.releases, self.bases, self.base_waits.known, self.tenancy,
             )
         except ManifestError as exc:
             raise refusal(exc, str(exc)) from None

@@ -1,0 +1,39 @@
+"""`ignition-server cache stats|verify|gc|rekey`: the payload cache's upkeep (payload_cache/upkeep.py), as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from payload_cache import CacheConfig, PayloadCache, stats_report
+
+
+def run(args: argparse.Namespace) -> int:
+    cache = PayloadCache.open(
+        CacheConfig(cache_dir=Path(args.cache_dir), key_file=Path(args.cache_key_file) if args.cache_key_file else None)
+    )
+    if args.action == "stats":
+        result: Any = stats_report(cache)
+    elif args.action == "verify":
+        progress = None
+        if sys.stderr.isatty():
+            def progress(done: int, total: int) -> None:
+                print(f"\rverified {done}/{total}", end="", file=sys.stderr, flush=True)
+        result = cache.verify(progress=progress)
+    elif args.action == "gc":
+        result = cache.gc()
+    else:
+        result = {"reencrypted": cache.rekey()}
+    cache.flush()
+    print(json.dumps(_plain(result), indent=2, sort_keys=True))
+    return 0
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return value
