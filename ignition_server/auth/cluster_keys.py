@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .claims import DEFAULT_ALLOWED_ACCOUNTS, JwtRefused, TokenSecretRef, account_table
+from .claims import DEFAULT_ALLOWED_ACCOUNTS, JwtRefused, TokenContext, TokenSecretRef, account_table
 from .jwks import KeySource, TrustedKey, load_public_keys
 
 _DROPPED_KIDS_KEPT = 16  # per cluster: a few rotations' worth
@@ -52,18 +52,6 @@ class ClusterState:
     secret_current: TokenSecretRef | None = None
     secret_previous: list[tuple[TokenSecretRef, float]] = field(default_factory=list)
     generation: int = 0
-
-
-@dataclass(frozen=True)
-class ClusterPolicy:
-    """A cluster's claims policy at one moment, as the claim checks read it."""
-
-    issuers: frozenset[str]
-    audiences: frozenset[str]
-    accounts: Mapping[str, frozenset[str]]
-    secrets_configured: bool
-    secret_current: TokenSecretRef | None
-    secret_previous: tuple[tuple[TokenSecretRef, float], ...]
 
 
 @dataclass(frozen=True)
@@ -257,16 +245,20 @@ class ClusterKeys:
                 raise JwtUnknownKey("no trusted key matches the token")
             return out, named
 
-    def policy(self, cluster: ClusterState) -> ClusterPolicy:
-        """The claims policy of a cluster a candidate came from, as it is now."""
+    def context(self, cluster: ClusterState, **reading: Any) -> TokenContext:
+        """What the claim checks see of a token a candidate of `cluster` verified: `reading`
+        (its claims and their service-account reading, the time, the leeway) and the
+        cluster's policy as it is now."""
         with self._lock:
-            return ClusterPolicy(
+            return TokenContext(
+                cluster=cluster.name,
                 issuers=cluster.issuers,
                 audiences=cluster.audiences,
                 accounts=cluster.accounts if cluster.accounts is not None else self._default_accounts,
                 secrets_configured=cluster.secrets_configured,
                 secret_current=cluster.secret_current,
                 secret_previous=tuple(cluster.secret_previous),
+                **reading,
             )
 
     def generation(self, cluster: str) -> int | None:

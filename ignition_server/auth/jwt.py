@@ -15,8 +15,8 @@ A node sends the hosted cluster's ``node-bootstrapper`` service-account token, a
    of the cluster whose key verified the signature.
 
 The keys and policy are held per cluster by :class:`.cluster_keys.ClusterKeys`; this
-module verifies against them and caches what it verified. Verified tokens are cached (bounded LRU keyed by sha256 of the token). A cached entry is
-used only while ``now`` is before the earliest deadline it relied on (token ``exp`` plus
+module verifies against them and caches what it verified (bounded LRU keyed by sha256 of
+the token). A cached entry is used only while ``now`` is before the earliest deadline it relied on (token ``exp`` plus
 leeway, a retired key's or token Secret's overlap end) and while the generation of its
 cluster is unchanged: every ``set_keys``/``set_token_secrets``/``configure`` bumps it, so
 a change that withdraws acceptance is seen by the next request.
@@ -41,7 +41,6 @@ from .claims import (
     DEFAULT_CHECKS,
     ClaimCheck,
     JwtRefused,
-    TokenContext,
     TokenSecretRef,
     read_account,
 )
@@ -208,9 +207,8 @@ class ServiceAccountVerifier:
         st, key_until, claims, generation = max(verified, key=lambda v: v[1])
 
         bound, namespace, name, secret_name, uid = read_account(claims)
-        policy = self.keys.policy(st)
-        ctx = TokenContext(
-            cluster=st.name,
+        ctx = self.keys.context(
+            st,
             claims=claims,
             bound=bound,
             namespace=namespace,
@@ -220,12 +218,6 @@ class ServiceAccountVerifier:
             token_sha256=digest.hex(),
             now=now,
             leeway=self._leeway,
-            issuers=policy.issuers,
-            audiences=policy.audiences,
-            accounts=policy.accounts,
-            secrets_configured=policy.secrets_configured,
-            secret_current=policy.secret_current,
-            secret_previous=policy.secret_previous,
         )
         valid_until = key_until
         for check in self._checks:
