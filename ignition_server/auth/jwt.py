@@ -16,10 +16,10 @@ A node sends the hosted cluster's ``node-bootstrapper`` service-account token, a
 
 The keys and policy are held per cluster by :class:`.cluster_keys.ClusterKeys`; this
 module verifies against them and caches what it verified (bounded LRU keyed by sha256 of
-the token). A cached entry is used only while ``now`` is before the earliest deadline it relied on (token ``exp`` plus
-leeway, a retired key's or token Secret's overlap end) and while the generation of its
-cluster is unchanged: every ``set_keys``/``set_token_secrets``/``configure`` bumps it, so
-a change that withdraws acceptance is seen by the next request.
+the token). A cached entry is used only while ``now`` is before the earliest deadline it
+relied on (token ``exp`` plus leeway, a retired key's or token Secret's overlap end) and
+while the generation of its cluster is unchanged: every ``set_keys``/``set_token_secrets``/
+``configure`` bumps it, so a change that withdraws acceptance is seen by the next request.
 
 Refusal reasons (:class:`JwtRefused.reason`) never contain the token.
 """
