@@ -28,7 +28,7 @@ from ignition_server.model.token_secret import ANNOTATION_TOKEN_EXPIRATION, pars
 from testsupport.manifests import build_token_secret
 from ignition_server.reconcile.outputs import PointerSettings, TokenOutputs
 from ignition_server.reconcile.reconciler import Reconciler
-from ignition_server.reconcile.snapshot import SourceSnapshot
+from ignition_server.reconcile.source_view import SourceView
 from ignition_server.reconcile.releases import ANNOTATION_RELEASE_CATALOG
 from ignition_server.reconcile.tenancy import Tenancy
 from ignition_server.reconcile.trust import ANNOTATION_SERVICE_ACCOUNT_KEYS, TrustWatcher
@@ -184,7 +184,7 @@ async def test_a_release_catalog_outside_the_shared_namespaces_changes_no_payloa
 
 
 async def test_the_render_command_sees_the_source_as_serve_does(world) -> None:
-    """`ignition-server render` reads the directory once (reconcile/snapshot.py) and prints the
+    """`ignition-server render` reads the directory once (reconcile/source_view.py) and prints the
     payload serve stored, byte for byte: a tenant's release catalog ignored by both."""
     reconciler, source, cache, source_dir, _ = world
     write_manifests(source_dir / "shared.yaml", catalog(SHARED, GOOD_HAPROXY))
@@ -193,15 +193,15 @@ async def test_the_render_command_sees_the_source_as_serve_does(world) -> None:
     write_manifests(source_dir / "z-evil-catalog.yaml", catalog(EVIL, EVIL_HAPROXY))
     await settle(reconciler, source, reconciler.outputs)
     once = FileSource(source_dir)
-    snapshot = SourceSnapshot.of(once.read_once(), once.get_full, Tenancy(frozenset({SHARED})))
-    secret = snapshot.newest_secret("clusters/workers")
+    view = SourceView.of(once.read_once(), once.get_full, Tenancy(frozenset({SHARED})))
+    secret = view.newest_secret("clusters/workers")
     assert secret.ref == VICTIM_REF
-    printed = render_payload(snapshot.render_inputs(secret)).body
+    printed = render_payload(view.render_inputs(secret)).body
     record = cache.get_render(VICTIM_REF)
     assert record is not None and printed == cache.get_blob(record.blob_id)
     assert GOOD_HAPROXY in (payload(cache, VICTIM_REF) or "")
     with pytest.raises(LookupError, match="known: clusters/workers"):
-        snapshot.newest_secret("clusters/nope")
+        view.newest_secret("clusters/nope")
 
 
 async def test_a_token_secret_claiming_another_tenants_nodepool_outdates_nothing(world) -> None:

@@ -1,6 +1,6 @@
 """`ignition-server render`: a NodePool's payload as `serve` would serve it, printed.
 
-The directory is read once and seen as the reconciler sees it (reconcile/snapshot.py): the
+The directory is read once and seen as the reconciler sees it (reconcile/source_view.py): the
 same release catalog, MCO bases and gathering of inputs, then the same pure renderer.
 """
 
@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..reconcile.snapshot import SourceSnapshot
+from ..reconcile.source_view import SourceView
 from ..reconcile.tenancy import Tenancy
 from ..render.payload import render_payload
 from ..render.spec import (
@@ -22,9 +22,9 @@ from ..sources.files import FileSource
 def run(args: argparse.Namespace) -> int:
     tenancy = Tenancy(frozenset(n.strip() for n in args.shared_namespaces.split(",") if n.strip()))
     source = FileSource(Path(args.source))
-    snapshot = SourceSnapshot.of(source.read_once(), source.get_full, tenancy)
-    secret = snapshot.newest_secret(args.nodepool)
-    rendered = render_payload(snapshot.render_inputs(secret))
+    view = SourceView.of(source.read_once(), source.get_full, tenancy)
+    secret = view.newest_secret(args.nodepool)
+    rendered = render_payload(view.render_inputs(secret))
     body = rendered.body
     if args.spec_version:
         if args.spec_version not in SUPPORTED_VERSIONS:

@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..reconcile.snapshot import SourceSnapshot
+from ..reconcile.source_view import SourceView
 from ..render.userdata import fits, pointer_user_data
 from ..sources.files import FileSource
 from .settings import node_proxy
@@ -15,7 +15,7 @@ from .settings import node_proxy
 
 def run(args: argparse.Namespace) -> int:
     source = FileSource(Path(args.source))
-    secret = SourceSnapshot.of(source.read_once(), source.get_full).newest_secret(args.nodepool)
+    secret = SourceView.of(source.read_once(), source.get_full).newest_secret(args.nodepool)
     if not secret.token:
         raise LookupError(f"token Secret {secret.ref} holds no token yet")
     ca_file = Path(args.ca_file) if args.ca_file else Path(args.cache_dir) / "tls" / "ca.crt"

@@ -25,7 +25,7 @@ from .tenancy import Tenancy
 
 
 @dataclass(frozen=True)
-class SourceSnapshot:
+class SourceView:
     objects: Mapping[ObjectKey, dict[str, Any]]  # as the source keeps them (large values as digests)
     get_full: Lookup  # an object whole
     catalog: ReleaseCatalog
@@ -34,8 +34,8 @@ class SourceSnapshot:
 
     @classmethod
     def of(cls, objects: Mapping[ObjectKey, dict[str, Any]], get_full: Lookup,
-           tenancy: Tenancy | None = None) -> SourceSnapshot:
-        """The snapshot of one listing (`FileSource.read_once()` and its `get_full`)."""
+           tenancy: Tenancy | None = None) -> SourceView:
+        """The view of one listing (`FileSource.read_once()` and its `get_full`)."""
         catalog = ReleaseCatalog()
         bases = BaseIndex()
         for key, obj in objects.items():
