@@ -28,10 +28,10 @@ from ignition_server.model.token_secret import ANNOTATION_TOKEN_EXPIRATION, pars
 from testsupport.manifests import build_token_secret
 from ignition_server.reconcile.outputs import PointerSettings, TokenOutputs
 from ignition_server.reconcile.reconciler import Reconciler
-from ignition_server.reconcile.wiring import build_watcher
 from ignition_server.reconcile.releases import ANNOTATION_RELEASE_CATALOG
 from ignition_server.reconcile.tenancy import Tenancy
 from ignition_server.reconcile.trust import ANNOTATION_SERVICE_ACCOUNT_KEYS, TrustWatcher
+from ignition_server.reconcile.wiring import build_watcher
 from payload_cache import CacheConfig, PayloadCache, TokenState
 
 RELEASE = "quay.io/openshift-release-dev/ocp-release@sha256:" + "1" * 64
