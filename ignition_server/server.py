@@ -79,6 +79,7 @@ class _Running:
     source: Source
     cluster: Cluster | None
     watcher: Watcher
+    writer: Callable[[], bool]  # whether this replica writes (with several replicas: the Lease holder)
     outputs: TokenOutputs
     ssl_context: ssl.SSLContext | None
     registry_session: Any
@@ -131,11 +132,12 @@ class IgnitionServer:
         outputs = TokenOutputs(source, settings.edge_token_map, self._pointer_settings())
         trust = TrustWatcher(verifier, self._edge_writer(verifier),
                              on_refused=self.metrics.tenancy_refusals.labels(what="service-account-key").inc)
+        writer = cluster.is_writer if cluster is not None else (lambda: True)
         self.watcher, registry_session = watcher_for(
             settings, source=source, cache=cache, renderer=self.renderer, metrics=self.metrics, clock=self.clock,
-            writer=cluster.is_writer if cluster is not None else (lambda: True), trust=trust, outputs=outputs)
-        running = _Running(cache=cache, source=source, cluster=cluster, watcher=self.watcher, outputs=outputs,
-                           ssl_context=ssl_context, registry_session=registry_session)
+            writer=writer, trust=trust, outputs=outputs)
+        running = _Running(cache=cache, source=source, cluster=cluster, watcher=self.watcher, writer=writer,
+                           outputs=outputs, ssl_context=ssl_context, registry_session=registry_session)
         directory = self.watcher.reconciler.tokens  # service-account tokens: which NodePool's payload
         await self._start_serving(running, TokenAuthenticator(cache, self.clock, verifier=verifier, directory=directory))
         return running
@@ -224,7 +226,7 @@ class IgnitionServer:
                 store=_secret_store(cluster, settings.pod_namespace) if cluster is not None
                 else DirectoryStore(self.tls_files.cert.parent),
                 directory=self.tls_files.cert.parent, public_url=settings.public_url, overlap=settings.token_ttl,
-                make_ca=lambda: make_ca(self._ca_validity()), is_writer=cluster.is_writer if cluster is not None else (lambda: True),
+                make_ca=lambda: make_ca(self._ca_validity()), is_writer=running.writer,
                 on_bundle=running.outputs.trust_changed, interval=settings.ca_check_interval,
             )
             tasks.append(asyncio.create_task(rotation.run(), name="ca-rotation"))
