@@ -11,11 +11,9 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
-import shutil
 import socket
 import ssl
 import time
-from pathlib import Path
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -23,7 +21,6 @@ from aiohttp import web
 
 from payload_cache import CacheConfig, PayloadCache
 
-from .auth.rotation_policy import RotationPolicy
 from .auth.jwt import ServiceAccountVerifier
 from .auth.tokens import TokenAuthenticator
 from .config import ServeSettings
@@ -41,20 +38,12 @@ from .render.payload import render_payload
 from .sources.events import Source
 from .sources.files import FileSource
 from .model.token_secret import is_token_secret, is_user_data_secret
-from .registry.mirrors import Mirrors, parse_overrides
-from .registry.allowed import parse_allowed
-from .registry.resolver import ReleaseStore
-from .registry.setup import open_resolver
-from .registry.image_files import ImageFiles
-from .basegen.generator import BaseGenerator, GeneratorSettings
-from .basegen.sandbox import Sandbox, SandboxUnavailable
-from .basegen.run import Limits
-from .reconcile.reconciler import Reconciler, Renderer
-from .reconcile.releases import Releases
+from .reconcile.reconciler import Reconciler
+from .reconcile.renders import Renderer
 from .reconcile.edge_publisher import EdgePublisher
 from .reconcile.outputs import PointerSettings, TokenOutputs
-from .reconcile.tenancy import Tenancy
 from .reconcile.trust import TrustWatcher
+from .reconcile.wiring import Watcher, watcher_for
 from .workers.pool import WorkerPool
 
 if TYPE_CHECKING:
@@ -89,7 +78,8 @@ class _Running:
     cache: PayloadCache
     source: Source
     cluster: Cluster | None
-    reconciler: Reconciler
+    watcher: Watcher
+    writer: Callable[[], bool]  # whether this replica writes (with several replicas: the Lease holder)
     outputs: TokenOutputs
     ssl_context: ssl.SSLContext | None
     registry_session: Any
@@ -110,7 +100,7 @@ class IgnitionServer:
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
     state: ServingState = field(default_factory=ServingState)
     cache: PayloadCache | None = None
-    reconciler: Reconciler | None = None
+    watcher: Watcher | None = None
     tls_files: TLSFiles | None = None
     ports: dict[str, int] = field(default_factory=dict)
     cluster: Cluster | None = None
@@ -140,28 +130,16 @@ class IgnitionServer:
         if "FIPS" in settings.tls.profile.name:
             log.info(fips_describe())
         outputs = TokenOutputs(source, settings.edge_token_map, self._pointer_settings())
-        releases, registry_session = self._releases(cache)
-        self.reconciler = reconciler = Reconciler(
-            source=source,
-            cache=cache,
-            renderer=self.renderer,
-            policy=RotationPolicy(settings.token_ttl),
-            metrics=self.metrics,
-            render_concurrency=settings.render_concurrency,
-            clock=self.clock,
-            trust=TrustWatcher(verifier, self._edge_writer(verifier),
-                               on_refused=self.metrics.tenancy_refusals.labels(what="service-account-key").inc),
-            outputs=outputs,
-            writer=cluster.is_writer if cluster is not None else (lambda: True),
-            prune_grace=settings.prune_grace,
-            releases=releases,
-            share_namespace=settings.pod_namespace if settings.kubernetes else None,
-            tenancy=Tenancy(frozenset(settings.shared_namespaces)),
-            generator=self._generator(releases, cache),
-        )
-        running = _Running(cache=cache, source=source, cluster=cluster, reconciler=reconciler, outputs=outputs,
-                           ssl_context=ssl_context, registry_session=registry_session)
-        await self._start_serving(running, TokenAuthenticator(cache, self.clock, verifier=verifier, directory=reconciler))
+        trust = TrustWatcher(verifier, self._edge_writer(verifier),
+                             on_refused=self.metrics.tenancy_refusals.labels(what="service-account-key").inc)
+        writer = cluster.is_writer if cluster is not None else (lambda: True)
+        self.watcher, registry_session = watcher_for(
+            settings, source=source, cache=cache, renderer=self.renderer, metrics=self.metrics, clock=self.clock,
+            writer=writer, trust=trust, outputs=outputs)
+        running = _Running(cache=cache, source=source, cluster=cluster, watcher=self.watcher, writer=writer,
+                           outputs=outputs, ssl_context=ssl_context, registry_session=registry_session)
+        directory = self.watcher.reconciler.tokens  # service-account tokens: which NodePool's payload
+        await self._start_serving(running, TokenAuthenticator(cache, self.clock, verifier=verifier, directory=directory))
         return running
 
     async def _open_source(self, cache: PayloadCache) -> tuple[Source, Cluster | None]:
@@ -187,7 +165,7 @@ class IgnitionServer:
 
     async def _start_serving(self, running: _Running, authenticator: TokenAuthenticator) -> None:
         """The worker processes on a reserved port, or the owner's own serving site."""
-        settings, reconciler = self.settings, running.reconciler
+        settings, reconciler = self.settings, running.watcher.reconciler
         if settings.workers:
             assert self.tls_files is not None
             running.reserved = reserve_port(settings.listen)
@@ -232,10 +210,10 @@ class IgnitionServer:
     # Serving: what runs beside the sockets until the stop.
 
     def _background_tasks(self, running: _Running) -> list[asyncio.Task[None]]:
-        settings, reconciler, cluster, pool = self.settings, running.reconciler, running.cluster, running.pool
+        settings, watcher, cluster, pool = self.settings, running.watcher, running.cluster, running.pool
         tasks = [
-            asyncio.create_task(self._run_source(running.source, reconciler), name="source"),
-            asyncio.create_task(reconciler.run_periodic(), name="housekeeping"),
+            asyncio.create_task(self._run_source(running.source, watcher.reconciler), name="source"),
+            asyncio.create_task(watcher.housekeeping.run(), name="housekeeping"),
         ]
         if pool is None and running.ssl_context is not None and self.tls_files is not None:  # workers reload their own
             tasks.append(asyncio.create_task(reload_on_change(running.ssl_context, self.tls_files), name="tls-reload"))
@@ -248,7 +226,7 @@ class IgnitionServer:
                 store=_secret_store(cluster, settings.pod_namespace) if cluster is not None
                 else DirectoryStore(self.tls_files.cert.parent),
                 directory=self.tls_files.cert.parent, public_url=settings.public_url, overlap=settings.token_ttl,
-                make_ca=lambda: make_ca(self._ca_validity()), is_writer=reconciler.writer,
+                make_ca=lambda: make_ca(self._ca_validity()), is_writer=running.writer,
                 on_bundle=running.outputs.trust_changed, interval=settings.ca_check_interval,
             )
             tasks.append(asyncio.create_task(rotation.run(), name="ca-rotation"))
@@ -266,7 +244,7 @@ class IgnitionServer:
         await self._stop_serving(running.runners, running.guards, running.tasks, running.cache)
         if running.cluster is not None:
             await running.cluster.close()
-        await running.reconciler.drain(self.settings.shutdown_timeout)
+        await running.watcher.reconciler.drain(self.settings.shutdown_timeout)
         await asyncio.to_thread(running.cache.flush)
         await running.source.flush()
         if running.handlers is not None:
@@ -275,67 +253,6 @@ class IgnitionServer:
             running.connections.close()
         if running.registry_session is not None:
             await running.registry_session.close()
-
-    def _releases(self, cache: PayloadCache) -> tuple[Releases, Any]:
-        """The catalog, plus the registry resolver when --release-resolve is on; mirrors either way."""
-        registry = self.settings.registry
-        mirrors = Mirrors(parse_overrides(registry.overrides), allowed=parse_allowed(registry.allow))
-        if not registry.resolve:
-            return Releases(mirrors=mirrors), None
-        store = ReleaseStore(load=cache.load_state, save=cache.save_state)
-
-        def resolved(pull_spec: str) -> None:
-            if self.reconciler is not None:
-                self.reconciler.release_waits.resolved(pull_spec)
-
-        resolver, session = open_resolver(
-            registry, mirrors, store, self.metrics, resolved, self.settings.cache_dir / "tmp-layers",
-        )
-        return Releases(resolver=resolver, mirrors=mirrors), session
-
-    def _generator(self, releases: Releases, cache: PayloadCache) -> BaseGenerator | None:
-        """--generate-bases: the MCO base generator, pulling with the resolver's client and mirrors."""
-        registry = self.settings.registry
-        resolver = releases.resolver
-        if not registry.generate_bases or resolver is None or releases.mirrors is None:
-            return None
-        work_dir = self.settings.cache_dir / "tmp-mco"
-        work_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        for leftover in work_dir.iterdir():  # runs a crash interrupted, images extracted by the last process
-            shutil.rmtree(leftover, ignore_errors=True)
-
-        def done(key: str) -> None:
-            if self.reconciler is not None:
-                self.reconciler.base_waits.generated(key)
-
-        files = ImageFiles(resolver.client, releases.mirrors, registry.architecture, self.settings.cache_dir / "tmp-layers")
-        return BaseGenerator(
-            files=files, load=cache.load_state, save=cache.save_state, work_dir=work_dir,
-            settings=GeneratorSettings(Limits(registry.base_timeout, registry.base_memory_bytes,
-                                              self._base_sandbox(work_dir))),
-            on_done=done, counted=lambda result: self.metrics.base_generations.labels(result=result).inc(),
-            tls=resolver.tls,
-        )
-
-    def _base_sandbox(self, work_dir: Path) -> Sandbox | None:
-        """The namespaces a release's binaries run in, hiding every credential of this server; checked now,
-        so a host that cannot make them fails at start-up rather than at the first base."""
-        settings = self.settings
-        if settings.registry.base_sandbox == "none":
-            log.warning("--base-sandbox none: a release's MCO binaries run as this server's user, with its files")
-            return None
-        key_file = CacheConfig(cache_dir=settings.cache_dir, key_file=settings.cache_key_file).resolved_key_file
-        hidden = [settings.cache_dir, key_file, Path("/var/run/secrets"), Path("/run/secrets")]
-        hidden += [p for p in (settings.kubeconfig, settings.tls.cert_file, settings.tls.key_file) if p is not None]
-        if not settings.kubernetes:
-            hidden.append(settings.source_dir)
-        sandbox = Sandbox(hide=tuple(p.resolve() for p in hidden if p.exists()), uid=settings.registry.base_uid)
-        try:
-            sandbox.check(work_dir / "sandbox-check")
-        except SandboxUnavailable as exc:
-            raise SystemExit(f"--generate-bases: {exc}; allow user namespaces to this server, or accept the risk "
-                             "with --base-sandbox none (README, Trust model)") from None
-        return sandbox
 
     def _handlers(self, authenticator: TokenAuthenticator, reconciler: Reconciler) -> IgnitionHandlers:
         settings = self.settings

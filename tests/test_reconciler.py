@@ -20,6 +20,8 @@ from ignition_server.sources.files import FileSource
 from ignition_server.model.token_secret import ANNOTATION_TOKEN_EXPIRATION, format_time, is_token_secret, parse_token_secret
 from testsupport.manifests import build_token_secret
 from ignition_server.reconcile.reconciler import Reconciler
+from ignition_server.reconcile.wiring import build_watcher
+from testsupport.watcher import wait_idle
 from payload_cache import CacheConfig, PayloadCache, TokenState
 
 T0 = 1_800_000_000.0
@@ -42,10 +44,10 @@ def world(tmp_path: Path):
     def make(read_only: bool = False) -> tuple[Reconciler, FileSource, PayloadCache]:
         cache = PayloadCache.open(CacheConfig(cache_dir=tmp_path / "cache"))
         source = FileSource(source_dir, read_only=read_only, retain=lambda obj: not is_token_secret(obj))
-        reconciler = Reconciler(
+        reconciler = build_watcher(
             source=source, cache=cache, renderer=render_payload, policy=RotationPolicy(ttl=100.0),
             metrics=ServerMetrics(), clock=clock,
-        )
+        ).reconciler
         source._handler = reconciler.handle
         return reconciler, source, cache
 
@@ -61,7 +63,7 @@ def secret(pool: str, token: str, **kwargs) -> dict:
 
 async def settle(reconciler: Reconciler, source: FileSource) -> None:
     await source.poll_once()
-    await reconciler.wait_idle()
+    await wait_idle(reconciler)
     await source.poll_once()
 
 
@@ -81,7 +83,7 @@ async def test_expiration_annotation_refuses_the_secrets_tokens(world) -> None:
             auth.authenticate(token)
         assert refused.value.status == 403
     # Expired Secrets are not rotated.
-    assert await reconciler.rotate_due() == 0
+    assert await reconciler.rotation.rotate_due() == 0
 
 
 async def test_a_newer_secret_outdates_the_older_one_for_two_hours(world) -> None:
@@ -116,13 +118,13 @@ async def test_rotation_on_the_clock_and_across_a_restart(world) -> None:
     await settle(reconciler, source)
     renders = reconciler.metrics.payload_cache_miss._value.get()
     clock.now = T0 + 49
-    assert await reconciler.rotate_due() == 0
+    assert await reconciler.rotation.rotate_due() == 0
     clock.now = T0 + 50
-    assert await reconciler.rotate_due() == 1
+    assert await reconciler.rotation.rotate_due() == 1
     first = parse_token_secret(yaml.safe_load(path.read_text()))
     assert first.old_token == "tok-0" and first.token not in (None, "tok-0")
     clock.now = T0 + 100
-    assert await reconciler.rotate_due() == 1
+    assert await reconciler.rotation.rotate_due() == 1
     second = parse_token_secret(yaml.safe_load(path.read_text()))
     assert second.old_token == first.token
     auth = TokenAuthenticator(cache, clock)
@@ -132,7 +134,7 @@ async def test_rotation_on_the_clock_and_across_a_restart(world) -> None:
     assert refused.value.status == 403
     assert auth.authenticate(first.token).secret == "clusters-a/token-p-00000000"
     assert reconciler.metrics.payload_cache_miss._value.get() == renders  # rotation never re-renders
-    await reconciler.persist_index()
+    cache.flush()
     # A new process: the retired token is still refused, and forgotten one TTL later.
     reconciler2, source2, cache2 = make()
     await settle(reconciler2, source2)
@@ -154,7 +156,7 @@ async def test_secret_deleted_while_down_is_forgotten_after_the_first_listing(wo
     write_manifests(source_dir / "a.yaml", secret("a", "tok-a"))
     write_manifests(source_dir / "b.yaml", secret("b", "tok-b"))
     await settle(reconciler, source)
-    await reconciler.persist_index()
+    cache.flush()
     (source_dir / "b.yaml").unlink()
     reconciler2, source2, cache2 = make()
     auth = TokenAuthenticator(cache2, clock)
@@ -174,27 +176,27 @@ async def test_read_only_source_rotates_in_the_cache_dir(world) -> None:
     before = path.read_bytes()
     await settle(reconciler, source)
     clock.now = T0 + 50
-    assert await reconciler.rotate_due() == 1
+    assert await reconciler.rotation.rotate_due() == 1
     clock.now = T0 + 100
-    assert await reconciler.rotate_due() == 1
+    assert await reconciler.rotation.rotate_due() == 1
     assert path.read_bytes() == before  # never written
-    current = reconciler.secrets[next(iter(reconciler.secrets))]
+    current = reconciler.tokens.secrets[next(iter(reconciler.tokens.secrets))]
     auth = TokenAuthenticator(cache, clock)
     assert auth.authenticate(current.token) and auth.authenticate(current.old_token)
     with pytest.raises(Refusal):
         auth.authenticate("tok-0")
-    await reconciler.persist_index()
+    cache.flush()
     # The rotation state survives a restart (sealed in the cache), and the token is not on disk in clear.
     reconciler2, source2, cache2 = make(read_only=True)
     await settle(reconciler2, source2)
-    assert reconciler2.secrets[current.key].token == current.token
+    assert reconciler2.tokens.secrets[current.key].token == current.token
     for file in (source_dir.parent / "cache").rglob("*"):
         if file.is_file():
             assert current.token.encode() not in file.read_bytes()
     # When the source's own token changes (rotated elsewhere), the source wins.
     write_manifests(path, secret("p", "tok-from-elsewhere"))
     await settle(reconciler2, source2)
-    assert reconciler2.secrets[current.key].token == "tok-from-elsewhere"
+    assert reconciler2.tokens.secrets[current.key].token == "tok-from-elsewhere"
 
 
 def test_render_command_prints_the_payload(tmp_path: Path) -> None:
@@ -247,9 +249,9 @@ async def test_a_manifest_broken_while_down_keeps_serving_its_last_good_payload(
     source.state = cache  # the listing snapshot, as the server wires it
     path = write_manifests(source_dir / "p.yaml", secret("p", "tok-p"))
     await source.run(reconciler.handle, iterations=0)
-    await reconciler.wait_idle()
+    await wait_idle(reconciler)
     await source.flush()
-    await reconciler.persist_index()
+    cache.flush()
     path.write_text(path.read_text().replace("kind: Secret", "kind: [Secret"))  # broken YAML while down
     reconciler2, source2, cache2 = make()
     source2.state = cache2
@@ -265,7 +267,7 @@ async def test_a_config_broken_then_put_back_says_as_expected_again(world) -> No
     path = write_manifests(source_dir / "p.yaml", secret("p", "tok-p"))
     good_config = yaml.safe_load(path.read_text())["data"]["config"]
     await settle(reconciler, source)
-    await reconciler.wait_idle()
+    await wait_idle(reconciler)
 
     def status() -> str | None:
         return parse_token_secret(yaml.safe_load(path.read_text())).reason
@@ -276,14 +278,14 @@ async def test_a_config_broken_then_put_back_says_as_expected_again(world) -> No
                                                   machineconfigs_yaml="kind: [broken")["data"]["config"]
     write_manifests(path, broken)
     await settle(reconciler, source)
-    await reconciler.wait_idle()
+    await wait_idle(reconciler)
     await source.poll_once()
     assert status() == "InvalidConfig"
     fixed = yaml.safe_load(path.read_text())  # the operator puts the old config back; the status stays as written
     fixed["data"]["config"] = good_config
     write_manifests(path, fixed)
     await settle(reconciler, source)
-    await reconciler.wait_idle()
+    await wait_idle(reconciler)
     await source.poll_once()
     assert status() == "AsExpected"
 
@@ -296,7 +298,7 @@ async def test_a_config_over_its_bounds_is_refused_once_not_retried(world) -> No
         zlib.compress(b"- a\n" * 250_000, 9, wbits=16 + zlib.MAX_WBITS)).decode()  # 1 MB of YAML, 2 KiB of gzip
     path = write_manifests(source_dir / "flat.yaml", flat)
     await settle(reconciler, source)
-    await reconciler.wait_idle()
+    await wait_idle(reconciler)
     await source.poll_once()
     status = parse_token_secret(yaml.safe_load(path.read_text()))
     assert status.reason == "InvalidConfig" and "nodes" in (status.message or "")
@@ -308,7 +310,7 @@ async def test_a_config_over_its_bounds_is_refused_once_not_retried(world) -> No
     for _ in range(3):  # past every back-off: a retry would refuse the same bytes at the same cost again
         clock.now += 1000
         await reconciler.renders.retry_failed()
-        await reconciler.wait_idle()
+        await wait_idle(reconciler)
     assert failures() == 1
 
 
@@ -330,11 +332,11 @@ async def test_a_rotation_that_loses_to_another_writer_never_refuses_the_winners
     await settle(reconciler, source)
     write_manifests(path, secret("p", "tok-other", old_token="tok-0", generation_time=T0 + 49))
     clock.now = T0 + 50
-    assert await reconciler.rotate_due() == 0
+    assert await reconciler.rotation.rotate_due() == 0
     auth = TokenAuthenticator(cache, clock)
     assert refused_status(auth, "tok-other") is None
     assert refused_status(auth, "tok-0") is None
-    assert reconciler.secrets[next(iter(reconciler.secrets))].token == "tok-other"
+    assert reconciler.tokens.secrets[next(iter(reconciler.tokens.secrets))].token == "tok-other"
 
 
 class StalledSource(FileSource):
@@ -363,19 +365,19 @@ async def test_a_rotation_changes_what_is_served_only_once_its_write_is_accepted
     make, clock, source_dir = world
     _unused, _source, cache = make()
     source = StalledSource(source_dir, retain=lambda obj: not is_token_secret(obj))
-    reconciler = Reconciler(source=source, cache=cache, renderer=render_payload, policy=RotationPolicy(ttl=100.0),
-                            metrics=ServerMetrics(), clock=clock)
+    reconciler = build_watcher(source=source, cache=cache, renderer=render_payload, policy=RotationPolicy(ttl=100.0),
+                               metrics=ServerMetrics(), clock=clock).reconciler
     source._handler = reconciler.handle
     path = write_manifests(source_dir / "p.yaml", secret("p", "tok-1", old_token="tok-0"))
     await settle(reconciler, source)
-    await reconciler.wait_idle()
+    await wait_idle(reconciler)
     auth = TokenAuthenticator(cache, clock)
     clock.now = T0 + 50
     for outcome in ("failing", "accepted"):
         source.failing = outcome == "failing"
         source.entered.clear()
         source.release.clear()
-        rotating = asyncio.ensure_future(reconciler.rotate_due())
+        rotating = asyncio.ensure_future(reconciler.rotation.rotate_due())
         await source.entered.wait()
         # The write is in flight (an API taking its time): both listed tokens still open.
         assert refused_status(auth, "tok-1") is None and refused_status(auth, "tok-0") is None
@@ -384,7 +386,7 @@ async def test_a_rotation_changes_what_is_served_only_once_its_write_is_accepted
         if outcome == "failing":
             # An outage: nothing written, nothing retired, whatever the clock says.
             assert rotated == 0 and refused_status(auth, "tok-0") is None and refused_status(auth, "tok-1") is None
-            reconciler.faults.forget(next(iter(reconciler.secrets)).ref)  # no back-off wait in the test
+            reconciler.faults.forget(next(iter(reconciler.tokens.secrets)).ref)  # no back-off wait in the test
     written = parse_token_secret(yaml.safe_load(path.read_text()))
     assert written.old_token == "tok-1" and refused_status(auth, written.token) is None
     assert refused_status(auth, "tok-1") is None and refused_status(auth, "tok-0") == 403

@@ -33,7 +33,7 @@ def leftovers(*directories: Path) -> list[str]:
 
 async def rotate(reconciler, source, clock, at: float) -> None:
     clock.now = at
-    assert await reconciler.rotate_due() == 1
+    assert await reconciler.rotation.rotate_due() == 1
     await settle(reconciler, source)
 
 
@@ -113,17 +113,17 @@ async def test_a_read_only_target_rotates_in_the_cache_dir_and_says_so_once(worl
     assert source.writable  # the source directory itself is writable; only this target is not
     await rotate(reconciler, source, clock, T0 + 60)
     auth = TokenAuthenticator(cache, clock)
-    first = reconciler.secrets[next(iter(reconciler.secrets))].token
+    first = reconciler.tokens.secrets[next(iter(reconciler.tokens.secrets))].token
     assert first != "tok-0" and auth.authenticate(first).secret == REF
     assert auth.authenticate("tok-0").secret == REF  # the outgoing token stays valid as the previous one
     await rotate(reconciler, source, clock, T0 + 120)
-    second = reconciler.secrets[next(iter(reconciler.secrets))].token
+    second = reconciler.tokens.secrets[next(iter(reconciler.tokens.secrets))].token
     assert second not in (first, "tok-0") and auth.authenticate(second).secret == REF
     assert target.read_bytes() == before and (source_dir / "p.yaml").is_symlink()
     said = [r for r in caplog.records if "kept (encrypted) in the cache dir" in r.getMessage()]
     assert len(said) == 1, [r.getMessage() for r in said]
     # Across a restart the cache-dir rotation still holds.
-    await reconciler.persist_index()
+    cache.flush()
     reconciler2, source2, cache2 = make()
     await settle(reconciler2, source2)
     assert TokenAuthenticator(cache2, clock).authenticate(second).secret == REF

@@ -32,6 +32,7 @@ from ignition_server.reconcile.source_view import SourceView
 from ignition_server.reconcile.releases import ANNOTATION_RELEASE_CATALOG
 from ignition_server.reconcile.tenancy import Tenancy
 from ignition_server.reconcile.trust import ANNOTATION_SERVICE_ACCOUNT_KEYS, TrustWatcher
+from ignition_server.reconcile.wiring import build_watcher
 from payload_cache import CacheConfig, PayloadCache, TokenState
 
 RELEASE = "quay.io/openshift-release-dev/ocp-release@sha256:" + "1" * 64
@@ -101,11 +102,11 @@ def world(tmp_path: Path):
                            PointerSettings("https://ignition.example.com:9090", b""), delay=0.0)
     verifier = ServiceAccountVerifier(clock=clock, overlap_seconds=60)
     metrics = ServerMetrics()
-    reconciler = Reconciler(
+    reconciler = build_watcher(
         source=source, cache=cache, renderer=render_payload, policy=RotationPolicy(100.0), metrics=metrics, clock=clock,
         outputs=outputs, debounce=0.0, tenancy=Tenancy(frozenset({SHARED})),
         trust=TrustWatcher(verifier, on_refused=metrics.tenancy_refusals.labels(what="service-account-key").inc),
-    )
+    ).reconciler
     source._handler = reconciler.handle
     return reconciler, source, cache, source_dir, verifier
 
@@ -139,14 +140,14 @@ async def test_inputs_named_in_another_tenants_namespace_are_refused_and_never_r
     steal = {f"ignition-server.openshift.io/input-{name}": f"{VICTIM}/{name}"
              for name in ("pull-secret", "bootstrap-kubeconfig", "apiserver-proxy")}
     write_manifests(source_dir / "evil.yaml", token_secret(EVIL, "clusters/evil", "evil-token", annotations=steal))
-    await settle(reconciler, source, reconciler.outputs)
+    await settle(reconciler, source, reconciler.tokens.outputs)
     evil = parse_token_secret(secret_in(source_dir, "evil.yaml", "token-evil-00000000"))
     assert evil.reason == "InvalidConfig"
     assert f"{VICTIM}/" in evil.message and "outside the NodePool's namespace clusters-evil" in evil.message
     assert "--shared-namespaces" in evil.message
     assert payload(cache, f"{EVIL}/token-evil-00000000") is None
     # Nothing of the victim's was looked up on the evil NodePool's behalf: only the victim's own NodePool reads them.
-    victim_key = next(k for k in reconciler.secrets if k.namespace == VICTIM)
+    victim_key = next(k for k in reconciler.tokens.secrets if k.namespace == VICTIM)
     graph = reconciler.input_graph
     readers = {k for dep in graph.objects_read() if dep.namespace == VICTIM for k in graph.readers_of(dep)}
     assert readers == {victim_key}
@@ -157,7 +158,7 @@ async def test_inputs_named_in_another_tenants_namespace_are_refused_and_never_r
         "listenIP": "172.20.0.1", "listenPort": "6443", "backends": "shared.example.com:32167"}))
     write_manifests(source_dir / "evil.yaml", token_secret(
         EVIL, "clusters/evil", "evil-token", annotations={"ignition-server.openshift.io/input-apiserver-proxy": f"{SHARED}/proxy"}))
-    await settle(reconciler, source, reconciler.outputs)
+    await settle(reconciler, source, reconciler.tokens.outputs)
     assert parse_token_secret(secret_in(source_dir, "evil.yaml", "token-evil-00000000")).reason == "AsExpected"
     assert "shared.example.com:32167" in payload(cache, f"{EVIL}/token-evil-00000000")
 
@@ -166,11 +167,11 @@ async def test_a_release_catalog_outside_the_shared_namespaces_changes_no_payloa
     reconciler, source, cache, source_dir, _ = world
     write_manifests(source_dir / "shared.yaml", catalog(SHARED, GOOD_HAPROXY))
     write_manifests(source_dir / "victim.yaml", *victim_cluster())
-    await settle(reconciler, source, reconciler.outputs)
+    await settle(reconciler, source, reconciler.tokens.outputs)
     assert GOOD_HAPROXY in payload(cache, VICTIM_REF)
     renders = reconciler.metrics.payload_cache_miss._value.get()
     write_manifests(source_dir / "evil-catalog.yaml", catalog(EVIL, EVIL_HAPROXY))
-    await settle(reconciler, source, reconciler.outputs)
+    await settle(reconciler, source, reconciler.tokens.outputs)
     assert GOOD_HAPROXY in payload(cache, VICTIM_REF) and EVIL_HAPROXY not in payload(cache, VICTIM_REF)
     assert reconciler.metrics.payload_cache_miss._value.get() == renders
     assert reconciler.releases.get(RELEASE).images["haproxy-router"] == GOOD_HAPROXY
@@ -178,7 +179,7 @@ async def test_a_release_catalog_outside_the_shared_namespaces_changes_no_payloa
     write_manifests(source_dir / "evil-idms.yaml", {
         "apiVersion": "config.openshift.io/v1", "kind": "ImageDigestMirrorSet", "metadata": {"name": "x", "namespace": EVIL},
         "spec": {"imageDigestMirrors": [{"source": "quay.io/openshift-release-dev", "mirrors": ["evil.example.com/m"]}]}})
-    await settle(reconciler, source, reconciler.outputs)
+    await settle(reconciler, source, reconciler.tokens.outputs)
     assert GOOD_HAPROXY in payload(cache, VICTIM_REF) and "evil.example.com" not in payload(cache, VICTIM_REF)
     assert refusals(reconciler, "shared-object") >= 2
 
@@ -208,18 +209,18 @@ async def test_a_token_secret_claiming_another_tenants_nodepool_outdates_nothing
     reconciler, source, cache, source_dir, _ = world
     write_manifests(source_dir / "shared.yaml", catalog(SHARED, GOOD_HAPROXY))
     write_manifests(source_dir / "victim.yaml", *victim_cluster())
-    await settle(reconciler, source, reconciler.outputs)
+    await settle(reconciler, source, reconciler.tokens.outputs)
     # Newer, and naming the victim's NodePool exactly as the victim's Secret does.
     write_manifests(source_dir / "evil.yaml", token_secret(EVIL, "clusters/workers", "evil-token",
                                                             created="2026-06-01T00:00:00Z"))
-    await settle(reconciler, source, reconciler.outputs)
+    await settle(reconciler, source, reconciler.tokens.outputs)
     victim = secret_in(source_dir, "victim.yaml", "token-workers-00000000")
     assert ANNOTATION_TOKEN_EXPIRATION not in victim["metadata"]["annotations"]
     assert cache.lookup_token("victim-token").state is TokenState.CURRENT
     # Within the victim's own namespace a newer generation still outdates the older one.
     write_manifests(source_dir / "victim-next.yaml", token_secret(VICTIM, "clusters/workers", "victim-next",
                                                                    created="2026-06-02T00:00:00Z", suffix="11111111"))
-    await settle(reconciler, source, reconciler.outputs)
+    await settle(reconciler, source, reconciler.tokens.outputs)
     victim = secret_in(source_dir, "victim.yaml", "token-workers-00000000")
     assert ANNOTATION_TOKEN_EXPIRATION in victim["metadata"]["annotations"]
 
@@ -234,10 +235,10 @@ async def test_a_token_already_held_by_another_secret_is_refused_for_the_newcome
     if together:
         write_manifests(source_dir / "a-evil.yaml", stolen)
     write_manifests(source_dir / "victim.yaml", *victim_cluster())
-    await settle(reconciler, source, reconciler.outputs)
+    await settle(reconciler, source, reconciler.tokens.outputs)
     if not together:
         write_manifests(source_dir / "a-evil.yaml", stolen)
-        await settle(reconciler, source, reconciler.outputs)
+        await settle(reconciler, source, reconciler.tokens.outputs)
     record = cache.lookup_token("victim-token")
     assert record is not None and record.secret == VICTIM_REF and record.state is TokenState.CURRENT
     assert "/etc/clustersvictim.conf" in payload(cache, VICTIM_REF)
@@ -247,9 +248,9 @@ async def test_a_token_already_held_by_another_secret_is_refused_for_the_newcome
     assert refusals(reconciler, "duplicate-token") == 1
     assert "victim-token" not in caplog.text and f"{EVIL}/token-evil-00000000" in caplog.text
     # Not rotated either: the refused Secret gets no token of ours.
-    reconciler.clock.now = T0 + 60  # type: ignore[attr-defined]
-    await reconciler.rotate_due()
-    assert all(k.namespace != EVIL for k in reconciler.secrets)
+    reconciler.rotation.clock.now = T0 + 60  # type: ignore[attr-defined]
+    await reconciler.rotation.rotate_due()
+    assert all(k.namespace != EVIL for k in reconciler.tokens.secrets)
 
 
 def public_pem(key) -> str:
@@ -275,10 +276,10 @@ async def test_a_copy_of_a_clusters_public_key_elsewhere_breaks_nothing(world, t
     if together:
         write_manifests(source_dir / "a-evil.yaml", copy)
     write_manifests(source_dir / "victim.yaml", keys_configmap(VICTIM, key, "2026-01-01T00:00:00Z"))
-    await settle(reconciler, source, reconciler.outputs)
+    await settle(reconciler, source, reconciler.tokens.outputs)
     if not together:
         write_manifests(source_dir / "a-evil.yaml", copy)
-        await settle(reconciler, source, reconciler.outputs)
+        await settle(reconciler, source, reconciler.tokens.outputs)
     assert verifier.verify(token).cluster == VICTIM
     assert refusals(reconciler, "service-account-key") == 1
 
@@ -298,6 +299,6 @@ async def test_a_generated_base_published_outside_the_shared_namespaces_is_not_a
         write_manifests(source_dir / f"base-{namespace}.yaml", obj(
             "ConfigMap", namespace, "ignition-server-base-x", {"machineconfigs.yaml": base},
             {ANNOTATION_GENERATED_BASE: key}))
-    await settle(reconciler, source, reconciler.outputs)
+    await settle(reconciler, source, reconciler.tokens.outputs)
     assert reconciler.base_waits.generator.known("a" * 64) is None
     assert reconciler.base_waits.generator.known("b" * 64) == base

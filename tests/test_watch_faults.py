@@ -28,7 +28,7 @@ from ignition_server.model.objects import ObjectKey
 from ignition_server.model.token_secret import is_token_secret
 from ignition_server.reconcile import reconciler as reconciler_module
 from ignition_server.reconcile.outputs import PointerSettings, TokenOutputs
-from ignition_server.reconcile.reconciler import Reconciler
+from ignition_server.reconcile.wiring import build_watcher
 from ignition_server.reconcile.status import written_status
 from payload_cache import CacheConfig, PayloadCache
 from test_reconciler import T0, Clock, secret, settle, world  # noqa: F401  (world is a fixture)
@@ -91,10 +91,11 @@ async def test_a_fault_in_one_object_leaves_later_changes_applied(step: str, tmp
         return render_payload(inputs)
 
     metrics = ServerMetrics()
-    reconciler = Reconciler(
+    watcher = build_watcher(
         source=source, cache=cache, renderer=renderer, policy=RotationPolicy(ttl=100.0),
         metrics=metrics, clock=clock, outputs=outputs, debounce=0.0,
     )
+    reconciler = watcher.reconciler
     auth = TokenAuthenticator(cache, clock)
 
     # The victim and its fault.
@@ -116,7 +117,7 @@ async def test_a_fault_in_one_object_leaves_later_changes_applied(step: str, tmp
 
     tasks = [
         asyncio.create_task(source.run(reconciler.handle)),
-        asyncio.create_task(reconciler.run_periodic(tick=POLL)),
+        asyncio.create_task(watcher.housekeeping.run(tick=POLL)),
     ]
     try:
         if step == "expiry":
@@ -128,7 +129,7 @@ async def test_a_fault_in_one_object_leaves_later_changes_applied(step: str, tmp
             newer["metadata"]["creationTimestamp"] = "2027-01-02T00:00:00Z"
             write_manifests(source_dir / "v2.yaml", newer)
         if step == "write-back":
-            await wait_until(lambda: VICTIM in {s.ref for s in reconciler.secrets.values()})
+            await wait_until(lambda: VICTIM in {s.ref for s in reconciler.tokens.secrets.values()})
             reconciler.write_backs.note_served(VICTIM)
 
         await wait_until(lambda: errors(metrics, step) >= 1)
@@ -169,19 +170,23 @@ async def test_a_fault_in_one_object_leaves_later_changes_applied(step: str, tmp
 
 
 async def test_rotation_overdue_gauge_counts_secrets_whose_rotation_cannot_happen(world) -> None:
-    make, clock, source_dir = world
-    reconciler, source, _cache = make()
+    _make, clock, source_dir = world
+    source = FileSource(source_dir, retain=lambda obj: not is_token_secret(obj))
+    watcher = build_watcher(source=source, cache=PayloadCache.open(CacheConfig(cache_dir=source_dir.parent / "cache")),
+                            renderer=render_payload, policy=RotationPolicy(ttl=100.0), metrics=ServerMetrics(), clock=clock)
+    reconciler = watcher.reconciler
+    source._handler = reconciler.handle
     path = write_manifests(source_dir / "p.yaml", secret("p", "tok-p"))
     write_manifests(source_dir / "q.yaml", secret("q", "tok-q"))
     await settle(reconciler, source)
     good = path.read_text()
     path.write_text(good.replace("kind: Secret", "kind: [Secret"))  # broken by hand: p cannot rotate
     overdue = lambda: reconciler.metrics.registry.get_sample_value("ign_server_rotation_overdue_secrets")  # noqa: E731
-    housekeeping = asyncio.create_task(reconciler.run_periodic(tick=POLL))
+    housekeeping = asyncio.create_task(watcher.housekeeping.run(tick=POLL))
     try:
         clock.now = T0 + 101  # past the TTL (100): q rotates, p cannot
         await wait_until(lambda: overdue() == 1 and errors(reconciler.metrics, "rotation") >= 1)
-        assert reconciler.rotation_overdue(clock.now) == 1
+        assert reconciler.rotation.overdue(clock.now) == 1
         path.write_text(good)  # fixed: the retry (with back-off) rotates it
         await source.poll_once()
         await wait_until(lambda: overdue() == 0, timeout=30)

@@ -24,6 +24,8 @@ from ignition_server.model.token_secret import parse_token_secret
 from testsupport.manifests import build_token_secret
 from ignition_server.reconcile.outputs import PointerSettings, TokenOutputs
 from ignition_server.reconcile.reconciler import Reconciler
+from ignition_server.reconcile.wiring import build_watcher
+from testsupport.watcher import wait_idle
 from ignition_server.reconcile.releases import ANNOTATION_RELEASE_CATALOG
 from ignition_server.reconcile.tenancy import Tenancy
 from payload_cache import CacheConfig, PayloadCache
@@ -109,9 +111,9 @@ def world(tmp_path: Path):
     source = FileSource(source_dir)
     outputs = TokenOutputs(source, tmp_path / "cache" / "edge" / "tokens.map",
                            PointerSettings("https://ignition.example.com:9090", CA_PEM.encode()), delay=0.0)
-    reconciler = Reconciler(source=source, cache=cache, renderer=render_payload, policy=RotationPolicy(100.0),
-                            metrics=ServerMetrics(), clock=clock, outputs=outputs, debounce=0.0,
-                            tenancy=Tenancy(frozenset({"ignition-server", "shared"})))
+    reconciler = build_watcher(source=source, cache=cache, renderer=render_payload, policy=RotationPolicy(100.0),
+                               metrics=ServerMetrics(), clock=clock, outputs=outputs, debounce=0.0,
+                               tenancy=Tenancy(frozenset({"ignition-server", "shared"}))).reconciler
     source._handler = reconciler.handle
     return reconciler, source, cache, source_dir, clock, outputs
 
@@ -119,7 +121,7 @@ def world(tmp_path: Path):
 async def settle(reconciler: Reconciler, source: FileSource, outputs: TokenOutputs | None = None) -> None:
     for _ in range(3):
         await source.poll_once()
-        await reconciler.wait_idle()
+        await wait_idle(reconciler)
         if outputs is not None and outputs._task is not None:
             await outputs._task
 
@@ -237,7 +239,7 @@ async def test_user_data_secret_and_edge_map_follow_rotations(world) -> None:
     header = pointer()["ignition"]["config"]["merge"][0]["httpHeaders"][0]
     assert header == {"name": "Authorization", "value": "Bearer " + base64.b64encode(b"tok-0").decode()}
     clock.now = T0 + 50
-    assert await reconciler.rotate_due() == 1
+    assert await reconciler.rotation.rotate_due() == 1
     await settle(reconciler, source, outputs)
     current = parse_token_secret([d for d in yaml.safe_load_all((source_dir / "p.yaml").read_text())][0]).token
     header = pointer()["ignition"]["config"]["merge"][0]["httpHeaders"][0]
@@ -257,13 +259,13 @@ async def test_user_data_with_a_large_ca_follows_rotations(tmp_path: Path) -> No
     source = FileSource(source_dir)
     outputs = TokenOutputs(source, tmp_path / "cache" / "edge" / "tokens.map",
                            PointerSettings("https://ignition.example.com:9090", big_ca.encode()), delay=0.0)
-    reconciler = Reconciler(source=source, cache=cache, renderer=render_payload, policy=RotationPolicy(100.0),
-                            metrics=ServerMetrics(), clock=clock, outputs=outputs, debounce=0.0)
+    reconciler = build_watcher(source=source, cache=cache, renderer=render_payload, policy=RotationPolicy(100.0),
+                               metrics=ServerMetrics(), clock=clock, outputs=outputs, debounce=0.0).reconciler
     source._handler = reconciler.handle
     write_manifests(source_dir / "p.yaml", token_secret("clusters-a", "workers", "tok-0"))
     await settle(reconciler, source, outputs)
     clock.now = T0 + 50
-    assert await reconciler.rotate_due() == 1
+    assert await reconciler.rotation.rotate_due() == 1
     await settle(reconciler, source, outputs)
     await settle(reconciler, source, outputs)
     current = parse_token_secret(yaml.safe_load((source_dir / "p.yaml").read_text())).token

@@ -1,9 +1,10 @@
 """The watcher's renders: a NodePool's inputs to its payload in the cache, off the event loop.
 
-The Reconciler indexes tokens and calls `schedule` for each token Secret added or changed
-and for each reader of a changed input (the InputGraph, which `inputs_for` keeps current);
-the RenderScheduler decides when a NodePool renders and stores the result. Renders run in threads with bounded concurrency, a burst of changes to one NodePool's inputs renders
-once (debounce), and identical inputs render once (single-flight, by inputs digest), so
+The dispatcher (reconciler.py) calls `schedule` for each token Secret the token index took,
+and `inputs_changed` for each changed object, which schedules exactly its readers (the
+InputGraph, which `inputs_for` keeps current); the RenderScheduler decides when a NodePool
+renders and stores the result. Renders run in threads with bounded concurrency, a burst of
+changes to one NodePool's inputs renders once (debounce), and identical inputs render once (single-flight, by inputs digest), so
 serving never stalls. A failed render keeps the last good payload serving, says why in the
 Secret's status and is retried with back-off; a render waits (no status churn) while its
 release or generated base is not known yet (release_waits.py, generated_bases.py).
@@ -83,6 +84,13 @@ class RenderScheduler:
             raise InvalidConfig(str(exc)) from None
         self.input_graph.track(secret.key, deps)
         return inputs
+
+    def inputs_changed(self, dependency: ObjectKey) -> None:
+        """Re-render exactly the NodePools that read `dependency` (the digest decides if anything changed)."""
+        for key in self.input_graph.readers_of(dependency):
+            secret = self.secret_of(key)
+            if secret is not None:
+                self.schedule(secret)
 
     def schedule(self, secret: TokenSecret) -> None:
         """Render `secret`'s NodePool if its inputs changed (or its last render failed and is due)."""

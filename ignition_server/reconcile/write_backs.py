@@ -1,4 +1,4 @@
-"""What the writing replica writes into the source besides rotation (writes.py): each
+"""What the writing replica writes into the source besides rotation (rotation.py): each
 token Secret's status, `ignition-reached`, and deleting expired token Secrets and the
 user-data of gone ones. With several replicas (Kubernetes mode) only the Lease holder
 writes. Each write is gated by `writer()` and queued per object (`work`), never awaited by

@@ -1,9 +1,16 @@
-"""What only the writing replica does about tokens: rotation, expiry of outdated Secrets, and
-the rotation state kept in the cache dir for a source that cannot be written (status,
-`ignition-reached` and deletions are the WriteBacks, write_backs.py). With several replicas
-(Kubernetes mode) only the Lease holder writes; every replica indexes tokens, renders and
-serves (reconcile/reconciler.py). Each write-back goes through `write_backs.write` (gated by
-`writer()`); an expiry is queued per object (`work`), never awaited by the event handler.
+"""Where rotation happens: token Secrets rotated when due, and outdated ones given an expiry.
+
+`rotate_due` (on the housekeeping tick) rotates every Secret whose current token has lived
+TTL/2 (auth/rotation_policy.py decides; this writes): the new token is written into the
+source through the WriteBacks (write_backs.py) and the token index (token_index.py) learns
+it. `expire_outdated` (after each batch of source changes) gives a NodePool's older token
+Secrets an expiry 2 h away once a newer one exists. Only the writing replica does either
+(with several replicas, the Lease holder); every replica learns the result from the source.
+
+A read-only source cannot take rotations: they live in the cache dir instead, sealed
+(encrypted) with the index, and apply for as long as the source keeps its own token
+(`restore`, when the dispatcher reads the Secret). So does a manifest that cannot be
+written (a symlink into a read-only mount), which must survive a restart too.
 """
 
 from __future__ import annotations
@@ -11,15 +18,20 @@ from __future__ import annotations
 import errno
 import json
 import logging
-from dataclasses import replace
-from typing import Any
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Awaitable, Callable
 
-from payload_cache import TokenRecord, TokenState
+from payload_cache import PayloadCache
 
-from ..auth.rotation_policy import new_token, rotation_mutation
+from ..auth.rotation_policy import RotationPolicy, new_token, rotation_mutation
 from ..config import SUPERSEDED_GRACE
+from ..metrics import ServerMetrics
 from ..model.objects import ObjectKey, set_annotation
 from ..model.token_secret import ANNOTATION_TOKEN_EXPIRATION, TokenSecret, format_time
+from .faults import Faults, ObjectWork
+from .token_index import TokenIndex
+from .write_backs import WriteBacks
 
 log = logging.getLogger("ignition_server.reconcile")
 
@@ -29,15 +41,25 @@ def rotation_name(secret_ref: str) -> str:
     return f"rotation/{secret_ref}"
 
 
-class WriterDuties:
-    """Mixed into the Reconciler, whose state it uses (secrets, cache, source, work, faults, write_backs)."""
+@dataclass
+class Rotation:
+    tokens: TokenIndex
+    cache: PayloadCache  # holds the sealed rotation state of Secrets rotated in the cache dir
+    source: Any
+    policy: RotationPolicy
+    write_backs: WriteBacks  # every write into the source goes through it (gated by `writer`)
+    work: ObjectWork  # expiries, queued per object (never awaited by the handler)
+    faults: Faults
+    metrics: ServerMetrics
+    persist_index: Callable[[], Awaitable[None]]  # a new token is durable before it is written anywhere
+    writer: Callable[[], bool] = lambda: True
+    clock: Callable[[], float] = time.time
+    # Secrets whose rotation lives in the cache dir although the source is writable: their
+    # manifest (a symlink's target on a read-only mount) cannot be written.
+    _rotated_in_cache: set[ObjectKey] = field(default_factory=set)
 
-    # A read-only source cannot take rotations: they live in the cache dir instead, sealed
-    # (encrypted) with the index, and apply for as long as the source keeps its own token.
-
-    def _with_rotation_state(self, secret: TokenSecret) -> TokenSecret:
-        # Also with a writable source: a manifest that cannot be written (a symlink into a
-        # read-only mount) rotates in the cache dir too, and that must survive a restart.
+    def restore(self, secret: TokenSecret) -> TokenSecret:
+        """`secret` as the source holds it, with the rotation kept in the cache dir applied (if the source still holds its base)."""
         sealed = self.cache.unseal(rotation_name(secret.ref))
         if sealed is None:
             self._rotated_in_cache.discard(secret.key)
@@ -50,15 +72,16 @@ class WriterDuties:
         self._rotated_in_cache.add(secret.key)
         return replace(secret, token=state["token"], old_token=state["old_token"], generation_time=state["generation_time"])
 
-    def _rotate_in_cache(self, key: ObjectKey, secret: TokenSecret, now: float, token: str | None = None) -> None:
-        state = {
-            "base": self._source_tokens.get(key),
-            "token": token or new_token(),
-            "old_token": secret.token,
-            "generation_time": now,
-        }
-        self.cache.seal(rotation_name(secret.ref), json.dumps(state).encode())
-        self._apply_rotation(key, replace(secret, token=state["token"], old_token=secret.token, generation_time=now))
+    def forget(self, key: ObjectKey) -> None:
+        """The token Secret is gone from the index."""
+        self._rotated_in_cache.discard(key)
+
+    def overdue(self, now: float) -> int:
+        """Live token Secrets whose current token has outlived the TTL: rotation (due at TTL/2) is not happening."""
+        return sum(
+            1 for secret in self.tokens.secrets.values()
+            if not secret.expired(now) and now - (secret.generation_time or 0.0) > self.policy.ttl
+        )
 
     async def rotate_due(self) -> int:
         """Rotate every Secret whose current token has lived TTL/2. Returns how many rotated."""
@@ -66,7 +89,7 @@ class WriterDuties:
             return 0  # the writer rotates; this replica learns the new token from the source
         now = self.clock()
         due = [
-            (key, secret) for key, secret in self.secrets.items()
+            (key, secret) for key, secret in self.tokens.secrets.items()
             if self.policy.is_due(secret, now) and not self.faults.waiting("rotation", key.ref)
         ]
         if not due:
@@ -82,18 +105,28 @@ class WriterDuties:
                 return len(in_cache)
         planned = [(key, secret, new_token()) for key, secret in due]
         for _key, secret, token in planned:
-            self._expect_token(secret, token)
+            self.tokens.expect(secret, token)
         await self.persist_index()  # one flush for all: a crash after a write still knows its token
         rotated = 0
         for key, secret, token in planned:
             if await self._rotate_at_source(key, secret, token, now):
                 rotated += 1
             else:
-                self._unexpect_token(key, token)
+                self.tokens.unexpect(key, token)
         if rotated:
             await self.persist_index()
         self.metrics.token_rotations.inc(rotated)
         return rotated
+
+    def _rotate_in_cache(self, key: ObjectKey, secret: TokenSecret, now: float, token: str | None = None) -> None:
+        state = {
+            "base": self.tokens.source_token(key),
+            "token": token or new_token(),
+            "old_token": secret.token,
+            "generation_time": now,
+        }
+        self.cache.seal(rotation_name(secret.ref), json.dumps(state).encode())
+        self.tokens.rotated(replace(secret, token=state["token"], old_token=secret.token, generation_time=now))
 
     async def _rotate_at_source(self, key: ObjectKey, secret: TokenSecret, token: str, now: float) -> bool:
         """Write one rotation back; True when the source took it.
@@ -119,32 +152,11 @@ class WriterDuties:
         self.faults.succeeded("rotation", key.ref)
         if not written:
             return False  # someone else rotated first, or not the writer any more: nothing to learn here
-        if self.secrets.get(key) is secret:
+        if self.tokens.get(key) is secret:
             # A source that did not hand its write over: learn what it accepted ourselves.
-            self._apply_rotation(key, replace(secret, token=token, old_token=secret.token, generation_time=now))
+            self.tokens.rotated(replace(secret, token=token, old_token=secret.token, generation_time=now))
         log.info("rotated the token of %s (NodePool %s)", key.ref, secret.nodepool)
         return True
-
-    def _expect_token(self, secret: TokenSecret, token: str) -> None:
-        """Know a rotation's new token before writing it: nobody holds it yet, so this refuses
-        no one, and a node given it as soon as the source holds it (a file is read at its
-        rename, before our handler has taken the write back) is not answered 511 by the
-        writer. Nothing is retired here: the Secret still lists its tokens until the write lands."""
-        self.cache.put_token_key(self.cache.token_key(token),
-                                 TokenRecord(secret.nodepool, secret.ref, TokenState.CURRENT, secret.expiration))
-
-    def _unexpect_token(self, key: ObjectKey, token: str) -> None:
-        """A rotation not written: its token was handed to no one, unless the source holds it
-        after all (a write that landed although its answer was lost)."""
-        newest = self.secrets.get(key)
-        if newest is None or token not in (newest.token, newest.old_token):
-            self.cache.drop_token_key(self.cache.token_key(token))
-
-    def _apply_rotation(self, key: ObjectKey, rotated: TokenSecret) -> None:
-        self.secrets[key] = rotated
-        self._index_tokens(rotated)
-        if self.outputs is not None:
-            self.outputs.tokens_changed(rotated)
 
     def _rotate_to_cache(self, key: ObjectKey, secret: TokenSecret, now: float, token: str, exc: OSError) -> None:
         """The manifest cannot be written (read-only target): rotate in the cache dir from now on."""
@@ -155,31 +167,23 @@ class WriterDuties:
         self._rotated_in_cache.add(key)
         self._rotate_in_cache(key, secret, now, token)
 
-    def _supersede_outdated(self, groups: set[tuple[str, str]]) -> None:
+    def expire_outdated(self, groups: set[tuple[str, str]]) -> None:
         """A NodePool's newer token Secret outdates the older ones of its namespace: they expire in 2 h."""
         now = self.clock()
-        by_pool: dict[tuple[str, str], list[TokenSecret]] = {}
-        for group in groups:
-            live = [self.secrets[k] for k in self._by_nodepool.get(group, ())]
-            by_pool[group] = [s for s in live if s.expiration is None]
-        for secrets in by_pool.values():
-            if len(secrets) < 2:
-                continue
-            secrets.sort(key=lambda s: (s.creation_time or 0.0, self._order.get(s.key, 0)))
-            for outdated in secrets[:-1]:
-                stamp = format_time(now + SUPERSEDED_GRACE)
+        for outdated in self.tokens.outdated(groups):
+            stamp = format_time(now + SUPERSEDED_GRACE)
 
-                def mutate(obj: dict[str, Any], stamp: str = stamp) -> bool:
-                    notes = (obj.get("metadata") or {}).get("annotations") or {}
-                    if notes.get(ANNOTATION_TOKEN_EXPIRATION):
-                        return False
-                    set_annotation(obj, ANNOTATION_TOKEN_EXPIRATION, stamp)
-                    return True
+            def mutate(obj: dict[str, Any], stamp: str = stamp) -> bool:
+                notes = (obj.get("metadata") or {}).get("annotations") or {}
+                if notes.get(ANNOTATION_TOKEN_EXPIRATION):
+                    return False
+                set_annotation(obj, ANNOTATION_TOKEN_EXPIRATION, stamp)
+                return True
 
-                log.info("%s is outdated by a newer token Secret of %s: expires at %s", outdated.ref, outdated.nodepool, stamp)
-                # Queued per object, not awaited: the write-back re-enters the handler, and
-                # a failure to write this one (a manifest broken by hand) must reach no other.
-                self.work.submit(
-                    outdated.key.ref, "expiry",
-                    lambda key=outdated.key, mutate=mutate: self.write_backs.write(key, mutate, "expiration"),
-                )
+            log.info("%s is outdated by a newer token Secret of %s: expires at %s", outdated.ref, outdated.nodepool, stamp)
+            # Queued per object, not awaited: the write-back re-enters the handler, and
+            # a failure to write this one (a manifest broken by hand) must reach no other.
+            self.work.submit(
+                outdated.key.ref, "expiry",
+                lambda key=outdated.key, mutate=mutate: self.write_backs.write(key, mutate, "expiration"),
+            )

@@ -1,0 +1,189 @@
+"""The watcher's objects, built once and handed to each other: the server's (`watcher_for`,
+from its settings) and the tests' (`build_watcher`, from parts).
+
+Who calls whom, so a reader can follow it: the source calls `Reconciler.handle`, which
+routes each change to the TokenIndex, Rotation, the RenderScheduler, the waits for releases
+and generated bases, and the WriteBacks (reconciler.py follows one Secret change through
+them); Housekeeping calls them on the clock. The waits hand NodePools back to
+`renders.inputs_changed`, and the registry resolver and the base generator, built before the
+watcher, call back into `release_waits.resolved` and `base_waits.generated`.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from payload_cache import CacheConfig, PayloadCache
+
+from ..auth.rotation_policy import RotationPolicy
+from ..basegen.generator import BaseGenerator, GeneratorSettings
+from ..basegen.run import Limits
+from ..basegen.sandbox import Sandbox, SandboxUnavailable
+from ..config import ServeSettings
+from ..metrics import ServerMetrics
+from ..registry.allowed import parse_allowed
+from ..registry.image_files import ImageFiles
+from ..registry.mirrors import Mirrors, parse_overrides
+from ..registry.resolver import ReleaseStore
+from ..registry.setup import open_resolver
+from ..sources.events import Source
+from .bases import BaseIndex
+from .faults import Faults, ObjectWork
+from .generated_bases import GeneratedBaseWaits
+from .housekeeping import Housekeeping
+from .index_flush import IndexFlush
+from .input_graph import InputGraph
+from .outputs import TokenOutputs
+from .reconciler import Reconciler
+from .release_waits import ReleaseWaits
+from .releases import Releases
+from .renders import Renderer, RenderScheduler
+from .rotation import Rotation
+from .tenancy import Tenancy
+from .token_index import TokenIndex
+from .trust import TrustWatcher
+from .write_backs import WriteBacks
+
+log = logging.getLogger("ignition_server.reconcile")
+
+
+@dataclass(frozen=True)
+class Watcher:
+    reconciler: Reconciler  # source changes in (the source calls `reconciler.handle`)
+    housekeeping: Housekeeping  # the clock (`housekeeping.run`)
+
+
+def build_watcher(
+    *, source: Source, cache: PayloadCache, renderer: Renderer, policy: RotationPolicy, metrics: ServerMetrics,
+    clock: Callable[[], float] = time.time, trust: TrustWatcher | None = None, outputs: TokenOutputs | None = None,
+    # Whether this replica writes (rotation, expiry, status, user-data, ignition-reached):
+    # with several replicas only the Lease holder does; every replica indexes and serves.
+    writer: Callable[[], bool] = lambda: True,
+    releases: Releases | None = None, tenancy: Tenancy | None = None, bases: BaseIndex | None = None,
+    generator: BaseGenerator | None = None,  # --generate-bases
+    share_namespace: str | None = None,  # several replicas: the writer publishes releases and generated bases here
+    debounce: float = RenderScheduler.debounce, render_concurrency: int = RenderScheduler.render_concurrency,
+    prune_grace: float = WriteBacks.prune_grace,
+) -> Watcher:
+    releases = releases if releases is not None else Releases()
+    tenancy = tenancy if tenancy is not None else Tenancy()
+    bases = bases if bases is not None else BaseIndex()
+    faults = Faults(count=lambda step: metrics.watch_errors.labels(step=step).inc())
+    work = ObjectWork(faults)
+    persist_index = IndexFlush(cache)
+    if outputs is not None:
+        outputs.faults = faults
+        outputs.writer = writer
+    tokens = TokenIndex(cache=cache, ttl=policy.ttl, clock=clock, outputs=outputs,
+                        on_refused=metrics.tenancy_refusals.labels(what="duplicate-token").inc)
+    input_graph = InputGraph()
+    write_backs = WriteBacks(source=source, work=work, faults=faults, secret_of=tokens.get, writer=writer,
+                             clock=clock, prune_grace=prune_grace)
+    # The waits and the renders call each other: `renders` exists by the time either is called.
+    base_waits = GeneratedBaseWaits(
+        generator=generator, releases=releases, bases=bases, source=source, tenancy=tenancy,
+        share_namespace=share_namespace, writer=writer, inputs_changed=lambda key: renders.inputs_changed(key))
+    release_waits = ReleaseWaits(
+        releases=releases, input_graph=input_graph, source=source, tenancy=tenancy, share_namespace=share_namespace,
+        writer=writer, inputs_changed=lambda key: renders.inputs_changed(key),
+        retry_now=lambda key: renders.clear_backoff(key))
+    renders = RenderScheduler(
+        source=source, cache=cache, renderer=renderer, metrics=metrics, faults=faults, releases=releases, bases=bases,
+        tenancy=tenancy, input_graph=input_graph, release_waits=release_waits, base_waits=base_waits,
+        secret_of=tokens.get, persist_index=persist_index, write_status=write_backs.status_later, clock=clock,
+        debounce=debounce, render_concurrency=render_concurrency)
+    rotation = Rotation(tokens=tokens, cache=cache, source=source, policy=policy, write_backs=write_backs, work=work,
+                        faults=faults, metrics=metrics, persist_index=persist_index, writer=writer, clock=clock)
+    reconciler = Reconciler(
+        source=source, cache=cache, metrics=metrics, tokens=tokens, rotation=rotation, renders=renders,
+        input_graph=input_graph, write_backs=write_backs, release_waits=release_waits, base_waits=base_waits,
+        releases=releases, bases=bases, tenancy=tenancy, faults=faults, work=work, trust=trust)
+    housekeeping = Housekeeping(
+        tokens=tokens, rotation=rotation, write_backs=write_backs, renders=renders, release_waits=release_waits,
+        cache=cache, faults=faults, metrics=metrics, persist_index=persist_index, clock=clock)
+    return Watcher(reconciler, housekeeping)
+
+
+def watcher_for(
+    settings: ServeSettings, *, source: Source, cache: PayloadCache, renderer: Renderer, metrics: ServerMetrics,
+    clock: Callable[[], float], writer: Callable[[], bool], trust: TrustWatcher, outputs: TokenOutputs,
+) -> tuple[Watcher, Any]:
+    """The server's watcher, and the registry session to close at shutdown (None without --release-resolve)."""
+    watcher: Watcher | None = None  # the resolver and the generator call back into it once it exists
+
+    def resolved(pull_spec: str) -> None:
+        if watcher is not None:
+            watcher.reconciler.release_waits.resolved(pull_spec)
+
+    def generated(key: str) -> None:
+        if watcher is not None:
+            watcher.reconciler.base_waits.generated(key)
+
+    releases, session = _releases(settings, cache, metrics, resolved)
+    watcher = build_watcher(
+        source=source, cache=cache, renderer=renderer, policy=RotationPolicy(settings.token_ttl), metrics=metrics,
+        clock=clock, trust=trust, outputs=outputs, writer=writer, releases=releases,
+        tenancy=Tenancy(frozenset(settings.shared_namespaces)),
+        generator=_generator(settings, releases, cache, metrics, generated),
+        share_namespace=settings.pod_namespace if settings.kubernetes else None,
+        render_concurrency=settings.render_concurrency, prune_grace=settings.prune_grace,
+    )
+    return watcher, session
+
+
+def _releases(settings: ServeSettings, cache: PayloadCache, metrics: ServerMetrics,
+              resolved: Callable[[str], None]) -> tuple[Releases, Any]:
+    """The catalog, plus the registry resolver when --release-resolve is on; mirrors either way."""
+    registry = settings.registry
+    mirrors = Mirrors(parse_overrides(registry.overrides), allowed=parse_allowed(registry.allow))
+    if not registry.resolve:
+        return Releases(mirrors=mirrors), None
+    store = ReleaseStore(load=cache.load_state, save=cache.save_state)
+    resolver, session = open_resolver(registry, mirrors, store, metrics, resolved, settings.cache_dir / "tmp-layers")
+    return Releases(resolver=resolver, mirrors=mirrors), session
+
+
+def _generator(settings: ServeSettings, releases: Releases, cache: PayloadCache, metrics: ServerMetrics,
+               generated: Callable[[str], None]) -> BaseGenerator | None:
+    """--generate-bases: the MCO base generator, pulling with the resolver's client and mirrors."""
+    registry = settings.registry
+    resolver = releases.resolver
+    if not registry.generate_bases or resolver is None or releases.mirrors is None:
+        return None
+    work_dir = settings.cache_dir / "tmp-mco"
+    work_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for leftover in work_dir.iterdir():  # runs a crash interrupted, images extracted by the last process
+        shutil.rmtree(leftover, ignore_errors=True)
+    files = ImageFiles(resolver.client, releases.mirrors, registry.architecture, settings.cache_dir / "tmp-layers")
+    return BaseGenerator(
+        files=files, load=cache.load_state, save=cache.save_state, work_dir=work_dir,
+        settings=GeneratorSettings(Limits(registry.base_timeout, registry.base_memory_bytes,
+                                          _base_sandbox(settings, work_dir))),
+        on_done=generated, counted=lambda result: metrics.base_generations.labels(result=result).inc(),
+        tls=resolver.tls,
+    )
+
+
+def _base_sandbox(settings: ServeSettings, work_dir: Path) -> Sandbox | None:
+    """The namespaces a release's binaries run in, hiding every credential of this server; checked now,
+    so a host that cannot make them fails at start-up rather than at the first base."""
+    if settings.registry.base_sandbox == "none":
+        log.warning("--base-sandbox none: a release's MCO binaries run as this server's user, with its files")
+        return None
+    key_file = CacheConfig(cache_dir=settings.cache_dir, key_file=settings.cache_key_file).resolved_key_file
+    hidden = [settings.cache_dir, key_file, Path("/var/run/secrets"), Path("/run/secrets")]
+    hidden += [p for p in (settings.kubeconfig, settings.tls.cert_file, settings.tls.key_file) if p is not None]
+    if not settings.kubernetes:
+        hidden.append(settings.source_dir)
+    sandbox = Sandbox(hide=tuple(p.resolve() for p in hidden if p.exists()), uid=settings.registry.base_uid)
+    try:
+        sandbox.check(work_dir / "sandbox-check")
+    except SandboxUnavailable as exc:
+        raise SystemExit(f"--generate-bases: {exc}; allow user namespaces to this server, or accept the risk "
+                         "with --base-sandbox none (README, Trust model)") from None
+    return sandbox
