@@ -192,7 +192,7 @@ async def test_the_render_command_sees_the_source_as_serve_does(world) -> None:
     write_manifests(source_dir / "victim.yaml", *victim_cluster())
     # Listed after the shared one (the listing is in name order): it would win a merge.
     write_manifests(source_dir / "z-evil-catalog.yaml", catalog(EVIL, EVIL_HAPROXY))
-    await settle(reconciler, source, reconciler.outputs)
+    await settle(reconciler, source, reconciler.tokens.outputs)
     once = FileSource(source_dir)
     view = SourceView.of(once.read_once(), once.get_full, Tenancy(frozenset({SHARED})))
     secret = view.newest_secret("clusters/workers")
