@@ -11,7 +11,7 @@ import gzip
 import zlib
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from ..bounded_yaml import OverBounds
 from .objects import ManifestError, ObjectKey, annotations, object_key, secret_value, value_digest
@@ -164,6 +164,14 @@ class TokenSecret:
 
     def expired(self, now: float) -> bool:
         return self.expiration is not None and now >= self.expiration
+
+
+def newest_live(secrets: Iterable[TokenSecret], now: float,
+                seen_order: Callable[[TokenSecret], int] = lambda secret: 0) -> TokenSecret | None:
+    """A NodePool's generation to serve: the newest by creation time that has not expired; among
+    equals, the one seen last (`seen_order`). None: every one expired."""
+    live = [s for s in secrets if not s.expired(now)]
+    return max(live, key=lambda s: (s.creation_time or 0.0, seen_order(s))) if live else None
 
 
 def parse_token_secret(obj: Mapping[str, Any]) -> TokenSecret:

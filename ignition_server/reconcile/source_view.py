@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ..model.objects import ObjectKey
-from ..model.token_secret import TokenSecret, is_token_secret, parse_token_secret
+from ..model.token_secret import TokenSecret, is_token_secret, newest_live, parse_token_secret
 from ..render.inputs import NodePoolInputs
 from .bases import BaseIndex, is_base
 from .gather import gather_for_render
@@ -49,11 +49,11 @@ class SourceView:
         """The NodePool's newest token Secret not expired; LookupError (naming those known) when none."""
         now = time.time() if now is None else now
         secrets = [parse_token_secret(o) for o in self.objects.values() if is_token_secret(o)]
-        matching = [s for s in secrets if s.nodepool == nodepool and not s.expired(now)]
-        if not matching:
+        newest = newest_live((s for s in secrets if s.nodepool == nodepool), now)
+        if newest is None:
             known = sorted({s.nodepool for s in secrets})
             raise LookupError(f"no token Secret for NodePool {nodepool}; known: {', '.join(known) or 'none'}")
-        return max(matching, key=lambda s: (s.creation_time or 0.0))
+        return newest
 
     def render_inputs(self, secret: TokenSecret) -> NodePoolInputs:
         """What a render of the NodePool reads, gathered as the reconciler gathers it."""

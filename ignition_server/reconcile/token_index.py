@@ -23,7 +23,7 @@ from payload_cache import PayloadCache, TokenRecord, TokenState
 
 from ..auth.tokens import Grant
 from ..model.objects import ObjectKey
-from ..model.token_secret import TokenSecret
+from ..model.token_secret import TokenSecret, newest_live
 from .outputs import TokenOutputs
 from .tenancy import generation_group
 
@@ -180,14 +180,9 @@ class TokenIndex:
         Service-account tokens name a cluster, not a NodePool, so the request's NodePool
         picks the token Secret (and so the payload) among that cluster's.
         """
-        now = self.clock()
-        candidates = [
-            s for s in (self._secrets[k] for k in self._pools.get((namespace, pool_name), ())) if not s.expired(now)
-        ]
-        if not candidates:
-            return None
-        newest = max(candidates, key=lambda s: (s.creation_time or 0.0, self._order.get(s.key, 0)))
-        return Grant(nodepool=newest.nodepool, secret=newest.ref)
+        newest = newest_live((self._secrets[k] for k in self._pools.get((namespace, pool_name), ())), self.clock(),
+                             seen_order=lambda s: self._order.get(s.key, 0))
+        return None if newest is None else Grant(nodepool=newest.nodepool, secret=newest.ref)
 
     def _retire(self, token_key: bytes, record: TokenRecord, now: float) -> None:
         self.cache.put_token_key(
