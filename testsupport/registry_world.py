@@ -34,7 +34,8 @@ with warnings.catch_warnings():  # bcrypt hashes for htpasswd from the system's 
     warnings.simplefilter("ignore", DeprecationWarning)
     import crypt
 
-from testsupport.harness import free_port, wait_for
+from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, free_port, wait_for
+from testsupport.manifests import build_token_secret
 from testsupport.realtools import require_tool
 from ignition_server.tls.certificates import ensure_self_signed, make_ca
 
@@ -42,6 +43,19 @@ REGISTRY = "/usr/bin/docker-registry"
 SERVICE, ISSUER = "test-registry", "test-token-issuer"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+ART = "quay.io/openshift-release-dev/ocp-v4.0-art-dev"
+HAPROXY = ART + "@sha256:" + "a" * 64  # the haproxy-router image a release of this world names
+
+
+def pool(namespace: str, name: str, token: str, release: str) -> dict[str, Any]:
+    """A NodePool's token Secret on `release`, generated now."""
+    return build_token_secret(namespace=namespace, nodepool=f"clusters/{name}", token=token, release=release,
+                              machineconfigs_yaml=EXAMPLE_MACHINECONFIG.format(name=name), generation_time=time.time())
+
+
+def registry_requests(proc: ServerProcess) -> float:
+    """How many requests the server has sent to registries (its metric, all labels)."""
+    return sum(v for k, v in proc.metrics().items() if k.startswith("ign_server_registry_requests_total"))
 
 
 def sha256(data: bytes) -> str:

@@ -31,7 +31,13 @@ from ignition_server.reconcile.outputs import PointerSettings, TokenOutputs
 from ignition_server.reconcile.reconciler import Reconciler
 from ignition_server.reconcile.status import written_status
 from payload_cache import CacheConfig, PayloadCache
-from test_reconciler import T0, Clock, secret, settle, world  # noqa: F401  (world is a fixture)
+from testsupport.reconcile_world import T0, Clock, pool_secret, reopenable_world, settle
+
+
+@pytest.fixture
+def world(tmp_path: Path):
+    return reopenable_world(tmp_path)
+
 
 CA = b"-----BEGIN CERTIFICATE-----\nMIIBszCCAVmgAwIBAgIU\n-----END CERTIFICATE-----\n"
 POLL = 0.05
@@ -110,7 +116,7 @@ async def test_a_fault_in_one_object_leaves_later_changes_applied(step: str, tmp
         monkeypatch.setattr(reconciler_module, "parse_token_secret", parse)
     if step in ("status", "write-back", "rotation", "user-data"):
         source.fail_writes.add(VICTIM)
-    victim = secret("v", "tok-v", generation_time=T0 - 60 if step == "rotation" else T0)
+    victim = pool_secret("v", "tok-v", generation_time=T0 - 60 if step == "rotation" else T0)
     victim["metadata"]["creationTimestamp"] = "2027-01-01T00:00:00Z"
     write_manifests(victim_path, victim)
 
@@ -124,7 +130,7 @@ async def test_a_fault_in_one_object_leaves_later_changes_applied(step: str, tmp
             await wait_until(lambda: written_status(yaml.safe_load(victim_path.read_text())).reason == "AsExpected")
             broken = victim_path.read_text().replace("kind: Secret", "kind: [Secret")
             victim_path.write_text(broken)
-            newer = secret("v", "tok-v2", suffix="11111111")
+            newer = pool_secret("v", "tok-v2", suffix="11111111")
             newer["metadata"]["creationTimestamp"] = "2027-01-02T00:00:00Z"
             write_manifests(source_dir / "v2.yaml", newer)
         if step == "write-back":
@@ -133,7 +139,7 @@ async def test_a_fault_in_one_object_leaves_later_changes_applied(step: str, tmp
 
         await wait_until(lambda: errors(metrics, step) >= 1)
         # A NodePool added after the fault is applied: its token opens its payload.
-        write_manifests(source_dir / "q.yaml", secret("q", "tok-q"))
+        write_manifests(source_dir / "q.yaml", pool_secret("q", "tok-q"))
 
         def q_served() -> bool:
             "the new NodePool's token opens its payload"
@@ -171,8 +177,8 @@ async def test_a_fault_in_one_object_leaves_later_changes_applied(step: str, tmp
 async def test_rotation_overdue_gauge_counts_secrets_whose_rotation_cannot_happen(world) -> None:
     make, clock, source_dir = world
     reconciler, source, _cache = make()
-    path = write_manifests(source_dir / "p.yaml", secret("p", "tok-p"))
-    write_manifests(source_dir / "q.yaml", secret("q", "tok-q"))
+    path = write_manifests(source_dir / "p.yaml", pool_secret("p", "tok-p"))
+    write_manifests(source_dir / "q.yaml", pool_secret("q", "tok-q"))
     await settle(reconciler, source)
     good = path.read_text()
     path.write_text(good.replace("kind: Secret", "kind: [Secret"))  # broken by hand: p cannot rotate

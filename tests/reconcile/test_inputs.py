@@ -16,62 +16,19 @@ import yaml
 
 from testsupport.harness import EXAMPLE_MACHINECONFIG, ignition_files_stage, write_manifests
 from testsupport.realtools import require_tool
-from ignition_server.auth.rotation_policy import RotationPolicy
-from ignition_server.metrics import ServerMetrics
-from ignition_server.render.payload import render_payload
-from ignition_server.sources.files import FileSource
 from ignition_server.model.token_secret import parse_token_secret
-from testsupport.manifests import build_token_secret
-from ignition_server.reconcile.outputs import PointerSettings, TokenOutputs
-from ignition_server.reconcile.reconciler import Reconciler
+from testsupport.manifests import CA_PEM, KUBECONFIG, build_token_secret, kube_object
+from testsupport.reconcile_world import Clock, T0, file_reconciler, inputs_world, renders, settle
 from ignition_server.reconcile.releases import ANNOTATION_RELEASE_CATALOG
-from ignition_server.reconcile.tenancy import Tenancy
-from payload_cache import CacheConfig, PayloadCache
+from payload_cache import PayloadCache
 
-T0 = 1_900_000_000.0
 RELEASE = "quay.io/openshift-release-dev/ocp-release@sha256:" + "1" * 64
 HAPROXY_IMAGE = "quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:" + "2" * 64
-CA_PEM = """-----BEGIN CERTIFICATE-----
-MIIBdzCCAR2gAwIBAgIUB0bUe3wtt0lJbq9Lh1vKkEfhi6kwCgYIKoZIzj0EAwIw
-ETEPMA0GA1UEAwwGdGVzdGNhMB4XDTI0MDEwMTAwMDAwMFoXDTM0MDEwMTAwMDAw
-MFowETEPMA0GA1UEAwwGdGVzdGNhMFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAE
------END CERTIFICATE-----
-"""
-KUBECONFIG = """apiVersion: v1
-kind: Config
-clusters:
-- name: c
-  cluster: {server: "https://172.20.0.1:6443", certificate-authority-data: ""}
-users:
-- name: u
-  user: {token: bootstrap}
-contexts:
-- name: x
-  context: {cluster: c, user: u}
-current-context: x
-"""
-
-
-class Clock:
-    now = T0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def secret_obj(kind: str, namespace: str, name: str, data: dict[str, str], annotations: dict | None = None) -> dict:
-    meta: dict = {"name": name, "namespace": namespace}
-    if annotations:
-        meta["annotations"] = annotations
-    if kind == "Secret":
-        return {"apiVersion": "v1", "kind": "Secret", "metadata": meta,
-                "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}}
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
 
 
 def catalog(*pull_specs: str) -> dict:
     releases = [{"pullSpec": p, "version": "4.17.3", "images": {"haproxy-router": HAPROXY_IMAGE}} for p in pull_specs]
-    return secret_obj("ConfigMap", "ignition-server", "catalog", {"releases.yaml": yaml.safe_dump(releases)},
+    return kube_object("ConfigMap", "ignition-server", "catalog", {"releases.yaml": yaml.safe_dump(releases)},
                       {ANNOTATION_RELEASE_CATALOG: "true"})
 
 
@@ -84,15 +41,15 @@ def token_secret(namespace: str, pool: str, token: str, annotations: dict | None
 
 def full_cluster(namespace: str) -> list[dict]:
     return [
-        secret_obj("Secret", namespace, "pull-secret", {".dockerconfigjson": '{"auths":{"quay.io":{"auth":"dTpw"}}}'}),
-        secret_obj("Secret", namespace, "bootstrap-kubeconfig", {"kubeconfig": KUBECONFIG}),
-        secret_obj("ConfigMap", namespace, "user-ca-bundle", {"ca-bundle.crt": CA_PEM}),
-        secret_obj("ConfigMap", namespace, "apiserver-proxy", {
+        kube_object("Secret", namespace, "pull-secret", {".dockerconfigjson": '{"auths":{"quay.io":{"auth":"dTpw"}}}'}),
+        kube_object("Secret", namespace, "bootstrap-kubeconfig", {"kubeconfig": KUBECONFIG}),
+        kube_object("ConfigMap", namespace, "user-ca-bundle", {"ca-bundle.crt": CA_PEM}),
+        kube_object("ConfigMap", namespace, "apiserver-proxy", {
             "listenIP": "172.20.0.1", "listenPort": "6443",
             "backends": "c100-1.example.com:32167,c100-2.example.com:32167",
             "backupBackends": "[2001:db8::10]:32167",
         }),
-        secret_obj("ConfigMap", namespace, "ibmcloud-vpc", {
+        kube_object("ConfigMap", namespace, "ibmcloud-vpc", {
             "clusterID": "c100", "accountID": "acct1", "region": "us-south", "zones": "us-south-1,us-south-2",
             "privateEndpoints": "c100-1.private.example.com:32167", "publicEndpoints": "c100-1.example.com:32167",
             "publicServiceEndpoint": "true", "registryHost": "us.icr.io", "secondaryStorage": "ext4",
@@ -102,30 +59,7 @@ def full_cluster(namespace: str) -> list[dict]:
 
 @pytest.fixture
 def world(tmp_path: Path):
-    clock = Clock()
-    source_dir = tmp_path / "source"
-    source_dir.mkdir()
-    cache = PayloadCache.open(CacheConfig(cache_dir=tmp_path / "cache"))
-    source = FileSource(source_dir)
-    outputs = TokenOutputs(source, tmp_path / "cache" / "edge" / "tokens.map",
-                           PointerSettings("https://ignition.example.com:9090", CA_PEM.encode()), delay=0.0)
-    reconciler = Reconciler(source=source, cache=cache, renderer=render_payload, policy=RotationPolicy(100.0),
-                            metrics=ServerMetrics(), clock=clock, outputs=outputs, debounce=0.0,
-                            tenancy=Tenancy(frozenset({"ignition-server", "shared"})))
-    source._handler = reconciler.handle
-    return reconciler, source, cache, source_dir, clock, outputs
-
-
-async def settle(reconciler: Reconciler, source: FileSource, outputs: TokenOutputs | None = None) -> None:
-    for _ in range(3):
-        await source.poll_once()
-        await reconciler.wait_idle()
-        if outputs is not None and outputs._task is not None:
-            await outputs._task
-
-
-def renders(reconciler: Reconciler) -> float:
-    return reconciler.metrics.payload_cache_miss._value.get()
+    return inputs_world(tmp_path)
 
 
 def payload_files(cache: PayloadCache, secret_ref: str) -> dict[str, tuple[bytes, int]]:
@@ -183,24 +117,24 @@ async def test_full_payload_has_join_files_haproxy_and_ibm_and_passes_the_real_t
 async def test_a_shared_input_rerenders_exactly_its_nodepools(world) -> None:
     reconciler, source, cache, source_dir, _clock, outputs = world
     shared = {"ignition-server.openshift.io/input-user-ca-bundle": "shared/ca"}
-    write_manifests(source_dir / "shared.yaml", secret_obj("ConfigMap", "shared", "ca", {"ca-bundle.crt": CA_PEM}))
+    write_manifests(source_dir / "shared.yaml", kube_object("ConfigMap", "shared", "ca", {"ca-bundle.crt": CA_PEM}))
     write_manifests(source_dir / "a.yaml", *[token_secret("clusters-a", f"a{i}", f"tok-a{i}") for i in range(3)],
-                    secret_obj("ConfigMap", "clusters-a", "user-ca-bundle", {"ca-bundle.crt": CA_PEM}))
+                    kube_object("ConfigMap", "clusters-a", "user-ca-bundle", {"ca-bundle.crt": CA_PEM}))
     write_manifests(source_dir / "b.yaml", *[token_secret("clusters-b", f"b{i}", f"tok-b{i}", shared) for i in range(2)])
     await settle(reconciler, source, outputs)
     assert renders(reconciler) == 5
     before = renders(reconciler)
-    write_manifests(source_dir / "shared.yaml", secret_obj("ConfigMap", "shared", "ca", {"ca-bundle.crt": CA_PEM + CA_PEM.replace("MIIB", "MIIC")}))
+    write_manifests(source_dir / "shared.yaml", kube_object("ConfigMap", "shared", "ca", {"ca-bundle.crt": CA_PEM + CA_PEM.replace("MIIB", "MIIC")}))
     await settle(reconciler, source, outputs)
     assert renders(reconciler) - before == 2
     before = renders(reconciler)
     # An input appearing counts as a change too: a pull secret for cluster A only.
-    write_manifests(source_dir / "pull.yaml", secret_obj("Secret", "clusters-a", "pull-secret", {".dockerconfigjson": '{"auths":{}}'}))
+    write_manifests(source_dir / "pull.yaml", kube_object("Secret", "clusters-a", "pull-secret", {".dockerconfigjson": '{"auths":{}}'}))
     await settle(reconciler, source, outputs)
     assert renders(reconciler) - before == 3
     before = renders(reconciler)
     # An unrelated object changes nothing.
-    write_manifests(source_dir / "other.yaml", secret_obj("ConfigMap", "clusters-a", "unrelated", {"x": "1"}))
+    write_manifests(source_dir / "other.yaml", kube_object("ConfigMap", "clusters-a", "unrelated", {"x": "1"}))
     await settle(reconciler, source, outputs)
     assert renders(reconciler) == before
 
@@ -251,15 +185,7 @@ async def test_user_data_with_a_large_ca_follows_rotations(tmp_path: Path) -> No
     # A pointer config over 4 KiB (a big CA bundle) is held by the source as a digest only.
     big_ca = CA_PEM * 12
     clock = Clock()
-    source_dir = tmp_path / "source"
-    source_dir.mkdir()
-    cache = PayloadCache.open(CacheConfig(cache_dir=tmp_path / "cache"))
-    source = FileSource(source_dir)
-    outputs = TokenOutputs(source, tmp_path / "cache" / "edge" / "tokens.map",
-                           PointerSettings("https://ignition.example.com:9090", big_ca.encode()), delay=0.0)
-    reconciler = Reconciler(source=source, cache=cache, renderer=render_payload, policy=RotationPolicy(100.0),
-                            metrics=ServerMetrics(), clock=clock, outputs=outputs, debounce=0.0)
-    source._handler = reconciler.handle
+    reconciler, source, cache, source_dir, outputs = file_reconciler(tmp_path, clock, shared=(), ca_pem=big_ca.encode())
     write_manifests(source_dir / "p.yaml", token_secret("clusters-a", "workers", "tok-0"))
     await settle(reconciler, source, outputs)
     clock.now = T0 + 50

@@ -19,56 +19,19 @@ from ignition_server.render.payload import render_payload
 from ignition_server.sources.files import FileSource
 from ignition_server.model.token_secret import ANNOTATION_TOKEN_EXPIRATION, format_time, is_token_secret, parse_token_secret
 from testsupport.manifests import build_token_secret
+from testsupport.reconcile_world import T0, pool_secret, reopenable_world, settle
 from ignition_server.reconcile.reconciler import Reconciler
-from payload_cache import CacheConfig, PayloadCache, TokenState
-
-T0 = 1_800_000_000.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> float:
-        return self.now
-
+from payload_cache import TokenState
 
 @pytest.fixture
 def world(tmp_path: Path):
-    clock = Clock()
-    source_dir = tmp_path / "source"
-    source_dir.mkdir()
-
-    def make(read_only: bool = False) -> tuple[Reconciler, FileSource, PayloadCache]:
-        cache = PayloadCache.open(CacheConfig(cache_dir=tmp_path / "cache"))
-        source = FileSource(source_dir, read_only=read_only, retain=lambda obj: not is_token_secret(obj))
-        reconciler = Reconciler(
-            source=source, cache=cache, renderer=render_payload, policy=RotationPolicy(ttl=100.0),
-            metrics=ServerMetrics(), clock=clock,
-        )
-        source._handler = reconciler.handle
-        return reconciler, source, cache
-
-    return make, clock, source_dir
-
-
-def secret(pool: str, token: str, **kwargs) -> dict:
-    return build_token_secret(
-        namespace="clusters-a", nodepool=f"clusters/{pool}", token=token,
-        machineconfigs_yaml=EXAMPLE_MACHINECONFIG.format(name=pool), generation_time=kwargs.pop("generation_time", T0), **kwargs,
-    )
-
-
-async def settle(reconciler: Reconciler, source: FileSource) -> None:
-    await source.poll_once()
-    await reconciler.wait_idle()
-    await source.poll_once()
+    return reopenable_world(tmp_path)
 
 
 async def test_expiration_annotation_refuses_the_secrets_tokens(world) -> None:
     make, clock, source_dir = world
     reconciler, source, cache = make()
-    obj = secret("p", "tok-1", old_token="tok-0")
+    obj = pool_secret("p", "tok-1", old_token="tok-0")
     obj["metadata"]["annotations"][ANNOTATION_TOKEN_EXPIRATION] = format_time(T0 + 10)
     write_manifests(source_dir / "p.yaml", obj)
     await settle(reconciler, source)
@@ -87,11 +50,11 @@ async def test_expiration_annotation_refuses_the_secrets_tokens(world) -> None:
 async def test_a_newer_secret_outdates_the_older_one_for_two_hours(world) -> None:
     make, clock, source_dir = world
     reconciler, source, cache = make()
-    old = secret("p", "tok-old", suffix="old00000")
+    old = pool_secret("p", "tok-old", suffix="old00000")
     old["metadata"]["creationTimestamp"] = "2027-01-01T00:00:00Z"
     write_manifests(source_dir / "old.yaml", old)
     await settle(reconciler, source)
-    new = secret("p", "tok-new", suffix="new00000")
+    new = pool_secret("p", "tok-new", suffix="new00000")
     new["metadata"]["creationTimestamp"] = "2027-01-02T00:00:00Z"
     new["data"]["config"] = build_token_secret(
         namespace="x", nodepool="x/y", token="t", machineconfigs_yaml=EXAMPLE_MACHINECONFIG.format(name="newer")
@@ -112,7 +75,7 @@ async def test_a_newer_secret_outdates_the_older_one_for_two_hours(world) -> Non
 async def test_rotation_on_the_clock_and_across_a_restart(world) -> None:
     make, clock, source_dir = world
     reconciler, source, cache = make()
-    path = write_manifests(source_dir / "p.yaml", secret("p", "tok-0"))
+    path = write_manifests(source_dir / "p.yaml", pool_secret("p", "tok-0"))
     await settle(reconciler, source)
     renders = reconciler.metrics.payload_cache_miss._value.get()
     clock.now = T0 + 49
@@ -151,8 +114,8 @@ async def test_rotation_on_the_clock_and_across_a_restart(world) -> None:
 async def test_secret_deleted_while_down_is_forgotten_after_the_first_listing(world) -> None:
     make, clock, source_dir = world
     reconciler, source, cache = make()
-    write_manifests(source_dir / "a.yaml", secret("a", "tok-a"))
-    write_manifests(source_dir / "b.yaml", secret("b", "tok-b"))
+    write_manifests(source_dir / "a.yaml", pool_secret("a", "tok-a"))
+    write_manifests(source_dir / "b.yaml", pool_secret("b", "tok-b"))
     await settle(reconciler, source)
     await reconciler.persist_index()
     (source_dir / "b.yaml").unlink()
@@ -170,7 +133,7 @@ async def test_secret_deleted_while_down_is_forgotten_after_the_first_listing(wo
 async def test_read_only_source_rotates_in_the_cache_dir(world) -> None:
     make, clock, source_dir = world
     reconciler, source, cache = make(read_only=True)
-    path = write_manifests(source_dir / "p.yaml", secret("p", "tok-0"))
+    path = write_manifests(source_dir / "p.yaml", pool_secret("p", "tok-0"))
     before = path.read_bytes()
     await settle(reconciler, source)
     clock.now = T0 + 50
@@ -192,13 +155,13 @@ async def test_read_only_source_rotates_in_the_cache_dir(world) -> None:
         if file.is_file():
             assert current.token.encode() not in file.read_bytes()
     # When the source's own token changes (rotated elsewhere), the source wins.
-    write_manifests(path, secret("p", "tok-from-elsewhere"))
+    write_manifests(path, pool_secret("p", "tok-from-elsewhere"))
     await settle(reconciler2, source2)
     assert reconciler2.secrets[current.key].token == "tok-from-elsewhere"
 
 
 def test_render_command_prints_the_payload(tmp_path: Path) -> None:
-    write_manifests(tmp_path / "p.yaml", secret("workers", "tok"))
+    write_manifests(tmp_path / "p.yaml", pool_secret("workers", "tok"))
     result = subprocess.run(
         [sys.executable, "-m", "ignition_server", "render", "--source", str(tmp_path), "--nodepool", "clusters/workers"],
         capture_output=True, text=True, timeout=60,
@@ -245,7 +208,7 @@ async def test_a_manifest_broken_while_down_keeps_serving_its_last_good_payload(
     make, clock, source_dir = world
     reconciler, source, cache = make()
     source.state = cache  # the listing snapshot, as the server wires it
-    path = write_manifests(source_dir / "p.yaml", secret("p", "tok-p"))
+    path = write_manifests(source_dir / "p.yaml", pool_secret("p", "tok-p"))
     await source.run(reconciler.handle, iterations=0)
     await reconciler.wait_idle()
     await source.flush()
@@ -262,7 +225,7 @@ async def test_a_manifest_broken_while_down_keeps_serving_its_last_good_payload(
 async def test_a_config_broken_then_put_back_says_as_expected_again(world) -> None:
     make, clock, source_dir = world
     reconciler, source, cache = make()
-    path = write_manifests(source_dir / "p.yaml", secret("p", "tok-p"))
+    path = write_manifests(source_dir / "p.yaml", pool_secret("p", "tok-p"))
     good_config = yaml.safe_load(path.read_text())["data"]["config"]
     await settle(reconciler, source)
     await reconciler.wait_idle()
@@ -291,7 +254,7 @@ async def test_a_config_broken_then_put_back_says_as_expected_again(world) -> No
 async def test_a_config_over_its_bounds_is_refused_once_not_retried(world) -> None:
     make, clock, source_dir = world
     reconciler, source, cache = make()
-    flat = secret("flat", "tok-flat")
+    flat = pool_secret("flat", "tok-flat")
     flat["data"]["config"] = base64.b64encode(
         zlib.compress(b"- a\n" * 250_000, 9, wbits=16 + zlib.MAX_WBITS)).decode()  # 1 MB of YAML, 2 KiB of gzip
     path = write_manifests(source_dir / "flat.yaml", flat)
@@ -326,9 +289,9 @@ async def test_a_rotation_that_loses_to_another_writer_never_refuses_the_winners
     # nothing; the token the source now holds (and its old_token) must keep opening.
     make, clock, source_dir = world
     reconciler, source, cache = make()
-    path = write_manifests(source_dir / "p.yaml", secret("p", "tok-0", old_token="tok-before"))
+    path = write_manifests(source_dir / "p.yaml", pool_secret("p", "tok-0", old_token="tok-before"))
     await settle(reconciler, source)
-    write_manifests(path, secret("p", "tok-other", old_token="tok-0", generation_time=T0 + 49))
+    write_manifests(path, pool_secret("p", "tok-other", old_token="tok-0", generation_time=T0 + 49))
     clock.now = T0 + 50
     assert await reconciler.rotate_due() == 0
     auth = TokenAuthenticator(cache, clock)
@@ -366,7 +329,7 @@ async def test_a_rotation_changes_what_is_served_only_once_its_write_is_accepted
     reconciler = Reconciler(source=source, cache=cache, renderer=render_payload, policy=RotationPolicy(ttl=100.0),
                             metrics=ServerMetrics(), clock=clock)
     source._handler = reconciler.handle
-    path = write_manifests(source_dir / "p.yaml", secret("p", "tok-1", old_token="tok-0"))
+    path = write_manifests(source_dir / "p.yaml", pool_secret("p", "tok-1", old_token="tok-0"))
     await settle(reconciler, source)
     await reconciler.wait_idle()
     auth = TokenAuthenticator(cache, clock)

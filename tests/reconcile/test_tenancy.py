@@ -18,20 +18,14 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from testsupport.harness import EXAMPLE_MACHINECONFIG, write_manifests
-from test_watcher_inputs import T0, Clock, settle
 from ignition_server.auth.jwt import ServiceAccountVerifier
-from ignition_server.auth.rotation_policy import RotationPolicy
-from ignition_server.metrics import ServerMetrics
-from ignition_server.render.payload import render_payload
-from ignition_server.sources.files import FileSource
 from ignition_server.model.token_secret import ANNOTATION_TOKEN_EXPIRATION, parse_token_secret
-from testsupport.manifests import build_token_secret
-from ignition_server.reconcile.outputs import PointerSettings, TokenOutputs
+from testsupport.manifests import build_token_secret, kube_object
+from testsupport.reconcile_world import Clock, T0, file_reconciler, settle
 from ignition_server.reconcile.reconciler import Reconciler
 from ignition_server.reconcile.releases import ANNOTATION_RELEASE_CATALOG
-from ignition_server.reconcile.tenancy import Tenancy
-from ignition_server.reconcile.trust import ANNOTATION_SERVICE_ACCOUNT_KEYS, TrustWatcher
-from payload_cache import CacheConfig, PayloadCache, TokenState
+from ignition_server.reconcile.trust import ANNOTATION_SERVICE_ACCOUNT_KEYS
+from payload_cache import PayloadCache, TokenState
 
 RELEASE = "quay.io/openshift-release-dev/ocp-release@sha256:" + "1" * 64
 GOOD_HAPROXY = "quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:" + "2" * 64
@@ -47,20 +41,9 @@ current-context: x
 """
 
 
-def obj(kind: str, namespace: str, name: str, data: dict[str, str], annotations: dict | None = None,
-        created: str | None = None) -> dict:
-    meta: dict = {"name": name, "namespace": namespace, **({"annotations": annotations} if annotations else {})}
-    if created:
-        meta["creationTimestamp"] = created
-    if kind == "Secret":
-        return {"apiVersion": "v1", "kind": kind, "metadata": meta,
-                "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}}
-    return {"apiVersion": "v1", "kind": kind, "metadata": meta, "data": data}
-
-
 def catalog(namespace: str, image: str) -> dict:
     releases = [{"pullSpec": RELEASE, "version": "4.17.3", "images": {"haproxy-router": image}}]
-    return obj("ConfigMap", namespace, "catalog", {"releases.yaml": yaml.safe_dump(releases)},
+    return kube_object("ConfigMap", namespace, "catalog", {"releases.yaml": yaml.safe_dump(releases)},
                {ANNOTATION_RELEASE_CATALOG: "true"})
 
 
@@ -77,9 +60,9 @@ def token_secret(namespace: str, nodepool: str, token: str, *, created: str | No
 
 def victim_cluster() -> list[dict]:
     return [
-        obj("Secret", VICTIM, "pull-secret", {".dockerconfigjson": VICTIM_PULL}),
-        obj("Secret", VICTIM, "bootstrap-kubeconfig", {"kubeconfig": VICTIM_KUBECONFIG}),
-        obj("ConfigMap", VICTIM, "apiserver-proxy", {"listenIP": "172.20.0.1", "listenPort": "6443",
+        kube_object("Secret", VICTIM, "pull-secret", {".dockerconfigjson": VICTIM_PULL}),
+        kube_object("Secret", VICTIM, "bootstrap-kubeconfig", {"kubeconfig": VICTIM_KUBECONFIG}),
+        kube_object("ConfigMap", VICTIM, "apiserver-proxy", {"listenIP": "172.20.0.1", "listenPort": "6443",
                                                      "backends": "c1.example.com:32167"}),
         token_secret(VICTIM, "clusters/workers", "victim-token", created="2026-01-01T00:00:00Z"),
     ]
@@ -92,20 +75,8 @@ VICTIM_REF = f"{VICTIM}/token-workers-00000000"
 def world(tmp_path: Path):
     """A reconciler over a file source, the shared namespace the server's own (the CLI's default)."""
     clock = Clock()
-    source_dir = tmp_path / "source"
-    source_dir.mkdir()
-    cache = PayloadCache.open(CacheConfig(cache_dir=tmp_path / "cache"))
-    source = FileSource(source_dir)
-    outputs = TokenOutputs(source, tmp_path / "cache" / "edge" / "tokens.map",
-                           PointerSettings("https://ignition.example.com:9090", b""), delay=0.0)
     verifier = ServiceAccountVerifier(clock=clock, overlap_seconds=60)
-    metrics = ServerMetrics()
-    reconciler = Reconciler(
-        source=source, cache=cache, renderer=render_payload, policy=RotationPolicy(100.0), metrics=metrics, clock=clock,
-        outputs=outputs, debounce=0.0, tenancy=Tenancy(frozenset({SHARED})),
-        trust=TrustWatcher(verifier, on_refused=metrics.tenancy_refusals.labels(what="service-account-key").inc),
-    )
-    source._handler = reconciler.handle
+    reconciler, source, cache, source_dir, _outputs = file_reconciler(tmp_path, clock, shared={SHARED}, verifier=verifier)
     return reconciler, source, cache, source_dir, verifier
 
 
@@ -152,7 +123,7 @@ async def test_inputs_named_in_another_tenants_namespace_are_refused_and_never_r
     assert refusals(reconciler, "input") >= 1
     # The victim is untouched; an input in a shared namespace stays allowed.
     assert "victim-admin" in payload(cache, VICTIM_REF)
-    write_manifests(source_dir / "shared-proxy.yaml", obj("ConfigMap", SHARED, "proxy", {
+    write_manifests(source_dir / "shared-proxy.yaml", kube_object("ConfigMap", SHARED, "proxy", {
         "listenIP": "172.20.0.1", "listenPort": "6443", "backends": "shared.example.com:32167"}))
     write_manifests(source_dir / "evil.yaml", token_secret(
         EVIL, "clusters/evil", "evil-token", annotations={"ignition-server.openshift.io/input-apiserver-proxy": f"{SHARED}/proxy"}))
@@ -235,7 +206,7 @@ def public_pem(key) -> str:
 
 
 def keys_configmap(namespace: str, key, created: str) -> dict:
-    return obj("ConfigMap", namespace, "node-bootstrapper-keys", {"sa.pub": public_pem(key)},
+    return kube_object("ConfigMap", namespace, "node-bootstrapper-keys", {"sa.pub": public_pem(key)},
                {ANNOTATION_SERVICE_ACCOUNT_KEYS: "true"}, created=created)
 
 
@@ -273,7 +244,7 @@ async def test_a_generated_base_published_outside_the_shared_namespaces_is_not_a
                                                     work_dir=tmp_path / "work")
     base = EXAMPLE_MACHINECONFIG.format(name="base")
     for namespace, key in ((EVIL, "a" * 64), (SHARED, "b" * 64)):
-        write_manifests(source_dir / f"base-{namespace}.yaml", obj(
+        write_manifests(source_dir / f"base-{namespace}.yaml", kube_object(
             "ConfigMap", namespace, "ignition-server-base-x", {"machineconfigs.yaml": base},
             {ANNOTATION_GENERATED_BASE: key}))
     await settle(reconciler, source, reconciler.outputs)

@@ -19,16 +19,15 @@ from urllib.parse import unquote
 import pytest
 import yaml
 
-import mco_base
-from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, ignition_files_stage, wait_for, write_manifests
-from test_render_spec2 import _core_user
+from testsupport import mco_base
+from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, core_user, ignition_files_stage, wait_for, write_manifests
 from testsupport.realtools import require_tool
-from test_watcher_inputs import KUBECONFIG, CA_PEM, T0, renders, secret_obj, settle, world  # noqa: F401 (fixture)
 from ignition_server.render.inputs import InvalidConfig, NodePoolInputs
 from ignition_server.render.mco import rendered_name
 from ignition_server.render.payload import render_payload
 from ignition_server.model.token_secret import parse_token_secret
-from testsupport.manifests import build_token_secret
+from testsupport.manifests import CA_PEM, KUBECONFIG, build_token_secret, kube_object
+from testsupport.reconcile_world import T0, inputs_world, renders, settle
 from ignition_server.reconcile.releases import ANNOTATION_RELEASE_CATALOG
 
 LAYERED = "registry.example.com/custom/rhcos-layered@sha256:" + "d" * 64
@@ -51,20 +50,25 @@ spec:
 """
 
 
+@pytest.fixture
+def world(tmp_path: Path):
+    return inputs_world(tmp_path)
+
+
 def release_catalog(*releases: tuple[str, str]) -> dict:
     entries = [{"pullSpec": spec, "version": version,
                 "images": {"rhel-coreos": mco_base.RHCOS, "rhel-coreos-extensions": mco_base.RHCOS_EXTENSIONS,
                            "haproxy-router": "quay.io/x/haproxy@sha256:" + "f" * 64}}
                for spec, version in releases]
-    return secret_obj("ConfigMap", "ignition-server", "catalog", {"releases.yaml": yaml.safe_dump(entries)},
+    return kube_object("ConfigMap", "ignition-server", "catalog", {"releases.yaml": yaml.safe_dump(entries)},
                       {ANNOTATION_RELEASE_CATALOG: "true"})
 
 
 def join_inputs(namespace: str) -> list[dict]:
     return [
-        secret_obj("Secret", namespace, "pull-secret", {".dockerconfigjson": '{"auths":{"quay.io":{"auth":"dTpw"}}}'}),
-        secret_obj("Secret", namespace, "bootstrap-kubeconfig", {"kubeconfig": KUBECONFIG}),
-        secret_obj("ConfigMap", namespace, "user-ca-bundle", {"ca-bundle.crt": CA_PEM}),
+        kube_object("Secret", namespace, "pull-secret", {".dockerconfigjson": '{"auths":{"quay.io":{"auth":"dTpw"}}}'}),
+        kube_object("Secret", namespace, "bootstrap-kubeconfig", {"kubeconfig": KUBECONFIG}),
+        kube_object("ConfigMap", namespace, "user-ca-bundle", {"ca-bundle.crt": CA_PEM}),
     ]
 
 
@@ -109,8 +113,8 @@ def test_served_payload_with_a_base_validates_applies_and_names_one_rendered_con
     source = tmp_path / "source"
     write_manifests(source / "releases.yaml", release_catalog((mco_base.RELEASE, mco_base.RELEASE_VERSION)))
     write_manifests(source / "c1.yaml", *join_inputs("clusters-c1"), mco_base.base_configmap("clusters-c1"),
-                    secret_obj("ConfigMap", "clusters-c1", "kubelet-ca", {"ca.crt": CA_PEM}),
-                    secret_obj("ConfigMap", "clusters-c1", "cloud-provider-ca", {"ca-bundle.pem": CA_PEM}),
+                    kube_object("ConfigMap", "clusters-c1", "kubelet-ca", {"ca.crt": CA_PEM}),
+                    kube_object("ConfigMap", "clusters-c1", "cloud-provider-ca", {"ca-bundle.pem": CA_PEM}),
                     nodepool("clusters-c1", "workers", "tok-c1"))
     server = ServerProcess(source, tmp_path / "cache").start()
     try:
@@ -175,7 +179,7 @@ def test_served_payload_with_a_base_validates_applies_and_names_one_rendered_con
     assert config["ignition"]["version"] < "3.3.0"
 
     # The real client's files stage lays every file down with its mode.
-    res, root = ignition_files_stage(tmp_path, config, prepare=_core_user)
+    res, root = ignition_files_stage(tmp_path, config, prepare=core_user)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     for entry in config["storage"]["files"]:
         landed = root / entry["path"].lstrip("/")
@@ -258,7 +262,7 @@ def test_a_base_and_release_mco_would_refuse_say_why() -> None:
 # the watcher
 
 
-async def test_a_base_change_rerenders_exactly_that_clusters_nodepools_on_that_release(world) -> None:  # noqa: F811
+async def test_a_base_change_rerenders_exactly_that_clusters_nodepools_on_that_release(world) -> None:
     reconciler, source, cache, source_dir, _clock, outputs = world
     releases = [(mco_base.RELEASE, "4.17.3"), (RELEASE_2, "4.18.0")]
     write_manifests(source_dir / "releases.yaml", release_catalog(*releases))
@@ -303,7 +307,7 @@ async def test_a_base_change_rerenders_exactly_that_clusters_nodepools_on_that_r
     assert b"ignition-machine-config-encapsulated" in cache.get_blob(cache.get_render("clusters-a/token-a3-00000000").blob_id)
 
 
-async def test_a_base_matched_by_version_when_no_base_names_the_pull_spec(world) -> None:  # noqa: F811
+async def test_a_base_matched_by_version_when_no_base_names_the_pull_spec(world) -> None:
     reconciler, source, cache, source_dir, _clock, outputs = world
     write_manifests(source_dir / "releases.yaml", release_catalog((mco_base.RELEASE, "4.17.3")))
     write_manifests(source_dir / "a.yaml", *join_inputs("clusters-a"), mco_base.base_configmap("clusters-a", release=""),
@@ -316,11 +320,11 @@ async def test_a_base_matched_by_version_when_no_base_names_the_pull_spec(world)
 # the cluster-wide proxy
 
 
-async def test_the_cluster_proxy_reaches_crio_kubelet_and_the_pointer_config(world, tmp_path: Path) -> None:  # noqa: F811
+async def test_the_cluster_proxy_reaches_crio_kubelet_and_the_pointer_config(world, tmp_path: Path) -> None:
     reconciler, source, cache, source_dir, _clock, outputs = world
     outputs.pointer = type(outputs.pointer)(outputs.pointer.public_url, outputs.pointer.ca_pem,
                                             proxy=(("httpsProxy", "http://proxy.example:3128"), ("noProxy", ("10.0.0.0/8",))))
-    proxy = secret_obj("ConfigMap", "clusters-a", "cluster-proxy", {
+    proxy = kube_object("ConfigMap", "clusters-a", "cluster-proxy", {
         "httpProxy": "http://proxy.example:3128", "httpsProxy": "http://proxy.example:3128",
         "noProxy": ".cluster.local,.svc,10.0.0.0/16"})
     write_manifests(source_dir / "releases.yaml", release_catalog((mco_base.RELEASE, "4.17.3")))
@@ -336,7 +340,7 @@ async def test_the_cluster_proxy_reaches_crio_kubelet_and_the_pointer_config(wor
         dropin = next(d for d in units[unit]["dropins"] if d["name"] == "10-mco-default-env.conf")
         assert dropin["contents"] == "[Service]\nEnvironmentFile=/etc/mco/proxy.env\n"  # the base's empty one lost
     validate(tmp_path, body)
-    res, root = ignition_files_stage(tmp_path, config, prepare=_core_user)
+    res, root = ignition_files_stage(tmp_path, config, prepare=core_user)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     assert "EnvironmentFile=/etc/mco/proxy.env" in (root / "etc/systemd/system/crio.service.d/10-mco-default-env.conf").read_text()
     assert (root / "etc/mco/proxy.env").read_text() == env
@@ -349,7 +353,7 @@ async def test_the_cluster_proxy_reaches_crio_kubelet_and_the_pointer_config(wor
 
     # A malformed proxy is a clear error, and the last good payload keeps serving.
     write_manifests(source_dir / "a.yaml", *join_inputs("clusters-a"), mco_base.base_configmap("clusters-a"),
-                    secret_obj("ConfigMap", "clusters-a", "cluster-proxy", {"httpProxy": "proxy.example:3128"}),
+                    kube_object("ConfigMap", "clusters-a", "cluster-proxy", {"httpProxy": "proxy.example:3128"}),
                     nodepool("clusters-a", "a1", "tok-a1"))
     await settle(reconciler, source, outputs)
     assert cache.get_blob(cache.get_render("clusters-a/token-a1-00000000").blob_id) == body

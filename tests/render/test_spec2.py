@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 import stat
 import subprocess
-from pathlib import Path
 
 import pytest
 import yaml
 
-from testsupport.harness import ignition_files_stage
+from testsupport.harness import core_user, ignition_files_stage
 from ignition_server.render.inputs import InvalidConfig
 from ignition_server.render.machineconfig import merge_machineconfigs, parse_machineconfigs
 from ignition_server.render.spec2 import translate
@@ -153,7 +152,7 @@ def test_translated_config_passes_ignition_validate(tmp_path):
 @pytest.mark.ignition
 def test_real_client_applies_translated_config(tmp_path):
     config = render(SPEC22)
-    res, root = ignition_files_stage(tmp_path, config, prepare=_core_user)
+    res, root = ignition_files_stage(tmp_path, config, prepare=core_user)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     conf = root / "etc/ibm/cluster.conf"
     assert conf.read_text() == "region=us-south\n"
@@ -169,17 +168,3 @@ def test_real_client_applies_translated_config(tmp_path):
     assert "enable ibm-setup.service" in (root / "etc/systemd/system-preset/20-ignition.preset").read_text()
     keys = list((root / "home/core/.ssh").rglob("*"))
     assert any(k.is_file() and KEY in k.read_text() for k in keys), keys
-
-
-def _core_user(root: Path) -> None:
-    """A `core` user that exists already, as on RHCOS, so the client adds SSH keys to it.
-
-    Its uid is 0 here: the client writes keys with the user's own uid, which could not
-    reach into the test's private temp dir.
-    """
-    (root / "etc").mkdir(parents=True, exist_ok=True)
-    (root / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/bash\ncore:x:0:0:CoreOS Admin:/home/core:/bin/bash\n")
-    (root / "etc/group").write_text("root:x:0:\n")
-    (root / "etc/shadow").write_text("root:*:19000:0:99999:7:::\ncore:*:19000:0:99999:7:::\n")
-    (root / "etc/gshadow").write_text("root:*::\n")
-    (root / "home/core").mkdir(parents=True)

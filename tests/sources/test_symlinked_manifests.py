@@ -17,7 +17,13 @@ from testsupport.harness import write_manifests
 from ignition_server.auth.tokens import TokenAuthenticator
 from ignition_server.sources import files as files_module
 from ignition_server.model.token_secret import parse_token_secret
-from test_reconciler import T0, secret, settle, world  # noqa: F401  (world is a fixture)
+from testsupport.reconcile_world import T0, pool_secret, reopenable_world, settle
+
+
+@pytest.fixture
+def world(tmp_path: Path):
+    return reopenable_world(tmp_path)
+
 
 REF = "clusters-a/token-p-00000000"
 
@@ -40,7 +46,7 @@ async def rotate(reconciler, source, clock, at: float) -> None:
 async def test_rotation_writes_a_symlinks_target_and_keeps_the_link(world, tmp_path: Path) -> None:
     make, clock, source_dir = world
     reconciler, source, cache = make()
-    target = write_manifests(tmp_path / "gitops" / "p.yaml", secret("p", "tok-0"))
+    target = write_manifests(tmp_path / "gitops" / "p.yaml", pool_secret("p", "tok-0"))
     link = source_dir / "p.yaml"
     link.symlink_to(Path("..") / "gitops" / "p.yaml")  # relative, as a checkout links it
     await settle(reconciler, source)
@@ -57,7 +63,7 @@ async def test_rotation_writes_through_a_kubernetes_volumes_data_chain(world) ->
     make, clock, source_dir = world
     reconciler, source, cache = make()
     stamped = source_dir / "..2026_11_23_05_00_00.000000001"
-    real = write_manifests(stamped / "p.yaml", secret("p", "tok-0"))
+    real = write_manifests(stamped / "p.yaml", pool_secret("p", "tok-0"))
     (source_dir / "..data").symlink_to(stamped.name)
     (source_dir / "p.yaml").symlink_to(Path("..data") / "p.yaml")
     await settle(reconciler, source)
@@ -104,7 +110,7 @@ async def test_a_read_only_target_rotates_in_the_cache_dir_and_says_so_once(worl
     caplog.set_level(logging.INFO)
     make, clock, source_dir = world
     directory, seal = read_only_dir
-    target = write_manifests(directory / "p.yaml", secret("p", "tok-0"))
+    target = write_manifests(directory / "p.yaml", pool_secret("p", "tok-0"))
     (source_dir / "p.yaml").symlink_to(target)
     reconciler, source, cache = make()
     await settle(reconciler, source)
