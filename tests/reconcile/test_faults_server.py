@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from testsupport.harness import ServerProcess, write_manifests
-from test_serving import bearer, token_secret, wait_for, wait_rendered
+from testsupport.harness import ServerProcess, bearer, wait_for, write_manifests
+from testsupport.serving import token_secret, wait_rendered
 
 OLD = "clusters-demo/token-p-0a0a0a0a"
 EXPIRY_ERRORS = 'ign_server_watch_errors_total{step="expiry"}'

@@ -3,77 +3,21 @@ the user-ca-bundle, statuses that say why, and a restart that needs no registry.
 
 from __future__ import annotations
 
-import base64
-import gzip
-import json
-import time
 from pathlib import Path
-from urllib.parse import unquote
 
 import pytest
 import yaml
 
-from testsupport.harness import EXAMPLE_MACHINECONFIG, Listener, ServerProcess, free_port, wait_for, write_manifests
-from registry_world import Registry
-from test_watcher_inputs import KUBECONFIG, secret_obj
-from ignition_server.model.token_secret import is_token_secret, parse_token_secret
-from testsupport.manifests import build_token_secret
-
-ART = "quay.io/openshift-release-dev/ocp-v4.0-art-dev"
-HAPROXY = ART + "@sha256:" + "a" * 64
-
-
-def cluster(namespace: str, pull_secret: str, ca_pem: str) -> list[dict]:
-    return [
-        secret_obj("Secret", namespace, "pull-secret", {".dockerconfigjson": pull_secret}),
-        secret_obj("Secret", namespace, "bootstrap-kubeconfig", {"kubeconfig": KUBECONFIG}),
-        # The registry's CA reaches the server only as the cluster's additional trust bundle.
-        secret_obj("ConfigMap", namespace, "user-ca-bundle", {"ca-bundle.crt": ca_pem}),
-        secret_obj("ConfigMap", namespace, "apiserver-proxy", {"listenIP": "172.20.0.1", "listenPort": "6443",
-                                                                "backends": "c1.example.com:32167"}),
-    ]
-
-
-def pool(namespace: str, name: str, token: str, release: str) -> dict:
-    return build_token_secret(namespace=namespace, nodepool=f"clusters/{name}", token=token, release=release,
-                              machineconfigs_yaml=EXAMPLE_MACHINECONFIG.format(name=name), generation_time=time.time())
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": "Bearer " + base64.b64encode(token.encode()).decode()}
-
-
-def token_status(path: Path):
-    return parse_token_secret(next(d for d in yaml.safe_load_all(path.read_text()) if d and is_token_secret(d)))
-
-
-def payload_text(body: bytes) -> str:
-    texts = []
-    for entry in json.loads(body)["storage"]["files"]:
-        header, _, data = entry["contents"]["source"].partition(",")
-        raw = base64.b64decode(data) if header.endswith(";base64") else unquote(data).encode()
-        if entry["contents"].get("compression") == "gzip":
-            raw = gzip.decompress(raw)
-        texts.append(raw.decode(errors="replace"))
-    return "\n".join(texts)
-
-
-def registry_requests(proc: ServerProcess) -> float:
-    return sum(v for k, v in proc.metrics().items() if k.startswith("ign_server_registry_requests_total"))
+from testsupport.harness import Listener, ServerProcess, Started, bearer, free_port, payload_text, wait_for, write_manifests
+from testsupport.registry_world import ART, HAPROXY, Registry, pool, registry_requests
+from testsupport.manifests import join_objects, token_status
 
 
 @pytest.fixture
-def world(tmp_path: Path):
-    made: list = []
-
-    def make(*args, **kwargs):
-        thing = args[0](*args[1:], **kwargs)
-        made.append(thing)
-        return thing
-
-    yield make
-    for thing in reversed(made):
-        thing.kill() if isinstance(thing, ServerProcess) else thing.stop()
+def world():
+    started = Started()
+    yield started
+    started.stop_all()
 
 
 def test_mirror_first_origin_unreachable_resolves_and_renders_mirrored_images(world, tmp_path: Path) -> None:
@@ -83,7 +27,7 @@ def test_mirror_first_origin_unreachable_resolves_and_renders_mirrored_images(wo
     release = f"{origin}@{digests['index']}"
     source = tmp_path / "source"
     source.mkdir()
-    write_manifests(source / "cluster.yaml", *cluster("clusters-a", registry.pull_secret(), registry.ca_file.read_text()))
+    write_manifests(source / "cluster.yaml", *join_objects("clusters-a", registry.pull_secret(), registry.ca_file.read_text()))
     # Component images through an ImageDigestMirrorSet from the source: the payload names the mirror.
     write_manifests(source / "idms.yaml", {
         "apiVersion": "config.openshift.io/v1", "kind": "ImageDigestMirrorSet", "metadata": {"name": "art"},
@@ -112,8 +56,8 @@ def test_wrong_password_invalid_config_and_registry_down_keeps_the_last_good_pay
     source = tmp_path / "source"
     source.mkdir()
     ca = registry.ca_file.read_text()
-    write_manifests(source / "a.yaml", *cluster("clusters-a", registry.pull_secret(password="wrong"), ca))
-    write_manifests(source / "b.yaml", *cluster("clusters-b", registry.pull_secret(), ca))
+    write_manifests(source / "a.yaml", *join_objects("clusters-a", registry.pull_secret(password="wrong"), ca))
+    write_manifests(source / "b.yaml", *join_objects("clusters-b", registry.pull_secret(), ca))
     bad = write_manifests(source / "bad.yaml", pool("clusters-a", "bad", "tok-bad", f"{registry.host}/ocp/release@{other['index']}"))
     ok = write_manifests(source / "ok.yaml", pool("clusters-b", "ok", "tok-ok", f"{registry.host}/ocp/release@{good['index']}"))
     proc = world(ServerProcess, source, tmp_path / "cache", extra=["--release-resolve", "--registry-allow", registry.host]).start()
@@ -142,7 +86,7 @@ def test_restart_with_the_registry_gone_serves_every_payload_without_it(world, t
                 for i, c in enumerate("abc")]
     source = tmp_path / "source"
     source.mkdir()
-    write_manifests(source / "cluster.yaml", *cluster("clusters-a", registry.pull_secret(), registry.ca_file.read_text()))
+    write_manifests(source / "cluster.yaml", *join_objects("clusters-a", registry.pull_secret(), registry.ca_file.read_text()))
     paths = [write_manifests(source / f"p{i}.yaml", pool("clusters-a", f"p{i}", f"tok-{i}",
                                                          f"{registry.host}/ocp/release@{releases[i % 3]['index']}"))
              for i in range(9)]
@@ -170,7 +114,7 @@ def test_restart_with_the_registry_gone_serves_every_payload_without_it(world, t
 
 
 def test_kubernetes_mode_only_the_writer_reads_the_registry(world, tmp_path: Path) -> None:
-    from kubeapi import KubeAPI
+    from testsupport.kubeapi import KubeAPI
 
     registry = world(Registry, tmp_path / "registry").start()
     digests = registry.push_release("ocp/release", {"amd64": {"haproxy-router": HAPROXY}}, "4.17.3")
@@ -178,7 +122,7 @@ def test_kubernetes_mode_only_the_writer_reads_the_registry(world, tmp_path: Pat
     with KubeAPI(tmp_path / "kubeapi", bookmark_interval=0.5) as api:
         api.namespace("ignition")
         api.namespace("clusters-a")
-        for obj in cluster("clusters-a", registry.pull_secret(), registry.ca_file.read_text()):
+        for obj in join_objects("clusters-a", registry.pull_secret(), registry.ca_file.read_text()):
             api.create(obj)
         api.create(pool("clusters-a", "workers", "tok-k", release))
         (tmp_path / "empty").mkdir()
@@ -203,7 +147,7 @@ def test_a_release_on_a_registry_not_allowed_is_never_contacted(world, tmp_path:
     listener = world(Listener)
     source = tmp_path / "source"
     source.mkdir()
-    write_manifests(source / "cluster.yaml", *cluster("clusters-evil", '{"auths":{}}', ""))
+    write_manifests(source / "cluster.yaml", *join_objects("clusters-evil", '{"auths":{}}', ""))
     evil = write_manifests(source / "evil.yaml", pool("clusters-evil", "evil", "tok-evil",
                                                       f"127.0.0.1:{listener.port}/evil/release@sha256:" + "e" * 64))
     world(ServerProcess, source, tmp_path / "cache", extra=["--release-resolve"]).start()  # the default list
@@ -217,7 +161,7 @@ def test_registry_errors_do_not_tell_whether_a_port_answered(world, tmp_path: Pa
     closed = free_port()
     source = tmp_path / "source"
     source.mkdir()
-    write_manifests(source / "cluster.yaml", *cluster("clusters-a", '{"auths":{}}', ""))
+    write_manifests(source / "cluster.yaml", *join_objects("clusters-a", '{"auths":{}}', ""))
     paths = {port: write_manifests(source / f"p{port}.yaml", pool("clusters-a", f"p{port}", f"tok-{port}",
                                                                    f"127.0.0.1:{port}/ocp/release@sha256:" + c * 64))
              for port, c in ((listener.port, "e"), (closed, "f"))}

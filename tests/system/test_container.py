@@ -14,43 +14,20 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from itertools import pairwise
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 import yaml
 
-from containers import (
+from testsupport.containers import (
     Buildah, PodContainer, Workload, base_images, bounding_set, build_volumes, cache_key, make_stand_in, qualified, remap,
     storage_root,
 )
+from testsupport.deploy import DOCKERFILE, final_stage, named_stage
 from testsupport.harness import files_in, free_port, ignition_fetch, require_ignition
 from ignition_server.render.userdata import pointer_config
 from testsupport.realtools import in_ci, require_tool
-
-DOCKERFILE = Path(__file__).resolve().parent.parent / "Dockerfile"
-
-
-def _lines() -> list[str]:
-    return [line.strip() for line in DOCKERFILE.read_text().splitlines() if line.strip() and not line.strip().startswith("#")]
-
-
-def final_stage() -> list[str]:
-    lines = _lines()
-    starts = [i for i, line in enumerate(lines) if line.upper().startswith("FROM ")]
-    return lines[starts[-1]:]
-
-
-def named_stage(name: str) -> list[str]:
-    """The lines of `FROM ... AS <name>` up to the next FROM."""
-    lines = _lines()
-    starts = [i for i, line in enumerate(lines) if line.upper().startswith("FROM ")] + [len(lines)]
-    for begin, end in pairwise(starts):
-        if lines[begin].split()[-1] == name and lines[begin].upper().split()[-2] == "AS":
-            return lines[begin:end]
-    raise AssertionError(f"no stage {name!r} in the Dockerfile")
-
 
 # The images users run: the server (final stage) and the proxy.
 SHIPPED = {"server": final_stage, "proxy": lambda: named_stage("proxy")}

@@ -10,30 +10,9 @@ import yaml
 
 from ignition_server.metrics import ServerMetrics
 from payload_cache.stats import CacheStats
+from testsupport.deploy import DEPLOY, check_unprivileged_pod, documents, one, rbac_rules, readme_rbac_table
 from testsupport.realtools import require_tool
 
-DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
-README = Path(__file__).resolve().parent.parent / "README.md"
-
-
-def documents() -> list[dict]:
-    return [d for path in sorted(DEPLOY.glob("*.yaml")) if path.name != "kustomization.yaml"
-            for d in yaml.safe_load_all(path.read_text()) if d]
-
-
-def one(kind: str) -> dict:
-    found = [d for d in documents() if d["kind"] == kind]
-    assert len(found) == 1, kind
-    return found[0]
-
-
-def rbac_rules(docs: list[dict] | None = None) -> set[tuple[str, str, str]]:
-    """(api group, resource, verb) the ServiceAccount may use (every role it has, one per feature)."""
-    allowed = set()
-    for role in (d for d in (documents() if docs is None else docs) if d["kind"] in ("ClusterRole", "Role")):
-        for rule in role["rules"]:
-            allowed |= {(g, r, v) for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
-    return allowed
 
 
 def kustomize(directory: Path, *flags: str) -> list[dict]:
@@ -46,24 +25,6 @@ def kustomize(directory: Path, *flags: str) -> list[dict]:
 def test_kustomization_lists_every_manifest() -> None:
     listed = set(yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())["resources"])
     assert listed == {p.name for p in DEPLOY.glob("*.yaml") if p.name != "kustomization.yaml"}
-
-
-def check_unprivileged_pod(pod: dict) -> dict:
-    """What the namespace's `restricted` Pod Security level and our own standard ask of every
-    pod we ship: non-root numeric user, RuntimeDefault seccomp, spread over zones and nodes,
-    read-only root filesystem, no capabilities, no privilege escalation, resources requested.
-    Returns the pod's one container."""
-    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
-    assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
-    assert pod["topologySpreadConstraints"][0]["topologyKey"] == "topology.kubernetes.io/zone"
-    anti = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
-    assert anti["topologyKey"] == "kubernetes.io/hostname"
-    (container,) = pod["containers"]
-    security = container["securityContext"]
-    assert security["readOnlyRootFilesystem"] is True and security["allowPrivilegeEscalation"] is False
-    assert security["capabilities"]["drop"] == ["ALL"]
-    assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
-    return container
 
 
 def test_pods_run_unprivileged_with_probes_and_a_cache_per_replica() -> None:
@@ -80,20 +41,6 @@ def test_pods_run_unprivileged_with_probes_and_a_cache_per_replica() -> None:
     assert sts["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "cache"
     assert one("PodDisruptionBudget")["spec"]["minAvailable"] == 2
     assert any(s["spec"].get("type") == "NodePort" for s in documents() if s["kind"] == "Service")
-
-
-def readme_rbac_table(heading: str) -> set[tuple[str, str, str]]:
-    """(api group, resource, verb) rows of the verb|resource table in the README's section `heading`."""
-    text = README.read_text()
-    section = text[text.index(heading):]
-    section = section[: re.search(r"\n##+ ", section).start()]  # the next heading (a code block's `# ...` is not one)
-    table = set()
-    for line in section.splitlines():
-        cells = [c.strip().strip("`") for c in line.strip().strip("|").split("|")]
-        if len(cells) >= 3 and cells[0] not in ("verb", "---") and not set(cells[0]) <= {"-"}:
-            group, _, resource = cells[1].rpartition("/")
-            table |= {(group, resource, verb.strip()) for verb in cells[0].split(",")}
-    return table
 
 
 def test_the_readme_rbac_table_is_the_role() -> None:

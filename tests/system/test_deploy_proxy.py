@@ -18,14 +18,13 @@ import pytest
 import yaml
 from testsupport.harness import ProxyProcess, ServerProcess, free_port, wait_for, write_manifests
 from testsupport.realtools import require_tool
-from test_container import named_stage
-from test_deploy_manifests import check_unprivileged_pod, readme_rbac_table
-from test_deploy_manifests import one as server_object
+from testsupport.deploy import DEPLOY, check_unprivileged_pod, named_stage, readme_rbac_table
+from testsupport.deploy import one as server_object
 
 from testsupport.manifests import build_token_secret
 from proxy.table import Table, load_table
 
-PROXY = Path(__file__).resolve().parent.parent / "deploy" / "proxy"
+PROXY = DEPLOY / "proxy"
 
 
 def documents() -> list[dict[str, Any]]:
@@ -192,7 +191,7 @@ def test_the_shipped_table_routes_a_node_and_the_role_is_exactly_what_it_asks(tm
     server (tests/kubeapi) holding the server Service's EndpointSlice: a node's request with the
     route's SNI reaches the server, the probes answer, and the requests the proxy made are the Role."""
     haproxy = require_tool("haproxy", "apt-get install haproxy")
-    from kubeapi import KubeAPI
+    from testsupport.kubeapi import KubeAPI
 
     table = load_table(table_text())
     (route,) = table.routes

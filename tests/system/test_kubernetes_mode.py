@@ -12,7 +12,8 @@ import pytest
 
 from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for
 from testsupport.manifests import build_token_secret
-from kubeapi import KubeAPI
+from testsupport.deploy import rbac_rules
+from testsupport.kubeapi import KubeAPI
 
 NAMESPACE = "clusters-a"
 
@@ -100,8 +101,6 @@ def test_a_token_secret_in_the_api_is_served_and_rotated_by_patch(api: KubeAPI, 
     wait_for(user_data_current, timeout=30, what="user-data with the current token")
     assert "Lease ignition/ignition-server acquired by r1" in proc.logs()
     # Everything it asked of the API server is allowed by deploy/'s RBAC, and nothing else was needed.
-    from test_deploy_manifests import rbac_rules
-
     groups = {"leases": "coordination.k8s.io"}
     used = {(groups.get(plural, ""), plural, verb) for verb, plural in api.server.requests}
     assert used <= rbac_rules(), used - rbac_rules()

@@ -10,11 +10,11 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from testsupport.harness import (
     EXAMPLE_MACHINECONFIG,
     ServerProcess,
+    bearer,
     files_in,
     finish_fetch,
     ignition_fetch,
@@ -23,29 +23,11 @@ from testsupport.harness import (
     write_manifests,
 )
 from ignition_server.render.userdata import pointer_config
-from ignition_server.model.token_secret import is_token_secret, parse_token_secret
+from ignition_server.model.token_secret import parse_token_secret
 from testsupport.manifests import build_token_secret
+from testsupport.serving import current_secret, token_secret, wait_rendered
 
 pytestmark = pytest.mark.ignition
-
-
-def token_secret(pool: str, token: str, *, generation_time: float | None = None, suffix: str = "0a1b2c3d") -> dict:
-    return build_token_secret(
-        namespace="clusters-demo",
-        nodepool=f"clusters/{pool}",
-        token=token,
-        machineconfigs_yaml=EXAMPLE_MACHINECONFIG.format(name=pool),
-        generation_time=time.time() if generation_time is None else generation_time,
-        suffix=suffix,
-    )
-
-
-def current_secret(path: Path) -> dict:
-    return next(d for d in yaml.safe_load_all(path.read_text()) if d and d.get("kind") == "Secret")
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": "Bearer " + base64.b64encode(token.encode()).decode()}
 
 
 @pytest.fixture
@@ -61,14 +43,6 @@ def server(tmp_path: Path):
     yield make
     for proc in servers:
         proc.kill()
-
-
-def wait_rendered(proc: ServerProcess, count: int) -> None:
-    """Until `count` payloads are stored and their Secrets say AsExpected (written after the index is durable)."""
-    wait_for(lambda: proc.metrics().get("ign_server_payload_cache_total") == count)
-    manifests = [p for p in sorted(proc.source.rglob("*.yaml")) if not p.name.startswith(".")]  # not write-back temp files
-    paths = [p for p in manifests if is_token_secret(current_secret(p))]
-    wait_for(lambda: all(parse_token_secret(current_secret(p)).reason == "AsExpected" for p in paths))
 
 
 @pytest.mark.parametrize("shape", ["hypershift", "mcs"])
