@@ -34,12 +34,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 _REPO = Path(__file__).resolve().parents[1]
-if str(_REPO) not in sys.path:  # testsupport/ is not an installed package (python -m bench from elsewhere)
-    sys.path.insert(0, str(_REPO))
 
-from testsupport.harness import ServerProcess, free_port, wait_for_port  # noqa: E402
+from testsupport.harness import ServerProcess, free_port, wait_for_port
 
-from . import fleet as fleetgen  # noqa: E402
+from testsupport import fleet as fleetgen
 
 ACCEPT = "application/vnd.coreos.ignition+json;version=3.4.0, */*;q=0.1"
 RESULTS = _REPO / "bench" / "results"

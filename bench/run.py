@@ -39,14 +39,12 @@ from typing import Any, Callable
 import aiohttp
 
 _REPO = Path(__file__).resolve().parents[1]
-if str(_REPO) not in sys.path:  # testsupport/ is not an installed package (python -m bench from elsewhere)
-    sys.path.insert(0, str(_REPO))
 
-from testsupport.harness import ServerProcess  # noqa: E402
+from testsupport.harness import ServerProcess
 
 from ignition_server.model.token_secret import encode_config, parse_token_secret
 
-from . import fleet as fleetgen  # noqa: E402
+from testsupport import fleet as fleetgen
 
 READY_TARGET_S = 2.0
 RSS_TARGET_MIB = 300.0

@@ -23,6 +23,8 @@ from urllib.parse import unquote
 
 import yaml
 
+from testsupport import REPO
+
 IGNITION = "/usr/lib/dracut/modules.d/30ignition/ignition"
 EXAMPLE_MACHINECONFIG = """\
 apiVersion: machineconfiguration.openshift.io/v1
@@ -247,6 +249,21 @@ class ServerProcess:
                 name, _, value = line.rpartition(" ")
                 values[name] = float(value)
         return values
+
+
+def run_bench(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """`python -m bench ARGS` as a user runs it (from the repository's root), output captured.
+    It runs in a session of its own: past `timeout` the whole group is killed, with the servers
+    it started (they are its children, not the test's, so conftest's clean-up cannot see them)."""
+    proc = subprocess.Popen([sys.executable, "-m", "bench", *args], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"python -m bench {' '.join(args)} still ran after {timeout} s\n{out}\n{err}") from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def bearer(token: str) -> dict[str, str]:

@@ -23,7 +23,7 @@ import json
 import tarfile
 from pathlib import Path
 
-from registry_world import OCI_MANIFEST, Registry, sha256
+from testsupport.registry_world import OCI_MANIFEST, Registry, sha256
 
 OPERATOR = r'''#!/usr/bin/python3
 # STAND-IN for machine-config-operator (tests/mco_image.py): MCO's flags and output layout only.

@@ -24,8 +24,8 @@ import yaml
 from ignition_server.tls.certificates import make_ca
 from testsupport.manifests import build_token_secret
 from ignition_server.reconcile.generated_bases import hash_simple
-from real_release import hypershift_mcs_config
-from registry_world import Registry
+from testsupport.real_release import hypershift_mcs_config
+from testsupport.registry_world import Registry
 
 SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGq0gZ0s3Rl5m1aPq8Kc8xN4o3d2fQ7bVjW9uYt1xH2L parity@example"
 # The Accept header of an Ignition client at each spec version a node may speak (the reference

@@ -34,7 +34,7 @@ import pytest
 import yaml
 
 from testsupport.realtools import in_ci
-from registry_world import OCI_MANIFEST, Registry, sha256
+from testsupport.registry_world import OCI_MANIFEST, Registry, sha256
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BINARIES = ("machine-config-operator", "machine-config-controller", "machine-config-server", "render")

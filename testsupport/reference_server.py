@@ -31,8 +31,8 @@ import pytest
 
 from testsupport.harness import free_port, wait_for
 from ignition_server.tls.certificates import ensure_self_signed
-from kubeapi import KubeAPI
-from real_release import require_real_dir
+from testsupport.kubeapi import KubeAPI
+from testsupport.real_release import require_real_dir
 from testsupport.realtools import in_ci
 
 # The FeatureGate HyperShift's ignition-server deployment renders in its init container

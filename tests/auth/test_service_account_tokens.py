@@ -5,11 +5,9 @@ from __future__ import annotations
 import base64
 import time
 from pathlib import Path
-from urllib.parse import quote
 
 import jwt as pyjwt
 import pytest
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from testsupport.harness import (
@@ -17,44 +15,10 @@ from testsupport.harness import (
 )
 from ignition_server.render.userdata import pointer_config
 from testsupport.manifests import build_token_secret
-from ignition_server.reconcile.trust import ANNOTATION_SERVICE_ACCOUNT_KEYS
+from testsupport.service_accounts import keys_configmap, legacy_jwt, public_pem, url_token
 from ignition_server.auth.jwks import kube_key_id
 
 OVERLAP = 3.0
-
-
-def public_pem(key) -> str:
-    return key.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-    ).decode()
-
-
-def keys_configmap(namespace: str, key, token_secret: str) -> dict:
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": "node-bootstrapper-keys", "namespace": namespace,
-                     "annotations": {ANNOTATION_SERVICE_ACCOUNT_KEYS: "true"}},
-        "data": {"sa.pub": public_pem(key), "token-secret-name": token_secret},
-    }
-
-
-def legacy_jwt(key, secret_name: str, *, namespace: str = "openshift-infra", alg: str = "RS256",
-               kid: str | None = None) -> str:
-    """Signed as kube-apiserver signs: the kid is its key's (or `kid`, to claim another's)."""
-    claims = {
-        "iss": "kubernetes/serviceaccount",
-        "kubernetes.io/serviceaccount/namespace": namespace,
-        "kubernetes.io/serviceaccount/secret.name": secret_name,
-        "kubernetes.io/serviceaccount/service-account.name": "node-bootstrapper",
-        "kubernetes.io/serviceaccount/service-account.uid": "2f3c6a51-0000-4000-8000-000000000001",
-        "sub": f"system:serviceaccount:{namespace}:node-bootstrapper",
-    }
-    return pyjwt.encode(claims, key, algorithm=alg, headers={"kid": kid or kube_key_id(key.public_key())})
-
-
-def url_token(token: str) -> str:
-    return quote(base64.b64encode(token.encode()).decode(), safe="")
 
 
 @pytest.fixture

@@ -19,13 +19,19 @@ from pathlib import Path
 
 import pytest
 
-from testsupport.harness import ServerProcess, wait_for, write_manifests
-from mco_image import CRIO_CONF, KUBELET_UNIT, cluster_config, push_mco_image, runs
-from registry_world import Registry
-from test_registry_server import HAPROXY, bearer, cluster, payload_text, pool, registry_requests, token_status, world  # noqa: F401
-from test_watcher_inputs import secret_obj
+from testsupport.harness import ServerProcess, Started, bearer, payload_text, wait_for, write_manifests
+from testsupport.manifests import join_objects, kube_object, token_status
+from testsupport.mco_image import CRIO_CONF, KUBELET_UNIT, cluster_config, push_mco_image, runs
+from testsupport.registry_world import HAPROXY, Registry, pool, registry_requests
 
 RHCOS = "quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:" + "f" * 64
+
+
+@pytest.fixture
+def world():
+    started = Started()
+    yield started
+    started.stop_all()
 
 
 def release(registry: Registry, mco: str, version: str) -> str:
@@ -35,8 +41,8 @@ def release(registry: Registry, mco: str, version: str) -> str:
 
 
 def write_cluster(source: Path, namespace: str, registry: Registry) -> None:
-    objs = cluster(namespace, registry.pull_secret(), registry.ca_file.read_text())
-    objs.append(secret_obj("ConfigMap", namespace, "machine-config-server", cluster_config("infra-" + namespace)))
+    objs = join_objects(namespace, registry.pull_secret(), registry.ca_file.read_text())
+    objs.append(kube_object("ConfigMap", namespace, "machine-config-server", cluster_config("infra-" + namespace)))
     write_manifests(source / f"{namespace}.yaml", *objs)
 
 
@@ -118,8 +124,8 @@ def test_one_run_per_cluster_and_release_cached_across_restarts_failures_keep_th
     assert status == 200 and body == served["clusters-a-p0"]
 
     # A change of one cluster's configuration generates again for that cluster only.
-    objs = cluster("clusters-b", registry.pull_secret(), registry.ca_file.read_text())
-    objs.append(secret_obj("ConfigMap", "clusters-b", "machine-config-server", cluster_config("infra-b-renamed")))
+    objs = join_objects("clusters-b", registry.pull_secret(), registry.ca_file.read_text())
+    objs.append(kube_object("ConfigMap", "clusters-b", "machine-config-server", cluster_config("infra-b-renamed")))
     write_manifests(source / "clusters-b.yaml", *objs)
     for n in range(3):
         wait_for(lambda n=n: "infrastructure infra-b-renamed" in payload_text(proc.get("/ignition", bearer(f"tok-clusters-b-p{n}"))[2]),
@@ -202,18 +208,6 @@ async def test_a_step_over_its_memory_limit_fails_with_its_output(tmp_path: Path
     assert "allocating" in await run_step(hog, tmp_path, Limits(timeout=30, memory_bytes=4 << 30), env)
     with pytest.raises(StepFailed, match=r"python3 exited with 1; no error lines"):  # (a Python traceback is not klog)
         await run_step(hog, tmp_path, Limits(timeout=30, memory_bytes=256 << 20), env)
-
-
-def test_bases_bench_runs_once_per_cluster_and_release(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from bench import bases
-
-    code = bases.main(["--clusters", "3", "--pools", "4", "--releases", "2", "--work", str(tmp_path / "work")])
-    out = capsys.readouterr().out
-    summary = json.loads(out)
-    assert summary["served"] == 12 and summary["failed"] == 0, out
-    assert summary["pairs"] == 6 and summary["operator_runs"] == 6 and summary["pairs_run_exactly_once"], out
-    assert summary["generations_metric"] == 6 and summary["renders"] == 12, out
-    assert code == 0, out
 
 
 async def test_generator_single_flight_back_off_and_retry(tmp_path: Path) -> None:

@@ -18,13 +18,11 @@ from urllib.parse import unquote
 
 import pytest
 
-from testsupport.harness import ServerProcess, wait_for, write_manifests
-from real_release import RealMCO, RealRelease, hypershift_mcs_config, mcs_reference_payload, push_real_release, real_mco  # noqa: F401
-from registry_world import Registry
-from test_registry_server import bearer, token_status
-from test_watcher_inputs import KUBECONFIG, secret_obj
+from testsupport.harness import ServerProcess, bearer, wait_for, write_manifests
+from testsupport.real_release import RealMCO, RealRelease, hypershift_mcs_config, mcs_reference_payload, push_real_release, real_mco  # noqa: F401
+from testsupport.registry_world import Registry
 from ignition_server.tls.certificates import make_ca
-from testsupport.manifests import build_token_secret
+from testsupport.manifests import KUBECONFIG, build_token_secret, kube_object, token_status
 
 
 
@@ -111,15 +109,15 @@ def test_generated_bases_equal_the_bootstrap_mcs_payload_item_by_item(real_world
     source = tmp_path / "source"
     for namespace, files in clusters.items():
         write_manifests(source / f"{namespace}.yaml",
-                        secret_obj("Secret", namespace, "pull-secret", {".dockerconfigjson": registry.pull_secret()}),
-                        secret_obj("Secret", namespace, "bootstrap-kubeconfig", {"kubeconfig": KUBECONFIG}),
-                        secret_obj("ConfigMap", namespace, "user-ca-bundle", {"ca-bundle.crt": registry.ca_file.read_text()}),
-                        secret_obj("ConfigMap", namespace, "machine-config-server", files))
+                        kube_object("Secret", namespace, "pull-secret", {".dockerconfigjson": registry.pull_secret()}),
+                        kube_object("Secret", namespace, "bootstrap-kubeconfig", {"kubeconfig": KUBECONFIG}),
+                        kube_object("ConfigMap", namespace, "user-ca-bundle", {"ca-bundle.crt": registry.ca_file.read_text()}),
+                        kube_object("ConfigMap", namespace, "machine-config-server", files))
     write_manifests(source / "clusters-x.yaml",
-                    secret_obj("Secret", "clusters-x", "pull-secret", {".dockerconfigjson": registry.pull_secret()}),
-                    secret_obj("Secret", "clusters-x", "bootstrap-kubeconfig", {"kubeconfig": KUBECONFIG}),
-                    secret_obj("ConfigMap", "clusters-x", "user-ca-bundle", {"ca-bundle.crt": registry.ca_file.read_text()}),
-                    secret_obj("ConfigMap", "clusters-x", "machine-config-server", broken))
+                    kube_object("Secret", "clusters-x", "pull-secret", {".dockerconfigjson": registry.pull_secret()}),
+                    kube_object("Secret", "clusters-x", "bootstrap-kubeconfig", {"kubeconfig": KUBECONFIG}),
+                    kube_object("ConfigMap", "clusters-x", "user-ca-bundle", {"ca-bundle.crt": registry.ca_file.read_text()}),
+                    kube_object("ConfigMap", "clusters-x", "machine-config-server", broken))
     paths = {}
     for (namespace, name), mcs in [*pools.items(), (("clusters-x", "plain"), pools[("clusters-b", "plain")])]:
         import yaml
@@ -195,7 +193,7 @@ def test_generated_bases_equal_the_bootstrap_mcs_payload_item_by_item(real_world
 def test_azure_cloud_config_waits_for_its_hash_and_an_os_stream_is_its_own_run(real_world, real_mco: RealMCO, tmp_path: Path) -> None:  # noqa: F811
     import yaml
 
-    from real_release import azure_cloud_config
+    from testsupport.real_release import azure_cloud_config
     from ignition_server.reconcile.generated_bases import hash_simple
 
     registry, release = real_world
@@ -204,14 +202,14 @@ def test_azure_cloud_config_waits_for_its_hash_and_an_os_stream_is_its_own_run(r
     files = hypershift_mcs_config("az", platform="Azure", root_ca=ca, signer_ca=ca, configuration_hash="h2")
     cloud = azure_cloud_config(namespace)
     source = tmp_path / "source"
-    stale = [secret_obj("ConfigMap", namespace, "machine-config-server", {**files, "configuration-hash": "h1"})]
+    stale = [kube_object("ConfigMap", namespace, "machine-config-server", {**files, "configuration-hash": "h1"})]
     bundle = registry.ca_file.read_text() + "".join(make_ca()[0].decode() for _ in range(8))
     assert len(bundle) > 4096
-    common = [secret_obj("Secret", namespace, "pull-secret", {".dockerconfigjson": registry.pull_secret()}),
-              secret_obj("Secret", namespace, "bootstrap-kubeconfig", {"kubeconfig": KUBECONFIG}),
+    common = [kube_object("Secret", namespace, "pull-secret", {".dockerconfigjson": registry.pull_secret()}),
+              kube_object("Secret", namespace, "bootstrap-kubeconfig", {"kubeconfig": KUBECONFIG}),
               # Past the slim size (4 KiB): its hash is checked on the full text.
-              secret_obj("ConfigMap", namespace, "user-ca-bundle", {"ca-bundle.crt": bundle}),
-              secret_obj("ConfigMap", namespace, "machine-config-server", files)]
+              kube_object("ConfigMap", namespace, "user-ca-bundle", {"ca-bundle.crt": bundle}),
+              kube_object("ConfigMap", namespace, "machine-config-server", files)]
     write_manifests(source / "cluster.yaml", *common[:-1], *stale)
     mcs = [machineconfig("50-az", {"storage": {"files": [{"path": "/etc/az.conf", "mode": 420, "contents": data_url("az\n")}]}})]
     text = yaml.safe_dump_all(mcs, sort_keys=False)
@@ -271,17 +269,17 @@ def test_azure_cloud_config_waits_for_its_hash_and_an_os_stream_is_its_own_run(r
 def test_kubernetes_mode_the_writer_generates_and_shares(real_world, tmp_path: Path) -> None:
     """Two replicas: the Lease holder runs the real MCO once and publishes the base; the other
     serves the same bytes without a run."""
-    from kubeapi import KubeAPI
+    from testsupport.kubeapi import KubeAPI
 
     registry, release = real_world
     ca = make_ca()[0].decode()
     with KubeAPI(tmp_path / "kubeapi", bookmark_interval=0.5) as api:
         api.namespace("ignition")
         api.namespace("clusters-k")
-        for obj in (secret_obj("Secret", "clusters-k", "pull-secret", {".dockerconfigjson": registry.pull_secret()}),
-                    secret_obj("Secret", "clusters-k", "bootstrap-kubeconfig", {"kubeconfig": KUBECONFIG}),
-                    secret_obj("ConfigMap", "clusters-k", "user-ca-bundle", {"ca-bundle.crt": registry.ca_file.read_text()}),
-                    secret_obj("ConfigMap", "clusters-k", "machine-config-server", hypershift_mcs_config("k", root_ca=ca, signer_ca=ca))):
+        for obj in (kube_object("Secret", "clusters-k", "pull-secret", {".dockerconfigjson": registry.pull_secret()}),
+                    kube_object("Secret", "clusters-k", "bootstrap-kubeconfig", {"kubeconfig": KUBECONFIG}),
+                    kube_object("ConfigMap", "clusters-k", "user-ca-bundle", {"ca-bundle.crt": registry.ca_file.read_text()}),
+                    kube_object("ConfigMap", "clusters-k", "machine-config-server", hypershift_mcs_config("k", root_ca=ca, signer_ca=ca))):
             api.create(obj)
         api.create(build_token_secret(namespace="clusters-k", nodepool="clusters/workers", token="tok-k", release=release.pullspec,
                                       release_version=release.version, generation_time=time.time()))

@@ -4,19 +4,14 @@ file source never loads the Kubernetes client (~35 MiB of RSS per process that i
 
 from __future__ import annotations
 
-import base64
 import re
 from pathlib import Path
 
 import pytest
 
-from bench import fleet
-from testsupport.harness import ServerProcess, wait_for
+from testsupport import fleet
+from testsupport.harness import ServerProcess, bearer, wait_for
 from ignition_server.config import payload_memory
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": "Bearer " + base64.b64encode(token.encode()).decode()}
 
 
 def test_the_budget_is_split_among_the_serving_processes() -> None:

@@ -14,17 +14,16 @@ from urllib.parse import unquote
 import jwt as pyjwt
 import pytest
 import yaml
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from testsupport.harness import EXAMPLE_MACHINECONFIG, write_manifests
 from ignition_server.auth.jwt import ServiceAccountVerifier
 from ignition_server.model.token_secret import ANNOTATION_TOKEN_EXPIRATION, parse_token_secret
 from testsupport.manifests import build_token_secret, kube_object
+from testsupport.service_accounts import keys_configmap
 from testsupport.reconcile_world import Clock, T0, file_reconciler, settle
 from ignition_server.reconcile.reconciler import Reconciler
 from ignition_server.reconcile.releases import ANNOTATION_RELEASE_CATALOG
-from ignition_server.reconcile.trust import ANNOTATION_SERVICE_ACCOUNT_KEYS
 from payload_cache import PayloadCache, TokenState
 
 RELEASE = "quay.io/openshift-release-dev/ocp-release@sha256:" + "1" * 64
@@ -201,15 +200,6 @@ async def test_a_token_already_held_by_another_secret_is_refused_for_the_newcome
     assert all(k.namespace != EVIL for k in reconciler.secrets)
 
 
-def public_pem(key) -> str:
-    return key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
-
-
-def keys_configmap(namespace: str, key, created: str) -> dict:
-    return kube_object("ConfigMap", namespace, "node-bootstrapper-keys", {"sa.pub": public_pem(key)},
-               {ANNOTATION_SERVICE_ACCOUNT_KEYS: "true"}, created=created)
-
-
 @pytest.mark.parametrize("together", [False, True], ids=["later", "in-one-listing"])
 async def test_a_copy_of_a_clusters_public_key_elsewhere_breaks_nothing(world, together: bool) -> None:
     reconciler, source, cache, source_dir, verifier = world
@@ -220,10 +210,10 @@ async def test_a_copy_of_a_clusters_public_key_elsewhere_breaks_nothing(world, t
               "kubernetes.io/serviceaccount/service-account.uid": "2f3c6a51-0000-4000-8000-000000000001",
               "sub": "system:serviceaccount:openshift-infra:node-bootstrapper"}
     token = pyjwt.encode(claims, key, algorithm="RS256")
-    copy = keys_configmap(EVIL, key, "2026-06-01T00:00:00Z")
+    copy = keys_configmap(EVIL, key, created="2026-06-01T00:00:00Z")
     if together:
         write_manifests(source_dir / "a-evil.yaml", copy)
-    write_manifests(source_dir / "victim.yaml", keys_configmap(VICTIM, key, "2026-01-01T00:00:00Z"))
+    write_manifests(source_dir / "victim.yaml", keys_configmap(VICTIM, key, created="2026-01-01T00:00:00Z"))
     await settle(reconciler, source, reconciler.outputs)
     if not together:
         write_manifests(source_dir / "a-evil.yaml", copy)

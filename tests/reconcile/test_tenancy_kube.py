@@ -16,7 +16,7 @@ import pytest
 from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, files_in, wait_for
 from ignition_server.model.token_secret import ANNOTATION_TOKEN_EXPIRATION
 from testsupport.manifests import build_token_secret
-from kubeapi import KubeAPI
+from testsupport.kubeapi import KubeAPI
 
 VICTIM, EVIL = "clusters-victim", "clusters-evil"
 
@@ -111,7 +111,7 @@ def test_a_tenants_catalog_and_a_copied_service_account_key_change_nothing(api: 
     from cryptography.hazmat.primitives.asymmetric import rsa
 
     from ignition_server.reconcile.releases import ANNOTATION_RELEASE_CATALOG
-    from test_service_account_tokens import keys_configmap, legacy_jwt, url_token
+    from testsupport.service_accounts import keys_configmap, legacy_jwt, url_token
 
     good, evil = ("quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:" + c * 64 for c in "27")
     secret = token_secret(VICTIM, "clusters/workers", "tok-victim", "token-workers-1")

@@ -9,7 +9,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from registry_world import Registry
+from testsupport.registry_world import Registry
 from ignition_server.registry.auth import credentials_for
 from ignition_server.registry.client import RegistryClient
 from ignition_server.registry.mirrors import Mirrors, parse_overrides

@@ -16,6 +16,7 @@ from urllib.parse import unquote
 
 import pytest
 
+from testsupport import REPO
 from ignition_server.render.haproxy import HAPROXY_CFG_PATH, STATIC_POD_PATH, render_haproxy_cfg
 from ignition_server.render.ibmcloud import (
     IBM_ENV_PATH,
@@ -192,7 +193,7 @@ def test_chrony_and_sysctl():
 
 @pytest.mark.parametrize("script", ["ibm-kubelet-providerid.sh", "ibm-secondary-storage.sh"])
 def test_boot_scripts_parse(script):
-    path = Path(__file__).parents[1] / "ignition_server/render/templates" / script
+    path = REPO / "ignition_server/render/templates" / script
     subprocess.run(["bash", "-n", str(path)], check=True)
 
 
@@ -252,7 +253,7 @@ def _run_providerid(tmp_path, s: IBMCloudSettings) -> tuple[subprocess.Completed
     env_file = tmp_path / "ibm-cloud.env"
     env_file.write_text(render_ibm_env(s))
     out = tmp_path / "run" / "kubelet.env"
-    script = Path(__file__).parents[1] / "ignition_server/render/templates/ibm-kubelet-providerid.sh"
+    script = REPO / "ignition_server/render/templates/ibm-kubelet-providerid.sh"
     env = {**os.environ, "IBM_CLOUD_ENV": str(env_file), "IBM_KUBELET_ENV": str(out),
            "IBM_METADATA_RETRY_DELAY": "0.1", "IBM_METADATA_ATTEMPTS": "5"}
     res = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import copy
 import gzip
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -18,6 +17,8 @@ import yaml
 from ignition_server.render.inputs import NodePoolInputs
 from ignition_server.render.payload import render_payload
 from ignition_server.render.spec import SUPPORTED_VERSIONS, with_version
+from testsupport import REPO
+from testsupport.invalid_configs import BAD_CASES, bad
 from testsupport.realtools import require_tool
 
 VALIDATE = shutil.which("ignition-validate") or "ignition-validate"
@@ -30,15 +31,7 @@ pytestmark = [pytest.mark.ignition]
 def _real_validate() -> None:
     require_tool("ignition-validate", "apt-get install ignition")
 
-TESTS = Path(__file__).resolve().parent
-EXAMPLE = TESTS.parent / "examples" / "token-secret.yaml"
-
-
-def _load_spec_tests():
-    spec = importlib.util.spec_from_file_location("_render_spec_cases", TESTS / "test_render_spec.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+EXAMPLE = REPO / "examples" / "token-secret.yaml"
 
 
 def ignition_validate(tmp_path: Path, body: bytes) -> tuple[int, str]:
@@ -159,10 +152,9 @@ def test_below_minimum_the_client_complains(tmp_path):
 
 
 def _bad_configs():
-    cases = _load_spec_tests()
-    for name in sorted(cases.BAD_CASES):
-        mutate, _ = cases.BAD_CASES[name]
-        config = cases.bad(mutate)
+    for name in sorted(BAD_CASES):
+        mutate, _ = BAD_CASES[name]
+        config = bad(mutate)
         yield name, config
 
 

@@ -5,16 +5,16 @@ from __future__ import annotations
 import base64
 import gzip
 import json
-from pathlib import Path
 
 import pytest
 import yaml
 
+from testsupport import REPO
 from ignition_server.render.inputs import InvalidConfig, NodePoolInputs
 from ignition_server.render.machineconfig import MergedConfig, merge_machineconfigs, parse_machineconfigs
 from ignition_server.render.payload import render_payload
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "token-secret.yaml"
+EXAMPLE = REPO / "examples" / "token-secret.yaml"
 
 
 def mc(name: str, config: dict | None = None, *, raw: dict | None = None, **spec) -> dict:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from testsupport import REPO
 from ignition_server.auth.rotation_policy import RotationPolicy, rotation_mutation
 from ignition_server.config import parse_duration, parse_hostport
 from ignition_server.sources.events import Change
@@ -18,7 +19,7 @@ from ignition_server.model.objects import ManifestError, ObjectKey
 from ignition_server.model.token_secret import decode_config, encode_config, format_time, parse_time, parse_token_secret, token_secret_config
 from testsupport.manifests import build_token_secret
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "token-secret.yaml"
+EXAMPLE = REPO / "examples" / "token-secret.yaml"
 CONFIGMAP = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm", "namespace": "ns"}, "data": {"a": "1"}}
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from testsupport import REPO
 from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for, write_manifests
 from ignition_server.bounded_yaml import UnsafeYAML, load_all
 from ignition_server.render.inputs import RefusedInput
@@ -84,7 +85,7 @@ def test_a_flat_list_config_is_refused_before_it_is_composed(items: int) -> None
 
 
 def test_the_node_budget_allows_real_manifests() -> None:
-    text = Path(__file__).parent.parent.joinpath("deploy", "statefulset.yaml").read_text()  # 13.8 bytes a node
+    text = REPO.joinpath("deploy", "statefulset.yaml").read_text()  # 13.8 bytes a node
     assert load_all(text)
 
 

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from testsupport import REPO
 from testsupport.harness import EXAMPLE_MACHINECONFIG, free_port, wait_for, write_manifests
 from testsupport.manifests import build_token_secret
 from testsupport.realtools import require_tool
 
-REPO = Path(__file__).resolve().parent.parent
 NOBODY = 65534
 
 

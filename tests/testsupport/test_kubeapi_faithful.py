@@ -12,7 +12,7 @@ from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from testsupport.harness import wait_for
-from kubeapi import KubeAPI
+from testsupport.kubeapi import KubeAPI
 from testsupport.realtools import require_tool
 
 SECRET = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s1", "namespace": "ns1"}, "data": {"a": "YQ=="}}

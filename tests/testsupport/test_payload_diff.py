@@ -7,7 +7,7 @@ import gzip
 import json
 from urllib.parse import quote
 
-from payload_diff import Difference, decode_source, diff_payloads, item_counts, report
+from testsupport.payload_diff import Difference, decode_source, diff_payloads, item_counts, report
 
 
 def data_url(text: str) -> str:
