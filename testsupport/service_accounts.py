@@ -4,12 +4,14 @@ cluster's public key, JWTs signed as kube-apiserver signs them, and the token as
 from __future__ import annotations
 
 import base64
+import hashlib
 from typing import Any
 from urllib.parse import quote
 
 import jwt as pyjwt
 from cryptography.hazmat.primitives import serialization
 
+from ignition_server.auth.claims import TokenSecretRef
 from ignition_server.auth.jwks import kube_key_id
 from ignition_server.reconcile.trust import ANNOTATION_SERVICE_ACCOUNT_KEYS
 
@@ -51,3 +53,8 @@ def legacy_jwt(key: Any, secret_name: str, *, namespace: str = "openshift-infra"
 def url_token(token: str) -> str:
     """The token as a pointer config's URL carries it: base64, then URL-quoted."""
     return quote(base64.b64encode(token.encode()).decode(), safe="")
+
+
+def secret_ref_for(token: str, name: str | None = None) -> TokenSecretRef:
+    """The token Secret a JWT opens, named by the SHA-256 of the token (and by `name`, if given)."""
+    return TokenSecretRef(name=name, token_sha256=hashlib.sha256(token.encode()).hexdigest())

@@ -12,6 +12,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
+from testsupport.service_accounts import secret_ref_for
 from ignition_server.auth.jwks import PrivateKeyRefused, kube_key_id, load_public_keys, public_key_pem
 from ignition_server.auth.claims import DEFAULT_CHECKS, LEGACY_ISSUER, JwtRefused, TokenSecretRef
 from ignition_server.auth.jwt import JwtUnknownKey, ServiceAccountVerifier
@@ -421,11 +422,11 @@ def test_token_secret_by_token_hash(keys):
     v = trusting(keys, "ec", clock=clock, overlap_seconds=60)
     t1 = sign(bound(), keys["ec"])
     t2 = sign(bound(exp=int(T0 + 7200)), keys["ec"])
-    v.set_token_secrets(CLUSTER, TokenSecretRef.from_token(t1))
+    v.set_token_secrets(CLUSTER, secret_ref_for(t1))
     assert v.verify(t1).bound
     with pytest.raises(JwtRefused):
         v.verify(t2)
-    v.set_token_secrets(CLUSTER, TokenSecretRef.from_token(t2))
+    v.set_token_secrets(CLUSTER, secret_ref_for(t2))
     assert v.verify(t1) and v.verify(t2)
     clock.t = T0 + 61
     with pytest.raises(JwtRefused):
