@@ -4,7 +4,7 @@ runs the release's MCO exactly once per (cluster, release) pair present, none pe
     python -m bench bases [--clusters 440 --pools 12 --releases 1]
 
 A local `docker-registry` (TLS, htpasswd) holds the releases and one machine-config-operator
-image whose binaries are the tests' STAND-INS (tests/mco_image.py: MCO's command line and
+image whose binaries are the tests' STAND-INS (testsupport/mco_image.py: MCO's command line and
 output layout, python3 scripts that log each run with the cluster it ran for). Each cluster
 has its `machine-config-server` ConfigMap (its own infrastructure name); NodePool j of a
 cluster is on release j mod --releases. The server starts on an empty cache dir with

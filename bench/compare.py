@@ -314,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=8.0, help="per target, mode and round")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--connections", type=int, default=32, help="connections in flight")
-    parser.add_argument("--payload-kib", type=int, default=290, help="fleet payload size (KiB asked of bench.fleet)")
+    parser.add_argument("--payload-kib", type=int, default=290, help="fleet payload size (KiB asked of testsupport/fleet.py)")
     parser.add_argument("--processes", type=int, default=2,
                         help="nginx workers and bare aiohttp processes (1: a per-process comparison with a one-process server)")
     parser.add_argument("--verify", action="store_true",

@@ -3,8 +3,8 @@ on the same machine, the same objects, the same release.
 
     python -m bench parity [--pools 4] [--work DIR]
 
-One hosted cluster (HyperShift's objects, tests/parity_world.py) with --pools NodePools on one
-release (the real MCO and render images in a local docker-registry, tests/real_release.py),
+One hosted cluster (HyperShift's objects, testsupport/parity_world.py) with --pools NodePools on one
+release (the real MCO and render images in a local docker-registry, testsupport/real_release.py),
 all in the tests' Kubernetes API server before a server starts. Each server starts cold (a
 fresh work or cache dir) and every NodePool's token is asked for every 0.1 s; then one more
 NodePool of the same cluster and release is added to the running server. Figures: seconds

@@ -3,7 +3,7 @@
     python -m bench.real_bases [--pools 4] [--clusters 2] [--work DIR]
 
 A local `docker-registry` holds a release whose machine-config-operator and cluster-config-api
-images carry the real binaries (tests/real_release.py, from ../shared/real or
+images carry the real binaries (testsupport/real_release.py, from ../shared/real or
 IGNITION_TEST_REAL_DIR). The server starts on an empty cache with `--release-resolve
 --generate-bases` and one NodePool of cluster 1 (cold: release, both images, render, operator,
 controller, render of the payload); then each further NodePool of that cluster and release is

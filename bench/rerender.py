@@ -2,7 +2,7 @@
 
     python -m bench.rerender [--clusters 440 --pools 12 --shared 1000 --payload-kib 32] [--json]
 
-The fleet is bench/fleet.py's (token Secrets with two MachineConfigs each), and `--shared` of the
+The fleet is testsupport/fleet.py's (token Secrets with two MachineConfigs each), and `--shared` of the
 NodePools (a seeded random choice) carry the annotation
 `ignition-server.openshift.io/input-user-ca-bundle: ignition-server/ca`, which points their user CA bundle
 at the ConfigMap `ignition-server/ca` (key `ca-bundle.crt`, a PEM-looking bundle of `--ca-kib`). The other

@@ -2,7 +2,7 @@
 
 `Buildah` builds from the Dockerfile as it is (its base pulled, or a stand-in made from Debian's
 packages when the registry cannot be reached). `PodContainer` runs one container of a manifest
-from the image's root file system with tests/container_launch.py: the pod's user and groups,
+from the image's root file system with testsupport/container_launch.py: the pod's user and groups,
 fsGroup on its volumes, the read-only root, the dropped capabilities, no_new_privs, and its
 probes. Networking is the host's (hostNetwork): ports are mapped by choosing free host ports and
 giving them to the program (its listen settings), as a port mapping would.

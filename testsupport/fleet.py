@@ -1,6 +1,6 @@
 """Fleet generator: N hosted clusters x M NodePools of HyperShift token Secret manifests.
 
-    python -m bench.fleet --clusters 440 --pools 12 --payload-kib 300 --out DIR
+    python -m bench fleet --clusters 440 --pools 12 --payload-kib 300 --out DIR
 
 Writes, under DIR:
   source/clusters-c<i>/np-<j>.yaml   one token Secret per NodePool (namespace `clusters-c<i>`,
@@ -248,7 +248,7 @@ def current_tokens(out: Path, meta: dict[str, Any] | None = None) -> dict[str, s
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.fleet", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench fleet", description=__doc__.splitlines()[0])
     parser.add_argument("--clusters", type=int, default=440)
     parser.add_argument("--pools", type=int, default=12, help="NodePools per cluster")
     parser.add_argument("--payload-kib", type=int, default=300, help="approximate payload size per NodePool")

@@ -1,6 +1,6 @@
 """A machine-config-operator image with STAND-IN binaries, for injecting faults.
 
-The tests of the real thing use the real binaries (tests/real_release.py); these stand-ins
+The tests of the real thing use the real binaries (testsupport/real_release.py); these stand-ins
 exist for what the real ones cannot be made to do on demand: hang, fail with a long output,
 fail once. Its binaries are small python3 scripts, not MCO: they take MCO's command
 line (`machine-config-operator bootstrap --root-ca=... --dest-dir=...`,
@@ -26,7 +26,7 @@ from pathlib import Path
 from testsupport.registry_world import OCI_MANIFEST, Registry, sha256
 
 OPERATOR = r'''#!/usr/bin/python3
-# STAND-IN for machine-config-operator (tests/mco_image.py): MCO's flags and output layout only.
+# STAND-IN for machine-config-operator (testsupport/mco_image.py): MCO's flags and output layout only.
 import os, sys, time
 COUNTER, MODE = __COUNTER__, __MODE__
 args = dict(a[2:].split("=", 1) for a in sys.argv[2:] if a.startswith("--") and "=" in a)
@@ -76,7 +76,7 @@ print("bootstrap manifests written")
 '''
 
 CONTROLLER = r'''#!/usr/bin/python3
-# STAND-IN for machine-config-controller (tests/mco_image.py): MCO's flags and output layout only.
+# STAND-IN for machine-config-controller (testsupport/mco_image.py): MCO's flags and output layout only.
 import hashlib, json, os, sys, urllib.parse
 COUNTER, MODE = __COUNTER__, __MODE__
 args = dict(a[2:].split("=", 1) for a in sys.argv[2:] if a.startswith("--") and "=" in a)
@@ -133,7 +133,7 @@ print("machine configs written")
 '''
 
 RENDER = r'''#!/usr/bin/python3
-# STAND-IN for cluster-config-api's render (tests/mco_image.py): writes the FeatureGate's status.
+# STAND-IN for cluster-config-api's render (testsupport/mco_image.py): writes the FeatureGate's status.
 import sys
 args = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--") and "=" in a)
 path = args["rendered-manifest-dir"] + "/99_feature-gate.yaml"

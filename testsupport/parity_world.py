@@ -1,10 +1,10 @@
 """The objects the parity check hands to HyperShift's real ignition server and to ours, in
-HyperShift's shapes, and the NodePools it compares (tests/test_payload_parity.py, and
+HyperShift's shapes, and the NodePools it compares (tests/system/test_payload_parity.py, and
 `python -m bench parity` for the timing).
 
 Per hosted cluster (a control-plane namespace): the `pull-secret` (`.dockerconfigjson`, the
 tests' registry), `bootstrap-kubeconfig` (`kubeconfig`), and the `machine-config-server`
-ConfigMap as HyperShift's control-plane-operator writes it (tests/real_release.py's
+ConfigMap as HyperShift's control-plane-operator writes it (testsupport/real_release.py's
 `hypershift_mcs_config`: real CAs, the cluster's config.openshift.io objects, its TLS
 profile). Per NodePool: a token Secret as HyperShift's NodePool controller writes it, whose
 `config` is the core MachineConfigs HyperShift adds to every NodePool (`30-fips`,

@@ -1,5 +1,5 @@
 """One request carries one credential: two, or one spelled so readers may disagree, get 400
-from the real server (and from the real HAProxy edge: test_proxy_edge.py)."""
+from the real server (and from the real HAProxy edge: tests/proxy/test_edge.py)."""
 
 from __future__ import annotations
 

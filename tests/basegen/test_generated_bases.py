@@ -1,9 +1,9 @@
 """Generated MCO bases (--generate-bases) through the real server process, with STAND-IN binaries.
 
-The MCO binaries in the image are STAND-INS (tests/mco_image.py: python3 scripts with MCO's
+The MCO binaries in the image are STAND-INS (testsupport/mco_image.py: python3 scripts with MCO's
 command line and output layout) where a fault is injected (a step that fails with a long
 output, fails once, hangs) or runs are counted per process; the real binaries' payloads are
-tested in test_generated_bases_real.py. Everything else is real: the docker-registry the image and
+tested in tests/basegen/test_generated_bases_real.py. Everything else is real: the docker-registry the image and
 the release are pulled from (with the pull secret, over TLS), the layers (verified and
 streamed, an upper layer replacing a lower one's file), the subprocesses (time limit,
 SIGKILL, address-space limit), the encrypted cache that keeps the result across restarts.

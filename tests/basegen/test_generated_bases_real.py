@@ -1,4 +1,4 @@
-"""Generated MCO bases with the REAL binaries (tests/real_release.py), compared with what the
+"""Generated MCO bases with the REAL binaries (testsupport/real_release.py), compared with what the
 real bootstrap machine-config-server serves for the same objects, item by item.
 
 One registry and one release for the module; one server process generates the bases of two

@@ -314,7 +314,7 @@ def endpoint_slice(name: str, port: int, ready: bool = True) -> dict:
 
 def test_backends_follow_endpointslices_without_reload(fleet: Fleet, tmp_path: Path) -> None:
     """Kubernetes mode: route A's servers are the ready endpoints of the Service's
-    EndpointSlices (a real API server speaking the Kubernetes protocol, tests/kubeapi)."""
+    EndpointSlices (a real API server speaking the Kubernetes protocol, testsupport/kubeapi)."""
     from testsupport.kubeapi import KubeAPI
 
     with KubeAPI(tmp_path / "kubeapi") as api:

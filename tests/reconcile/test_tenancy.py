@@ -1,6 +1,6 @@
 """The wall between tenants, file source: each attack of issue 21 by a tenant who can write only
 Secrets and ConfigMaps of their own namespace (`clusters-evil`), against a victim
-(`clusters-victim`). The Kubernetes source's side is in test_tenancy_kube.py."""
+(`clusters-victim`). The Kubernetes source's side is in tests/reconcile/test_tenancy_kube.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The wall between tenants, Kubernetes source: real server processes against the test API
 server, a tenant who can write only Secrets and ConfigMaps of `clusters-evil`, a victim in
 `clusters-victim`. What differs from the file source is tested here: what is fetched from the
-API, Events, and deletion (test_tenancy.py has the file source's side of every attack)."""
+API, Events, and deletion (tests/reconcile/test_tenancy.py has the file source's side of every attack)."""
 
 from __future__ import annotations
 

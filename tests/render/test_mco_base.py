@@ -1,6 +1,6 @@
 """MCO's base configuration and the machine-config-server's appended files, end to end.
 
-The base is written here to MCO's shape (tests/mco_base.py: kubelet unit and drop-in, CRI-O
+The base is written here to MCO's shape (testsupport/mco_base.py: kubelet unit and drop-in, CRI-O
 config, firstboot unit), since no release image can be pulled in the tests. Everything else
 is real: the server process, the real Ignition client's files stage, ignition-validate.
 """

@@ -2,7 +2,7 @@
 (`--target proxy`). Statically: each runs as a non-root numeric user, without compilers, from a
 pinned base image, with no secrets baked in, writing only its state directory. For real: both
 are built with buildah from the Dockerfile as it is and run with the deploy manifests' security
-context (tests/containers.py): the real Ignition client boots from the server's container,
+context (testsupport/containers.py): the real Ignition client boots from the server's container,
 directly and through the proxy's container."""
 
 from __future__ import annotations

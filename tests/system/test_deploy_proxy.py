@@ -137,7 +137,7 @@ def test_the_pod_is_unprivileged_and_its_probes_ask_what_the_proxy_serves() -> N
     metrics = next(s for s in documents() if s["kind"] == "Service" and s["spec"].get("type") != "NodePort")
     assert monitored == {p["name"] for p in metrics["spec"]["ports"]} == {"metrics", "haproxy-metrics"}
     assert metrics["metadata"]["labels"] == one("ServiceMonitor")["spec"]["selector"]["matchLabels"]
-    # The uid is the image's (tests/test_container.py checks the image's user).
+    # The uid is the image's (tests/system/test_container.py checks the image's user).
     user = next(line.split()[1] for line in reversed(named_stage("proxy")) if line.upper().startswith("USER "))
     assert spec["securityContext"]["runAsUser"] == int(user.split(":")[0])
 
@@ -188,7 +188,7 @@ def probe(port: int, path: str) -> int:
 @pytest.mark.haproxy
 def test_the_shipped_table_routes_a_node_and_the_role_is_exactly_what_it_asks(tmp_path: Path) -> None:
     """The ConfigMap's table run by `ignition-proxy run` (the real HAProxy) against a real API
-    server (tests/kubeapi) holding the server Service's EndpointSlice: a node's request with the
+    server (testsupport/kubeapi) holding the server Service's EndpointSlice: a node's request with the
     route's SNI reaches the server, the probes answer, and the requests the proxy made are the Role."""
     haproxy = require_tool("haproxy", "apt-get install haproxy")
     from testsupport.kubeapi import KubeAPI

@@ -1,11 +1,11 @@
 """Parity: for the same objects, our payload equals the one HyperShift's REAL ignition server
-serves, item by item (tests/payload_diff.py), for every NodePool and every spec version a
+serves, item by item (testsupport/payload_diff.py), for every NodePool and every spec version a
 node's Ignition may ask for.
 
 Everything is real: the registry (TLS, htpasswd) holding a release with the real MCO binaries
-and `render` (tests/real_release.py), HyperShift's ignition server (../shared/real) as its
+and `render` (testsupport/real_release.py), HyperShift's ignition server (../shared/real) as its
 deployment runs it, our server with `--release-resolve --generate-bases` (in Kubernetes mode on
-the one test API server holding HyperShift's objects, tests/parity_world.py, and on the same
+the one test API server holding HyperShift's objects, testsupport/parity_world.py, and on the same
 objects as manifests through the file source). The NodePools: an
 override of a base file, of a base unit, an os-stream, extra user MachineConfigs (cluster A,
 default TLS profile), one of cluster B (Modern TLS profile), one of cluster C (Old TLS profile,

@@ -1,4 +1,4 @@
-"""tests/payload_diff.py, on small configs: what is a difference, what is not, and how it reads."""
+"""testsupport/payload_diff.py, on small configs: what is a difference, what is not, and how it reads."""
 
 from __future__ import annotations
 

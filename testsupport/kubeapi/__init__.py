@@ -11,7 +11,7 @@
         api.server.requests                    # Counter[(verb, plural)]
 
 kubectl and kubernetes-asyncio talk to it through `api.kubeconfig`; tests prove it
-faithful by running the real kubectl against it (tests/test_kubeapi_faithful.py).
+faithful by running the real kubectl against it (tests/testsupport/test_kubeapi_faithful.py).
 """
 
 from __future__ import annotations
