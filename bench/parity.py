@@ -27,11 +27,11 @@ from pathlib import Path
 
 _REPO = Path(__file__).resolve().parent.parent
 
-from testsupport.harness import ServerProcess
+from testsupport.harness import ServerProcess, bearer
 from testsupport.kubeapi import KubeAPI
 from testsupport.parity_world import CLUSTER_A, NodePool, cluster_inputs, cluster_objects, token_secret, token_secret_name
 from testsupport.real_release import push_real_release, real_dir, unpack
-from testsupport.reference_server import ReferenceServer, bearer, unpack_reference
+from testsupport.reference_server import ReferenceServer, unpack_reference
 from testsupport.registry_world import Registry
 
 POLL = 0.1

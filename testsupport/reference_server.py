@@ -15,7 +15,6 @@ servers generating at once would read each other's payloads, so a test runs one 
 
 from __future__ import annotations
 
-import base64
 import lzma
 import shutil
 import signal
@@ -29,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from testsupport.harness import free_port, wait_for
+from testsupport.harness import bearer, free_port, wait_for
 from ignition_server.tls.certificates import ensure_self_signed
 from testsupport.kubeapi import KubeAPI
 from testsupport.real_release import require_real_dir
@@ -71,11 +70,6 @@ def reference_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
             pytest.fail(f"CI needs the real binaries: {message}", pytrace=False)
         pytest.skip(message)
     return unpack_reference(packed_path, tmp_path_factory.mktemp("reference"))
-
-
-def bearer(token: str) -> dict[str, str]:
-    """HyperShift's request shape: `Authorization: Bearer base64(token)`."""
-    return {"Authorization": "Bearer " + base64.b64encode(token.encode()).decode()}
 
 
 @dataclass

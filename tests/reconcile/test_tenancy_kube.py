@@ -13,7 +13,7 @@ from urllib.parse import unquote
 
 import pytest
 
-from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, files_in, wait_for
+from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, bearer, files_in, wait_for
 from ignition_server.model.token_secret import ANNOTATION_TOKEN_EXPIRATION
 from testsupport.manifests import build_token_secret
 from testsupport.kubeapi import KubeAPI
@@ -26,10 +26,6 @@ def token_secret(namespace: str, nodepool: str, token: str, name: str) -> dict:
                                 machineconfigs_yaml=EXAMPLE_MACHINECONFIG.format(name=namespace.replace("-", "")))
     secret["metadata"]["name"] = name
     return secret
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": "Bearer " + base64.b64encode(token.encode()).decode()}
 
 
 def reason(api: KubeAPI, namespace: str, name: str) -> str:

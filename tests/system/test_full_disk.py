@@ -3,7 +3,6 @@ error is reported, nothing half-written is kept, and writes resume when space re
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import errno
 import subprocess
@@ -14,7 +13,7 @@ from typing import Iterator
 import pytest
 import yaml
 
-from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for, write_manifests
+from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, bearer, wait_for, write_manifests
 from ignition_server.model.token_secret import parse_token_secret
 from testsupport.manifests import build_token_secret
 from testsupport.realtools import in_ci
@@ -44,10 +43,6 @@ def fill(directory: Path) -> Path:
         except OSError as exc:
             assert exc.errno == errno.ENOSPC
     return filler
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": "Bearer " + base64.b64encode(token.encode()).decode()}
 
 
 def secret(pool: str, token: str) -> dict:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for
+from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, bearer, wait_for
 from testsupport.manifests import build_token_secret
 from testsupport.deploy import rbac_rules
 from testsupport.kubeapi import KubeAPI
@@ -22,10 +22,6 @@ def token_secret(pool: str, token: str, *, generation_time: float | None = None)
     return build_token_secret(namespace=NAMESPACE, nodepool=f"clusters/{pool}", token=token,
                               machineconfigs_yaml=EXAMPLE_MACHINECONFIG.format(name=pool),
                               generation_time=time.time() if generation_time is None else generation_time)
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": "Bearer " + base64.b64encode(token.encode()).decode()}
 
 
 def token_of(api: KubeAPI, name: str) -> str | None:

@@ -7,7 +7,6 @@ every worker's requests, and SIGTERM or the owner's death leaves no worker behin
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import re
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for, worker_pids, write_manifests
+from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, bearer, wait_for, worker_pids, write_manifests
 from ignition_server.auth.presented import Presented
 from ignition_server.auth.tokens import Grant, Refusal, TokenAuthenticator
 from ignition_server.http.app import IgnitionHandlers, ServingState
@@ -27,10 +26,6 @@ from ignition_server.render.spec import encode
 from ignition_server.model.token_secret import parse_token_secret
 from testsupport.manifests import build_token_secret
 from payload_cache import CacheConfig, PayloadCache, RenderRecord, TokenRecord, TokenState
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": "Bearer " + base64.b64encode(token.encode()).decode()}
 
 
 def token_secret(pool: str, token: str) -> dict:
