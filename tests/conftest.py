@@ -8,7 +8,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from testsupport import harness
+# The helpers' asserts (testsupport.deploy.check_unprivileged_pod, ...) say their values as a test's do;
+# registered before the first import of testsupport.
+pytest.register_assert_rewrite("testsupport")
+
+from testsupport import harness  # noqa: E402
 
 
 @pytest.hookimpl(trylast=True)  # after any plugin that reorders: the order it leaves is final
