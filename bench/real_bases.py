@@ -44,7 +44,7 @@ def run(work: Path, clusters: int, pools: int) -> dict[str, object]:
                             kube_object("Secret", namespace, "bootstrap-kubeconfig", {"kubeconfig": KUBECONFIG}),
                             kube_object("ConfigMap", namespace, "user-ca-bundle", {"ca-bundle.crt": registry.ca_file.read_text()}),
                             kube_object("ConfigMap", namespace, "machine-config-server",
-                                       hypershift_mcs_config(f"c{c}", root_ca=ca, signer_ca=ca)))
+                                        hypershift_mcs_config(f"c{c}", root_ca=ca, signer_ca=ca)))
 
         def add_pool(cluster: int, pool: int) -> float:
             assert server is not None

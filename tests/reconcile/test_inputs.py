@@ -29,7 +29,7 @@ HAPROXY_IMAGE = "quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:" + "2" *
 def catalog(*pull_specs: str) -> dict:
     releases = [{"pullSpec": p, "version": "4.17.3", "images": {"haproxy-router": HAPROXY_IMAGE}} for p in pull_specs]
     return kube_object("ConfigMap", "ignition-server", "catalog", {"releases.yaml": yaml.safe_dump(releases)},
-                      {ANNOTATION_RELEASE_CATALOG: "true"})
+                       {ANNOTATION_RELEASE_CATALOG: "true"})
 
 
 def token_secret(namespace: str, pool: str, token: str, annotations: dict | None = None) -> dict:

@@ -43,7 +43,7 @@ current-context: x
 def catalog(namespace: str, image: str) -> dict:
     releases = [{"pullSpec": RELEASE, "version": "4.17.3", "images": {"haproxy-router": image}}]
     return kube_object("ConfigMap", namespace, "catalog", {"releases.yaml": yaml.safe_dump(releases)},
-               {ANNOTATION_RELEASE_CATALOG: "true"})
+                       {ANNOTATION_RELEASE_CATALOG: "true"})
 
 
 def token_secret(namespace: str, nodepool: str, token: str, *, created: str | None = None, suffix: str = "00000000",

@@ -61,7 +61,7 @@ def release_catalog(*releases: tuple[str, str]) -> dict:
                            "haproxy-router": "quay.io/x/haproxy@sha256:" + "f" * 64}}
                for spec, version in releases]
     return kube_object("ConfigMap", "ignition-server", "catalog", {"releases.yaml": yaml.safe_dump(entries)},
-                      {ANNOTATION_RELEASE_CATALOG: "true"})
+                       {ANNOTATION_RELEASE_CATALOG: "true"})
 
 
 def join_inputs(namespace: str) -> list[dict]:
