@@ -1,1 +1,1 @@
-"""Benchmarks: fleet generator (`bench.fleet`) and scenarios (`bench.run`). See bench/README.md."""
+"""Benchmarks: the scenarios (`python -m bench <command>`, bench/__main__.py); the fleets they serve are testsupport/fleet.py's. See bench/README.md."""

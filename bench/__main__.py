@@ -3,7 +3,7 @@
   compare   this server against nginx and bare aiohttp, both modes, one run (bench/compare.py)
   storm     boot storms with a rotation, a killed worker or owner, a failed-auth flood (bench/storm.py)
   run       restart scenarios: cold, warm, memory, crash (bench/run.py)
-  fleet     generate a fleet of token Secrets (bench/fleet.py)
+  fleet     generate a fleet of token Secrets (testsupport/fleet.py)
   rerender  serving while NodePools re-render (bench/rerender.py)
   hotpath   what one request costs, step by step (bench/hotpath.py)
   timing    token checks: near miss vs far miss (bench/timing.py)
@@ -21,7 +21,7 @@ import importlib
 import signal
 import sys
 
-COMMANDS = {"compare": "bench.compare", "releases": "bench.releases", "run": "bench.run", "fleet": "bench.fleet",
+COMMANDS = {"compare": "bench.compare", "releases": "bench.releases", "run": "bench.run", "fleet": "testsupport.fleet",
             "rerender": "bench.rerender", "kube": "bench.kube", "timing": "bench.timing", "storm": "bench.storm",
             "hotpath": "bench.hotpath", "proxy": "bench.proxy", "bases": "bench.bases",
             "parity": "bench.parity",

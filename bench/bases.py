@@ -4,7 +4,7 @@ runs the release's MCO exactly once per (cluster, release) pair present, none pe
     python -m bench bases [--clusters 440 --pools 12 --releases 1]
 
 A local `docker-registry` (TLS, htpasswd) holds the releases and one machine-config-operator
-image whose binaries are the tests' STAND-INS (tests/mco_image.py: MCO's command line and
+image whose binaries are the tests' STAND-INS (testsupport/mco_image.py: MCO's command line and
 output layout, python3 scripts that log each run with the cluster it ran for). Each cluster
 has its `machine-config-server` ConfigMap (its own infrastructure name); NodePool j of a
 cluster is on release j mod --releases. The server starts on an empty cache dir with
@@ -22,19 +22,13 @@ import tempfile
 import time
 from pathlib import Path
 
-_REPO = Path(__file__).resolve().parent.parent
-for path in (_REPO, _REPO / "tests"):  # testsupport/ is not installed; the tests' helpers import each other by bare name
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
-
-from bench.fleet import fleet_token, manifest_path, namespace_of, nodepool_of, pools, token_secret, write_manifest  # noqa: E402
-from bench.run import fetch_all  # noqa: E402
-from bench.releases import metric_sum, say  # noqa: E402
-from testsupport.harness import ServerProcess, write_manifests  # noqa: E402
-from mco_image import cluster_config, push_mco_image, runs  # noqa: E402
-from registry_world import Registry  # noqa: E402
-from test_registry_server import cluster  # noqa: E402
-from test_watcher_inputs import secret_obj  # noqa: E402
+from testsupport.fleet import fleet_token, manifest_path, namespace_of, nodepool_of, pools, token_secret, write_manifest
+from bench.run import fetch_all
+from bench.releases import metric_sum, say
+from testsupport.harness import ServerProcess, write_manifests
+from testsupport.mco_image import cluster_config, push_mco_image, runs
+from testsupport.registry_world import Registry
+from testsupport.manifests import join_objects, kube_object
 
 SEED = "bench-bases"
 ART = "quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:"
@@ -57,8 +51,8 @@ def run(work: Path, clusters: int, per_cluster: int, releases: int, concurrency:
         for c in range(clusters):
             namespace = namespace_of(c)
             (source / namespace).mkdir(parents=True, exist_ok=True)
-            write_manifests(source / namespace / "cluster.yaml", *cluster(namespace, registry.pull_secret(), ca),
-                            secret_obj("ConfigMap", namespace, "machine-config-server", cluster_config("infra-" + namespace)))
+            write_manifests(source / namespace / "cluster.yaml", *join_objects(namespace, registry.pull_secret(), ca),
+                            kube_object("ConfigMap", namespace, "machine-config-server", cluster_config("infra-" + namespace)))
         tokens: dict[str, str] = {}
         pairs: set[tuple[str, str]] = set()
         now = time.time()

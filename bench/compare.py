@@ -34,12 +34,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 _REPO = Path(__file__).resolve().parents[1]
-if str(_REPO) not in sys.path:  # testsupport/ is not an installed package (python -m bench from elsewhere)
-    sys.path.insert(0, str(_REPO))
 
-from testsupport.harness import ServerProcess, free_port, wait_for_port  # noqa: E402
+from testsupport.harness import ServerProcess, free_port, wait_for_port
 
-from . import fleet as fleetgen  # noqa: E402
+from testsupport import fleet as fleetgen
 
 ACCEPT = "application/vnd.coreos.ignition+json;version=3.4.0, */*;q=0.1"
 RESULTS = _REPO / "bench" / "results"
@@ -316,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=8.0, help="per target, mode and round")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--connections", type=int, default=32, help="connections in flight")
-    parser.add_argument("--payload-kib", type=int, default=290, help="fleet payload size (KiB asked of bench.fleet)")
+    parser.add_argument("--payload-kib", type=int, default=290, help="fleet payload size (KiB asked of testsupport/fleet.py)")
     parser.add_argument("--processes", type=int, default=2,
                         help="nginx workers and bare aiohttp processes (1: a per-process comparison with a one-process server)")
     parser.add_argument("--verify", action="store_true",

@@ -23,13 +23,11 @@ import time
 from pathlib import Path
 
 _REPO = Path(__file__).resolve().parent.parent
-if str(_REPO) not in sys.path:  # testsupport/ is not an installed package (python -m bench from elsewhere)
-    sys.path.insert(0, str(_REPO))
 
-from bench.fleet import nodepool_of, pools, token_secret  # noqa: E402
-from bench.run import fetch_all, rss_kib_tree  # noqa: E402
-from testsupport.harness import ServerProcess  # noqa: E402
-from tests.kubeapi import KubeAPI  # noqa: E402
+from testsupport.fleet import nodepool_of, pools, token_secret
+from bench.run import fetch_all, rss_kib_tree
+from testsupport.harness import ServerProcess
+from testsupport.kubeapi import KubeAPI
 
 
 def api_requests(server: ServerProcess) -> dict[str, float]:

@@ -3,8 +3,8 @@ on the same machine, the same objects, the same release.
 
     python -m bench parity [--pools 4] [--work DIR]
 
-One hosted cluster (HyperShift's objects, tests/parity_world.py) with --pools NodePools on one
-release (the real MCO and render images in a local docker-registry, tests/real_release.py),
+One hosted cluster (HyperShift's objects, testsupport/parity_world.py) with --pools NodePools on one
+release (the real MCO and render images in a local docker-registry, testsupport/real_release.py),
 all in the tests' Kubernetes API server before a server starts. Each server starts cold (a
 fresh work or cache dir) and every NodePool's token is asked for every 0.1 s; then one more
 NodePool of the same cluster and release is added to the running server. Figures: seconds
@@ -26,16 +26,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 _REPO = Path(__file__).resolve().parent.parent
-for path in (_REPO, _REPO / "tests"):  # tests/ is not an installed package; its helpers import each other
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
 
-from testsupport.harness import ServerProcess  # noqa: E402
-from kubeapi import KubeAPI  # noqa: E402
-from parity_world import CLUSTER_A, NodePool, cluster_inputs, cluster_objects, token_secret, token_secret_name  # noqa: E402
-from real_release import push_real_release, real_dir, unpack  # noqa: E402
-from reference_server import ReferenceServer, bearer, unpack_reference  # noqa: E402
-from registry_world import Registry  # noqa: E402
+from testsupport.harness import ServerProcess, bearer
+from testsupport.kubeapi import KubeAPI
+from testsupport.parity_world import CLUSTER_A, NodePool, cluster_inputs, cluster_objects, token_secret, token_secret_name
+from testsupport.real_release import push_real_release, real_dir, unpack
+from testsupport.reference_server import ReferenceServer, unpack_reference
+from testsupport.registry_world import Registry
 
 POLL = 0.1
 

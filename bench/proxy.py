@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .compare import MODES, RESULTS, _REPO, build_client, cpu_seconds_tree, prepare, run_client, say
-from testsupport.harness import ProxyProcess, ServerProcess, wait_for  # noqa: E402  (compare puts the repo on sys.path)
+from testsupport.harness import ProxyProcess, ServerProcess, wait_for
 
 TARGETS = ("server", "passthrough", "terminate")
 

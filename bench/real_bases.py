@@ -3,7 +3,7 @@
     python -m bench.real_bases [--pools 4] [--clusters 2] [--work DIR]
 
 A local `docker-registry` holds a release whose machine-config-operator and cluster-config-api
-images carry the real binaries (tests/real_release.py, from ../shared/real or
+images carry the real binaries (testsupport/real_release.py, from ../shared/real or
 IGNITION_TEST_REAL_DIR). The server starts on an empty cache with `--release-resolve
 --generate-bases` and one NodePool of cluster 1 (cold: release, both images, render, operator,
 controller, render of the payload); then each further NodePool of that cluster and release is
@@ -18,24 +18,15 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-_REPO = Path(__file__).resolve().parent.parent
-for path in (_REPO, _REPO / "tests"):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
-
-from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for, write_manifests  # noqa: E402
-from real_release import hypershift_mcs_config, push_real_release, require_real_dir, unpack  # noqa: E402
-from registry_world import Registry  # noqa: E402
-from test_registry_server import bearer  # noqa: E402
-from test_watcher_inputs import KUBECONFIG, secret_obj  # noqa: E402
-from ignition_server.tls.certificates import make_ca  # noqa: E402
-from testsupport.manifests import build_token_secret  # noqa: E402
-
+from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, bearer, wait_for, write_manifests
+from testsupport.real_release import hypershift_mcs_config, push_real_release, require_real_dir, unpack
+from testsupport.registry_world import Registry
+from ignition_server.tls.certificates import make_ca
+from testsupport.manifests import KUBECONFIG, build_token_secret, kube_object
 
 
 def run(work: Path, clusters: int, pools: int) -> dict[str, object]:
@@ -49,11 +40,11 @@ def run(work: Path, clusters: int, pools: int) -> dict[str, object]:
             namespace = f"clusters-c{c}"
             ca = make_ca()[0].decode()
             write_manifests(source / f"{namespace}.yaml",
-                            secret_obj("Secret", namespace, "pull-secret", {".dockerconfigjson": registry.pull_secret()}),
-                            secret_obj("Secret", namespace, "bootstrap-kubeconfig", {"kubeconfig": KUBECONFIG}),
-                            secret_obj("ConfigMap", namespace, "user-ca-bundle", {"ca-bundle.crt": registry.ca_file.read_text()}),
-                            secret_obj("ConfigMap", namespace, "machine-config-server",
-                                       hypershift_mcs_config(f"c{c}", root_ca=ca, signer_ca=ca)))
+                            kube_object("Secret", namespace, "pull-secret", {".dockerconfigjson": registry.pull_secret()}),
+                            kube_object("Secret", namespace, "bootstrap-kubeconfig", {"kubeconfig": KUBECONFIG}),
+                            kube_object("ConfigMap", namespace, "user-ca-bundle", {"ca-bundle.crt": registry.ca_file.read_text()}),
+                            kube_object("ConfigMap", namespace, "machine-config-server",
+                                        hypershift_mcs_config(f"c{c}", root_ca=ca, signer_ca=ca)))
 
         def add_pool(cluster: int, pool: int) -> float:
             assert server is not None

@@ -20,16 +20,11 @@ import tempfile
 import time
 from pathlib import Path
 
-_REPO = Path(__file__).resolve().parent.parent
-for path in (_REPO, _REPO / "tests"):  # testsupport/ is not installed; the tests' helpers import each other by bare name
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
-
-from bench.fleet import fleet_token, manifest_path, nodepool_of, pools, token_secret, write_manifest  # noqa: E402
-from bench.run import fetch_all  # noqa: E402
-from testsupport.harness import ServerProcess, write_manifests  # noqa: E402
-from registry_world import Registry  # noqa: E402
-from test_registry_server import cluster  # noqa: E402
+from testsupport.fleet import fleet_token, manifest_path, nodepool_of, pools, token_secret, write_manifest
+from bench.run import fetch_all
+from testsupport.harness import ServerProcess, write_manifests
+from testsupport.registry_world import Registry
+from testsupport.manifests import join_objects
 
 SEED = "bench-releases"
 ART = "quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:"
@@ -60,7 +55,7 @@ def run(work: Path, clusters: int, per_cluster: int, releases: int, layer_mib: f
         ca = registry.ca_file.read_text()
         for c in range(clusters):
             (source / f"clusters-c{c}").mkdir(parents=True, exist_ok=True)
-            write_manifests(source / f"clusters-c{c}" / "cluster.yaml", *cluster(f"clusters-c{c}", registry.pull_secret(), ca))
+            write_manifests(source / f"clusters-c{c}" / "cluster.yaml", *join_objects(f"clusters-c{c}", registry.pull_secret(), ca))
         now = time.time()
         for n, (c, p) in enumerate(pools(clusters, per_cluster)):
             secret = token_secret(SEED, c, p, 2, generation_time=now, release=specs[n % releases])

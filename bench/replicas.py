@@ -24,12 +24,10 @@ import urllib.error
 from pathlib import Path
 
 _REPO = Path(__file__).resolve().parent.parent
-if str(_REPO) not in sys.path:  # testsupport/ is not an installed package (python -m bench from elsewhere)
-    sys.path.insert(0, str(_REPO))
 
-from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess  # noqa: E402
-from testsupport.manifests import build_token_secret  # noqa: E402
-from tests.kubeapi import KubeAPI  # noqa: E402
+from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess
+from testsupport.manifests import build_token_secret
+from testsupport.kubeapi import KubeAPI
 
 NAMESPACE = "clusters-bench"
 

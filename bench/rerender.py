@@ -2,7 +2,7 @@
 
     python -m bench.rerender [--clusters 440 --pools 12 --shared 1000 --payload-kib 32] [--json]
 
-The fleet is bench/fleet.py's (token Secrets with two MachineConfigs each), and `--shared` of the
+The fleet is testsupport/fleet.py's (token Secrets with two MachineConfigs each), and `--shared` of the
 NodePools (a seeded random choice) carry the annotation
 `ignition-server.openshift.io/input-user-ca-bundle: ignition-server/ca`, which points their user CA bundle
 at the ConfigMap `ignition-server/ca` (key `ca-bundle.crt`, a PEM-looking bundle of `--ca-kib`). The other
@@ -48,22 +48,17 @@ from typing import Any
 import aiohttp
 
 _REPO = Path(__file__).resolve().parents[1]
-if str(_REPO) not in sys.path:  # testsupport/ is not an installed package (python -m bench from elsewhere)
-    sys.path.insert(0, str(_REPO))
 
-from testsupport.harness import ServerProcess  # noqa: E402
+from testsupport.harness import ServerProcess
 
-from ignition_server.render.join import USER_CA_BUNDLE_PATH, merge_ca_bundles  # noqa: E402
-from ignition_server.reconcile.inputs import ANNOTATION_INPUT_PREFIX  # noqa: E402
+from ignition_server.render.join import USER_CA_BUNDLE_PATH, merge_ca_bundles
 
-from . import fleet as fleetgen  # noqa: E402
-from . import run as runner  # noqa: E402
+from testsupport import fleet as fleetgen
+from testsupport.shared_input_fleet import (
+    SHARED_ANNOTATION, SHARED_REF, fleet_reusable, generate, read_configmap_variant, write_configmap,
+)
+from . import run as runner
 
-SHARED_NAMESPACE, SHARED_NAME = "ignition-server", "ca"  # the server's own: shared by default
-SHARED_REF = f"{SHARED_NAMESPACE}/{SHARED_NAME}"
-SHARED_ANNOTATION = ANNOTATION_INPUT_PREFIX + "user-ca-bundle"
-VARIANT_ANNOTATION = "bench.ignition-server.openshift.io/variant"
-FLEET_MAX_AGE_S = 5 * 3600  # tokens older than TTL/2 (5.5 h at 11 h) are rotated on start
 ACCEPT = runner.ACCEPT
 
 _quiet = False
@@ -75,95 +70,6 @@ def say(line: str) -> None:
 
 
 verdict = runner.verdict
-
-
-# -- the fleet ------------------------------------------------------------------------------
-
-
-def ca_bundle(seed: str, variant: int, kib: int) -> str:
-    return fleetgen._pem_block(random.Random(f"{seed}/shared-ca/{variant}"), kib * 1024)
-
-
-def configmap_path(source: Path) -> Path:
-    return source / SHARED_NAMESPACE / f"{SHARED_NAME}.yaml"
-
-
-def write_configmap(source: Path, seed: str, variant: int, kib: int) -> str:
-    """Write ConfigMap ignition-server/ca atomically (temp + rename); returns the bundle written."""
-    bundle = ca_bundle(seed, variant, kib)
-    fleetgen.write_manifest(configmap_path(source), {
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": SHARED_NAME, "namespace": SHARED_NAMESPACE,
-                     "annotations": {VARIANT_ANNOTATION: str(variant)}},
-        "data": {"ca-bundle.crt": bundle},
-    })
-    return bundle
-
-
-def read_configmap_variant(source: Path) -> int:
-    obj = fleetgen.read_secret(configmap_path(source))
-    return int(((obj.get("metadata") or {}).get("annotations") or {}).get(VARIANT_ANNOTATION, "0"))
-
-
-def shared_choice(seed: str, clusters: int, pools: int, shared: int) -> list[str]:
-    everyone = [fleetgen.nodepool_of(c, p) for c, p in fleetgen.pools(clusters, pools)]
-    if shared > len(everyone):
-        raise ValueError(f"--shared {shared} > {len(everyone)} NodePools")
-    return sorted(random.Random(f"{seed}/shared").sample(everyone, shared))
-
-
-def generate(out: Path, clusters: int, pools: int, payload_kib: int, shared: int, ca_kib: int,
-             seed: str = fleetgen.DEFAULT_SEED, progress: bool | None = None) -> dict[str, Any]:
-    """bench/fleet.py's fleet, with `shared` NodePools pointing their CA bundle at ignition-server/ca.
-
-    fleet.json has fleet.py's shape (so bench/run.py's helpers read it) plus the shared set;
-    it is written last, so a half-written fleet is never reused.
-    """
-    if progress is None:
-        progress = sys.stderr.isatty()
-    (out / "fleet.json").unlink(missing_ok=True)
-    shutil.rmtree(out / "source", ignore_errors=True)
-    source = out / "source"
-    chosen = set(shared_choice(seed, clusters, pools, shared))
-    now = time.time()
-    tokens: dict[str, str] = {}
-    total = clusters * pools
-    started = time.monotonic()
-    for n, (cluster, pool) in enumerate(fleetgen.pools(clusters, pools), 1):
-        nodepool = fleetgen.nodepool_of(cluster, pool)
-        obj = fleetgen.token_secret(seed, cluster, pool, payload_kib, generation_time=now)
-        if nodepool in chosen:
-            obj["metadata"]["annotations"][SHARED_ANNOTATION] = SHARED_REF
-        fleetgen.write_manifest(fleetgen.manifest_path(source, cluster, pool), obj)
-        tokens[nodepool] = fleetgen.fleet_token(seed, cluster, pool)
-        if progress and (n % 50 == 0 or n == total):
-            rate = n / max(time.monotonic() - started, 1e-6)
-            print(f"\rfleet: {n}/{total} NodePools ({rate:.0f}/s)", end="", file=sys.stderr, flush=True)
-    if progress:
-        print(file=sys.stderr)
-    write_configmap(source, seed, 0, ca_kib)
-    meta = {"clusters": clusters, "pools": pools, "payload_kib": payload_kib, "seed": seed,
-            "source": str(source), "marker_path": fleetgen.MARKER_PATH, "tokens": tokens,
-            "generated_at": now, "shared": sorted(chosen), "shared_configmap": SHARED_REF, "ca_kib": ca_kib}
-    (out / "fleet.json").write_text(json.dumps(meta, indent=1))
-    return meta
-
-
-def fleet_reusable(out: Path, clusters: int, pools: int, payload_kib: int, shared: int, ca_kib: int,
-                   seed: str) -> tuple[dict[str, Any] | None, str]:
-    try:
-        meta = fleetgen.load_fleet(out)
-    except (OSError, ValueError):
-        return None, "no fleet yet"
-    want = {"clusters": clusters, "pools": pools, "payload_kib": payload_kib, "seed": seed, "ca_kib": ca_kib}
-    if any(meta.get(k) != v for k, v in want.items()) or len(meta.get("shared", [])) != shared:
-        return None, "fleet parameters differ"
-    age = time.time() - float(meta.get("generated_at", 0))
-    if age > FLEET_MAX_AGE_S:
-        return None, f"fleet is {age / 3600:.1f} h old (tokens would rotate on start)"
-    if not configmap_path(Path(meta["source"])).exists():
-        return None, "shared ConfigMap missing"
-    return meta, f"reusing the fleet generated {age / 60:.0f} min ago"
 
 
 # -- the load client ------------------------------------------------------------------------

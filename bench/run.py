@@ -39,14 +39,12 @@ from typing import Any, Callable
 import aiohttp
 
 _REPO = Path(__file__).resolve().parents[1]
-if str(_REPO) not in sys.path:  # testsupport/ is not an installed package (python -m bench from elsewhere)
-    sys.path.insert(0, str(_REPO))
 
-from testsupport.harness import ServerProcess  # noqa: E402
+from testsupport.harness import ServerProcess
 
 from ignition_server.model.token_secret import encode_config, parse_token_secret
 
-from . import fleet as fleetgen  # noqa: E402
+from testsupport import fleet as fleetgen
 
 READY_TARGET_S = 2.0
 RSS_TARGET_MIB = 300.0
@@ -580,7 +578,7 @@ def use_server_tree(parser: argparse.ArgumentParser, tree: Path | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     global _quiet
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
-    parser.add_argument("--fleet", type=Path, help="a directory written by `python -m bench.fleet` (cold/warm/memory)")
+    parser.add_argument("--fleet", type=Path, help="a directory written by `python -m bench fleet` (cold/warm/memory)")
     parser.add_argument("--work", type=Path, default=_REPO / "bench" / "out" / "run", help="cache dirs and logs")
     parser.add_argument("--scenarios", default="cold,warm,memory,crash")
     parser.add_argument("--json", action="store_true", help="print a final JSON summary line")
@@ -611,7 +609,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown scenarios: {', '.join(sorted(unknown))}")
     if scenarios & {"cold", "warm", "memory"} and args.fleet is None:
-        parser.error("--fleet DIR is needed for cold/warm/memory (make one with python -m bench.fleet)")
+        parser.error("--fleet DIR is needed for cold/warm/memory (make one with python -m bench fleet)")
     args.work.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {}
     if scenarios & {"cold", "warm", "memory"}:

@@ -37,7 +37,7 @@ from . import compare
 from .compare import Setup, build_client, prepare, say
 
 _REPO = Path(__file__).resolve().parents[1]
-from testsupport.harness import ServerProcess  # noqa: E402  (compare put the repository on sys.path)
+from testsupport.harness import ServerProcess
 
 SCENARIOS = ("steady", "rotation", "kill-worker", "kill-owner", "flood")
 

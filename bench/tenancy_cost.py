@@ -1,7 +1,7 @@
 """What the wall between tenants costs at reconcile time, at the seeds' scale (issue 21).
 
 The checks run when objects change, never per request: this times each one over 5,280 token
-Secrets (440 clusters x 12 NodePools, bench/fleet.py's names) on this machine, in isolation:
+Secrets (440 clusters x 12 NodePools, testsupport/fleet.py's names) on this machine, in isolation:
 ordering a first listing by creation time, the namespace check of every input reference, and
 the duplicate-token lookup (two keyed hashes and two index lookups per Secret).
 

@@ -115,16 +115,3 @@ class Master:
             if len(parts) >= 3 and parts[1] == "master" and parts[2].isdigit():
                 return int(parts[2])
         raise RuntimeApiError(f"show proc: no master line in {answer[:200]!r}")
-
-    async def worker_pids(self) -> list[int]:
-        answer = await self.command("show proc")
-        pids = []
-        section = ""
-        for line in answer.splitlines():
-            if line.startswith("#"):
-                section = line
-                continue
-            parts = line.split()
-            if len(parts) >= 2 and parts[1] == "worker" and "old" not in section.lower():
-                pids.append(int(parts[0]))
-        return pids

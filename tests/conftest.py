@@ -1,5 +1,6 @@
-"""No server outlives its test: a test that fails before its own clean-up would leave a
-server (and its workers) running through the rest of the suite."""
+"""For every test under tests/ (each folder's tests included): no server outlives its test (a
+test that fails before its own clean-up would leave a server and its workers running through
+the rest of the suite), and a test marked `last` runs after all the others, wherever its file sorts."""
 
 from __future__ import annotations
 
@@ -7,7 +8,17 @@ from collections.abc import Iterator
 
 import pytest
 
-from testsupport import harness
+# The helpers' asserts (testsupport.deploy.check_unprivileged_pod, ...) say their values as a test's do;
+# registered before the first import of testsupport.
+pytest.register_assert_rewrite("testsupport")
+
+from testsupport import harness  # noqa: E402
+
+
+@pytest.hookimpl(trylast=True)  # after any plugin that reorders: the order it leaves is final
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    last = [item for item in items if item.get_closest_marker("last")]
+    items[:] = [item for item in items if not item.get_closest_marker("last")] + last
 
 
 @pytest.fixture(autouse=True)

@@ -223,6 +223,38 @@ def test_tests_and_bench_import_the_harness_by_one_name() -> None:
                 if imported.split(".")[0] in ("harness", "realtools") or imported.startswith(("tests.harness", "tests.realtools")):
                     wrong.append(f"{path.relative_to(ROOT)}:{line} imports {imported}")
     assert wrong == []
-    from bench import run
-    from testsupport import harness
-    assert run.ServerProcess is harness.ServerProcess
+
+
+def dotted(path: Path) -> str:
+    """The module name of a file under the repository's root (`bench/run.py` -> `bench.run`)."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_tests_and_bench_never_import_each_other() -> None:
+    """What both need is in testsupport/, imported by one name: a test runs a benchmark as a user
+    does (`python -m bench`, testsupport.harness.run_bench), and neither bench/ nor testsupport/
+    imports a test file (tests/ is no package: its files are found by path, not imported)."""
+    test_files = {path.stem for path in (ROOT / "tests").rglob("*.py")}
+    forbidden = {"tests": {"bench"}, "bench": {"tests"} | test_files, "testsupport": {"tests", "bench"} | test_files}
+    wrong = []
+    for folder, names in forbidden.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for imported, line in imported_names(dotted(path), path):
+                if imported.split(".")[0] in names:
+                    wrong.append(f"{path.relative_to(ROOT)}:{line} imports {imported}")
+    assert wrong == []
+
+
+def test_bench_finds_its_imports_without_changing_sys_path() -> None:
+    """`python -m bench` from the repository's root puts the root on sys.path, which is all that
+    bench/ needs (bench, testsupport, the installed server); a module that edits sys.path hides
+    where its imports come from."""
+    wrong = []
+    for folder in ("bench", "testsupport"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name) \
+                        and node.value.id == "sys":
+                    wrong.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert wrong == []

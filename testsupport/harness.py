@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import gzip
 import http.client
 import json
 import os
@@ -17,8 +19,11 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import yaml
+
+from testsupport import REPO
 
 IGNITION = "/usr/lib/dracut/modules.d/30ignition/ignition"
 EXAMPLE_MACHINECONFIG = """\
@@ -246,6 +251,43 @@ class ServerProcess:
         return values
 
 
+def run_bench(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """`python -m bench ARGS` as a user runs it (from the repository's root), output captured.
+    It runs in a session of its own: past `timeout` the whole group is killed, with the servers
+    it started (they are its children, not the test's, so conftest's clean-up cannot see them)."""
+    proc = subprocess.Popen([sys.executable, "-m", "bench", *args], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"python -m bench {' '.join(args)} still ran after {timeout} s\n{out}\n{err}") from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def bearer(token: str) -> dict[str, str]:
+    """The Authorization header the Ignition client sends: the token base64-encoded."""
+    return {"Authorization": "Bearer " + base64.b64encode(token.encode()).decode()}
+
+
+class Started:
+    """Makes servers, registries and the like through `started(factory, *args)`, and stops them
+    all, newest first (`stop_all`), from a test's fixture."""
+
+    def __init__(self) -> None:
+        self.made: list[Any] = []
+
+    def __call__(self, factory: Any, *args: Any, **kwargs: Any) -> Any:
+        thing = factory(*args, **kwargs)
+        self.made.append(thing)
+        return thing
+
+    def stop_all(self) -> None:
+        for thing in reversed(self.made):
+            thing.kill() if isinstance(thing, ServerProcess) else thing.stop()
+
+
 def worker_pids(proc: ServerProcess) -> dict[int, int]:
     """Worker number -> pid of the newest process of that number, from the owner's log."""
     found: dict[int, int] = {}
@@ -300,11 +342,37 @@ def files_in(config: dict[str, Any]) -> dict[str, str]:
     return {f["path"]: f.get("contents", {}).get("source", "") for f in config.get("storage", {}).get("files", [])}
 
 
+def payload_text(body: bytes) -> str:
+    """Every file's contents of a served payload (data URLs decoded, gunzipped), as one text to search in."""
+    texts = []
+    for entry in json.loads(body)["storage"]["files"]:
+        header, _, data = entry["contents"]["source"].partition(",")
+        raw = base64.b64decode(data) if header.endswith(";base64") else unquote(data).encode()
+        if entry["contents"].get("compression") == "gzip":
+            raw = gzip.decompress(raw)
+        texts.append(raw.decode(errors="replace"))
+    return "\n".join(texts)
+
+
 def require_ignition() -> None:
     from testsupport.realtools import require_tool
 
     require_tool(IGNITION, "apt-get install ignition")
     require_tool("ignition-validate", "apt-get install ignition")
+
+
+def core_user(root: Path) -> None:
+    """A `core` user that exists already, as on RHCOS, so the client adds SSH keys to it.
+
+    Its uid is 0 here: the client writes keys with the user's own uid, which could not
+    reach into the test's private temp dir.
+    """
+    (root / "etc").mkdir(parents=True, exist_ok=True)
+    (root / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/bash\ncore:x:0:0:CoreOS Admin:/home/core:/bin/bash\n")
+    (root / "etc/group").write_text("root:x:0:\n")
+    (root / "etc/shadow").write_text("root:*:19000:0:99999:7:::\ncore:*:19000:0:99999:7:::\n")
+    (root / "etc/gshadow").write_text("root:*::\n")
+    (root / "home/core").mkdir(parents=True)
 
 
 def ignition_files_stage(

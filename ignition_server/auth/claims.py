@@ -12,7 +12,6 @@ Refusal reasons (:class:`JwtRefused.reason`) never contain the token.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -62,10 +61,6 @@ class TokenSecretRef:
 
     name: str | None = None
     token_sha256: str | None = None
-
-    @classmethod
-    def from_token(cls, token: str, name: str | None = None) -> TokenSecretRef:
-        return cls(name=name, token_sha256=hashlib.sha256(token.encode()).hexdigest())
 
     def matches(self, secret_name: str | None, token_sha256: str) -> bool:
         if self.name is not None and secret_name is not None and self.name == secret_name:

@@ -1,0 +1,146 @@
+"""The wall between tenants, Kubernetes source: real server processes against the test API
+server, a tenant who can write only Secrets and ConfigMaps of `clusters-evil`, a victim in
+`clusters-victim`. What differs from the file source is tested here: what is fetched from the
+API, Events, and deletion (tests/reconcile/test_tenancy.py has the file source's side of every attack)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from pathlib import Path
+from urllib.parse import unquote
+
+import pytest
+
+from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, bearer, files_in, wait_for
+from ignition_server.model.token_secret import ANNOTATION_TOKEN_EXPIRATION
+from testsupport.manifests import build_token_secret
+from testsupport.kubeapi import KubeAPI
+
+VICTIM, EVIL = "clusters-victim", "clusters-evil"
+
+
+def token_secret(namespace: str, nodepool: str, token: str, name: str) -> dict:
+    secret = build_token_secret(namespace=namespace, nodepool=nodepool, token=token, generation_time=time.time(),
+                                machineconfigs_yaml=EXAMPLE_MACHINECONFIG.format(name=namespace.replace("-", "")))
+    secret["metadata"]["name"] = name
+    return secret
+
+
+def reason(api: KubeAPI, namespace: str, name: str) -> str:
+    secret = api.get("secrets", namespace, name) or {"data": {}}
+    return base64.b64decode(secret["data"].get("reason") or "").decode()
+
+
+def contents(body: bytes) -> str:
+    out = []
+    for source in files_in(json.loads(body)).values():
+        header, _, data = source.partition(",")
+        out.append(base64.b64decode(data).decode(errors="replace") if header.endswith(";base64") else unquote(data))
+    return "\n".join(out)
+
+
+@pytest.fixture
+def api(tmp_path: Path):
+    with KubeAPI(tmp_path / "kubeapi", bookmark_interval=0.5) as server:
+        for namespace in ("ignition", VICTIM, EVIL):
+            server.namespace(namespace)
+        yield server
+
+
+@pytest.fixture
+def server(tmp_path: Path, api: KubeAPI):
+    (tmp_path / "empty").mkdir()
+    proc = ServerProcess(tmp_path / "empty", tmp_path / "cache", extra=[
+        "--kubernetes", "--kubeconfig", str(api.kubeconfig), "--pod-namespace", "ignition", "--replica-id", "r1",
+        "--lease-duration", "3s", "--prune-expired-after", "1s"])
+    yield proc
+    proc.kill()
+
+
+def test_an_input_in_another_tenants_namespace_is_never_fetched_and_is_an_event(api: KubeAPI, server) -> None:
+    api.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "admin-kubeconfig", "namespace": VICTIM},
+                "data": {"kubeconfig": base64.b64encode(b"victim-admin-credential").decode()}})
+    evil = token_secret(EVIL, "clusters/evil", "tok-evil", "token-evil-1")
+    evil["metadata"]["annotations"]["ignition-server.openshift.io/input-bootstrap-kubeconfig"] = f"{VICTIM}/admin-kubeconfig"
+    api.create(evil)
+    server.start()
+    wait_for(lambda: reason(api, EVIL, "token-evil-1") == "InvalidConfig", timeout=30, what="InvalidConfig on the Secret")
+    message = base64.b64decode(api.get("secrets", EVIL, "token-evil-1")["data"]["message"]).decode()
+    assert f"{VICTIM}/admin-kubeconfig" in message and "outside the NodePool's namespace" in message
+    wait_for(lambda: any(e["involvedObject"]["name"] == "token-evil-1" and "outside" in e["message"]
+                         for e in api.list("events", EVIL)), timeout=30, what="an Event saying why")
+    assert ("secrets", VICTIM, "admin-kubeconfig") not in api.server.reads  # never fetched
+    assert server.get("/ignition", bearer("tok-evil"))[0] != 200
+    assert server.metrics().get('ign_server_tenancy_refusals_total{what="input"}', 0) >= 1
+
+
+def test_a_token_secret_claiming_the_victims_nodepool_neither_expires_nor_deletes_it(api: KubeAPI, server) -> None:
+    api.create(token_secret(VICTIM, "clusters/workers", "tok-victim", "token-workers-1"))
+    server.start()
+    wait_for(lambda: server.get("/ignition", bearer("tok-victim"))[0] == 200, timeout=30, what="the victim served")
+    api.create(token_secret(EVIL, "clusters/workers", "tok-evil", "token-workers-2"))  # newer, same annotation
+    wait_for(lambda: server.get("/ignition", bearer("tok-evil"))[0] == 200, timeout=30, what="the evil Secret applied")
+    wait_for(lambda: any(s["metadata"]["name"].startswith("user-data-") for s in api.list("secrets", EVIL)),
+             timeout=30, what="the evil Secret's write-backs done")
+    victim = api.get("secrets", VICTIM, "token-workers-1")
+    assert victim is not None and ANNOTATION_TOKEN_EXPIRATION not in victim["metadata"]["annotations"]
+    assert server.get("/ignition", bearer("tok-victim"))[0] == 200
+
+
+def test_a_leaked_token_in_another_secret_takes_nothing_over(api: KubeAPI, server) -> None:
+    api.create(token_secret(VICTIM, "clusters/workers", "tok-victim", "token-workers-1"))
+    server.start()
+    wait_for(lambda: server.get("/ignition", bearer("tok-victim"))[0] == 200, timeout=30, what="the victim served")
+    api.create(token_secret(EVIL, "clusters/evil", "tok-victim", "token-evil-1"))  # the victim's token, leaked
+    wait_for(lambda: reason(api, EVIL, "token-evil-1") == "InvalidConfig", timeout=30, what="the newcomer refused")
+    status, _, body = server.get("/ignition", bearer("tok-victim"))
+    assert status == 200 and "/etc/clustersvictim.conf" in files_in(json.loads(body))
+    assert "/etc/clustersevil.conf" not in files_in(json.loads(body))
+    assert server.metrics()['ign_server_tenancy_refusals_total{what="duplicate-token"}'] == 1
+    assert "tok-victim" not in server.logs()
+
+
+def test_a_tenants_catalog_and_a_copied_service_account_key_change_nothing(api: KubeAPI, server) -> None:
+    import yaml
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    from ignition_server.reconcile.releases import ANNOTATION_RELEASE_CATALOG
+    from testsupport.service_accounts import keys_configmap, legacy_jwt, url_token
+
+    good, evil = ("quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:" + c * 64 for c in "27")
+    secret = token_secret(VICTIM, "clusters/workers", "tok-victim", "token-workers-1")
+    release = base64.b64decode(secret["data"]["release"]).decode()
+
+    def catalog(namespace: str, image: str) -> dict:
+        entries = [{"pullSpec": release, "version": "4.17.3", "images": {"haproxy-router": image}}]
+        return {"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "catalog", "namespace": namespace, "annotations": {ANNOTATION_RELEASE_CATALOG: "true"}},
+                "data": {"releases.yaml": yaml.safe_dump(entries)}}
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    api.create(catalog("ignition", good))  # the server's own namespace: shared
+    api.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "apiserver-proxy", "namespace": VICTIM},
+                "data": {"listenIP": "172.20.0.1", "listenPort": "6443", "backends": "c1.example.com:32167"}})
+    api.create(keys_configmap(VICTIM, key, "node-bootstrapper-token-one"))
+    api.create(secret)
+    server.start()
+    jwt = url_token(legacy_jwt(key, "node-bootstrapper-token-one"))
+    wait_for(lambda: server.get(f"/config/workers?token={jwt}")[0] == 200, timeout=30, what="the victim's JWT served")
+    assert good in contents(server.get("/ignition", bearer("tok-victim"))[2])
+    api.create(catalog(EVIL, evil))
+    api.create(keys_configmap(EVIL, key, "node-bootstrapper-token-one"))
+
+    def applied() -> bool:  # each either refused (counted) or taking effect: then the asserts below say which
+        metrics = server.metrics()
+        key = metrics.get('ign_server_tenancy_refusals_total{what="service-account-key"}', 0) == 1 \
+            or server.get(f"/config/workers?token={jwt}")[0] != 200
+        shared = metrics.get('ign_server_tenancy_refusals_total{what="shared-object"}', 0) >= 1 \
+            or evil in contents(server.get("/ignition", bearer("tok-victim"))[2])
+        return key and shared
+
+    wait_for(applied, timeout=30, what="both objects applied")
+    body = contents(server.get("/ignition", bearer("tok-victim"))[2])
+    assert good in body and evil not in body
+    assert server.get(f"/config/workers?token={jwt}")[0] == 200

@@ -1,0 +1,316 @@
+"""The file source: listing, change events, atomic write-back that keeps the rest of the file."""
+
+from __future__ import annotations
+
+import base64
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+
+from testsupport import REPO
+from ignition_server.auth.rotation_policy import RotationPolicy, rotation_mutation
+from ignition_server.config import parse_duration, parse_hostport
+from ignition_server.sources.events import Change
+from ignition_server.sources.files import FileSource
+from ignition_server.model.objects import ManifestError, ObjectKey
+from ignition_server.model.token_secret import decode_config, encode_config, format_time, parse_time, parse_token_secret, token_secret_config
+from testsupport.manifests import build_token_secret
+
+EXAMPLE = REPO / "examples" / "token-secret.yaml"
+CONFIGMAP = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm", "namespace": "ns"}, "data": {"a": "1"}}
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.batches: list[list[Change]] = []
+
+    async def __call__(self, changes: list[Change]) -> None:
+        self.batches.append(changes)
+
+    def flat(self) -> list[tuple[str, str]]:
+        return [(c.type, c.key.name) for batch in self.batches for c in batch]
+
+
+def test_example_secret_as_oc_prints_it_decodes() -> None:
+    obj = yaml.safe_load(EXAMPLE.read_text())
+    secret = parse_token_secret(obj)
+    assert secret.nodepool == "clusters/example-np"
+    assert secret.token == "7d3f6a0e-5c1b-4e8a-9b2f-1a2b3c4d5e6f"
+    config = token_secret_config(obj)
+    assert "kind: MachineConfig" in config and "/etc/motd" in config
+    assert secret.release.startswith("quay.io/openshift-release-dev/ocp-release@sha256:")
+    assert secret.preconditions["pull-secret-hash"] == "0f0f0f0f"
+
+
+def test_string_data_and_data_are_equivalent() -> None:
+    built = build_token_secret(namespace="ns", nodepool="ns/np", token="abc", machineconfigs_yaml="a: 1\n")
+    as_string_data = dict(built)
+    as_string_data["stringData"] = {k: base64.b64decode(v).decode() for k, v in built["data"].items()}
+    del as_string_data["data"]
+    # The same Secret either way; only the digest of how `config` is held differs.
+    assert replace(parse_token_secret(built), config_digest="") == replace(parse_token_secret(as_string_data), config_digest="")
+    assert token_secret_config(built) == token_secret_config(as_string_data) == "a: 1\n"
+
+
+def test_bad_values_are_clear_errors() -> None:
+    built = build_token_secret(namespace="ns", nodepool="ns/np", token="abc")
+    built["data"]["token"] = "not base64!!"
+    with pytest.raises(ManifestError, match="data.token is not valid base64"):
+        parse_token_secret(built)
+    with pytest.raises(ManifestError, match="gzip"):
+        decode_config(base64.b64encode(b"plain text, not gzip"))
+    assert decode_config(encode_config("x: 1\n")) == "x: 1\n"
+
+
+def test_times_round_trip_with_nanoseconds() -> None:
+    stamp = format_time(1700000000.123456789)
+    assert stamp == "2023-11-14T22:13:20.123456835Z" or stamp.startswith("2023-11-14T22:13:20.1234")
+    assert abs(parse_time(stamp) - 1700000000.123456) < 1e-5  # type: ignore[operator]
+    assert parse_time("2024-01-01T00:00:00Z") == 1704067200.0
+
+
+def test_durations_and_addresses() -> None:
+    assert parse_duration("6s") == 6 and parse_duration("11h") == 39600 and parse_duration("1h30m") == 5400
+    assert parse_duration("250ms") == 0.25 and parse_duration("90") == 90
+    for bad in ("", "6x", "-1", "h"):
+        with pytest.raises(ValueError):
+            parse_duration(bad)
+    assert parse_hostport("0.0.0.0:9090", 1) == ("0.0.0.0", 9090)
+    assert parse_hostport("[::1]:9", 1) == ("::1", 9)
+    assert parse_hostport(":80", 1) == ("0.0.0.0", 80)
+
+
+def test_rotation_policy() -> None:
+    policy = RotationPolicy(ttl=10.0)
+    fresh = parse_token_secret(build_token_secret(namespace="n", nodepool="n/p", token="t", generation_time=100.0))
+    assert not policy.is_due(fresh, 104.9) and policy.is_due(fresh, 105.0)
+    unstamped = parse_token_secret(build_token_secret(namespace="n", nodepool="n/p", token="t"))
+    assert policy.is_due(unstamped, 0.0)
+    obj = build_token_secret(namespace="n", nodepool="n/p", token="t1", old_token="t0")
+    assert rotation_mutation("t1", "t2", 200.0)(obj)
+    rotated = parse_token_secret(obj)
+    assert (rotated.token, rotated.old_token, rotated.generation_time) == ("t2", "t1", 200.0)
+    # A rotation based on a stale view writes nothing.
+    assert not rotation_mutation("t1", "t3", 201.0)(obj)
+
+
+async def test_listing_and_changes(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "a.yaml").write_text(yaml.safe_dump_all([CONFIGMAP, build_token_secret(namespace="ns", nodepool="ns/p", token="t")]))
+    (tmp_path / "list.yml").write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "pull-secret", "namespace": "ns"}, "data": {}}]}))
+    (tmp_path / "notes.txt").write_text("ignored")
+    source = FileSource(tmp_path)
+    recorder = Recorder()
+    source._handler = recorder
+    await source.poll_once()
+    assert sorted(recorder.flat()) == [("ADDED", "cm"), ("ADDED", "pull-secret"), ("ADDED", "token-p-00000000")]
+    await source.poll_once()
+    assert len(recorder.batches) == 1  # nothing changed: nothing handed over
+    changed = dict(CONFIGMAP, data={"a": "2"})
+    (tmp_path / "sub" / "a.yaml").write_text(yaml.safe_dump_all([changed, build_token_secret(namespace="ns", nodepool="ns/p", token="t")]))
+    await source.poll_once()
+    assert recorder.flat()[-1] == ("MODIFIED", "cm")
+    (tmp_path / "list.yml").unlink()
+    await source.poll_once()
+    assert recorder.flat()[-1] == ("DELETED", "pull-secret")
+
+
+async def test_unparseable_file_keeps_its_last_good_objects(tmp_path: Path) -> None:
+    path = tmp_path / "a.yaml"
+    path.write_text(yaml.safe_dump(CONFIGMAP))
+    source = FileSource(tmp_path)
+    source._handler = Recorder()
+    await source.poll_once()
+    path.write_text("kind: [unclosed\n")
+    await source.poll_once()
+    assert ObjectKey("ConfigMap", "ns", "cm") in source.objects()
+
+
+async def test_write_back_rewrites_one_document_atomically(tmp_path: Path) -> None:
+    path = tmp_path / "pool.yaml"
+    secret = build_token_secret(namespace="ns", nodepool="ns/p", token="t1")
+    text = "# a comment the other document keeps\n" + yaml.safe_dump(CONFIGMAP) + "---\n" + yaml.safe_dump(secret) + "---\n# trailing\nkind: ConfigMap\napiVersion: v1\nmetadata: {name: z, namespace: ns}\n"
+    path.write_text(text)
+    path.chmod(0o640)
+    source = FileSource(tmp_path)
+    recorder = Recorder()
+    source._handler = recorder
+    await source.poll_once()
+    key = ObjectKey("Secret", "ns", "token-p-00000000")
+    written = await source.write_back(key, rotation_mutation("t1", "t2", time.time()))
+    assert written is not None
+    new_text = path.read_text()
+    assert new_text.startswith("# a comment the other document keeps\n" + yaml.safe_dump(CONFIGMAP))
+    assert new_text.endswith("# trailing\nkind: ConfigMap\napiVersion: v1\nmetadata: {name: z, namespace: ns}\n")
+    assert parse_token_secret(source.objects()[key]).token == "t2"
+    assert recorder.flat()[-1] == ("MODIFIED", "token-p-00000000")
+    assert path.stat().st_mode & 0o777 == 0o640
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp files left
+
+
+async def test_write_back_applies_to_an_edit_made_meanwhile(tmp_path: Path) -> None:
+    path = tmp_path / "pool.yaml"
+    path.write_text(yaml.safe_dump(build_token_secret(namespace="ns", nodepool="ns/p", token="t1")))
+    source = FileSource(tmp_path)
+    source._handler = Recorder()
+    await source.poll_once()
+    # Someone edits the file (adds a key) before the server has re-read it.
+    edited = yaml.safe_load(path.read_text())
+    edited["data"]["hc-configuration-hash"] = base64.b64encode(b"new").decode()
+    path.write_text(yaml.safe_dump(edited))
+    key = ObjectKey("Secret", "ns", "token-p-00000000")
+    await source.write_back(key, rotation_mutation("t1", "t2", time.time()))
+    result = yaml.safe_load(path.read_text())
+    assert base64.b64decode(result["data"]["hc-configuration-hash"]) == b"new"
+    assert base64.b64decode(result["data"]["token"]) == b"t2"
+
+
+async def test_read_only_source_refuses_write_back(tmp_path: Path) -> None:
+    source = FileSource(tmp_path, read_only=True)
+    assert not source.writable
+    with pytest.raises(PermissionError):
+        await source.write_back(ObjectKey("Secret", "a", "b"), lambda obj: True)
+
+
+async def test_write_back_never_clobbers_a_concurrent_in_place_edit(tmp_path: Path) -> None:
+    path = tmp_path / "pool.yaml"
+    path.write_text(yaml.safe_dump(build_token_secret(namespace="ns", nodepool="ns/p", token="t1")))
+    source = FileSource(tmp_path)
+    source._handler = Recorder()
+    await source.poll_once()
+    key = ObjectKey("Secret", "ns", "token-p-00000000")
+    calls = []
+
+    def mutate_while_someone_edits(obj: dict) -> bool:
+        if not calls:  # an operator writes the file in place while the server is mid-write-back
+            edited = yaml.safe_load(path.read_text())
+            edited["data"]["hc-configuration-hash"] = base64.b64encode(b"operator").decode()
+            with open(path, "r+") as handle:
+                handle.write(yaml.safe_dump(edited))
+                handle.truncate()
+        calls.append(1)
+        obj["data"]["release-version"] = base64.b64encode(b"9.9.9").decode()
+        return True
+
+    await source.write_back(key, mutate_while_someone_edits)
+    result = yaml.safe_load(path.read_text())
+    assert base64.b64decode(result["data"]["hc-configuration-hash"]) == b"operator"
+    assert base64.b64decode(result["data"]["release-version"]) == b"9.9.9"
+    assert len(calls) == 2  # the mutation was applied again on top of the edit
+
+
+async def test_a_restart_parses_only_files_changed_since_the_snapshot(tmp_path: Path) -> None:
+    import os
+
+    from payload_cache import CacheConfig, PayloadCache
+
+    source_dir = tmp_path / "source"
+    source_dir.mkdir()
+    for i in range(5):
+        path = source_dir / f"p{i}.yaml"
+        path.write_text(yaml.safe_dump(build_token_secret(namespace="ns", nodepool=f"ns/p{i}", token=f"t{i}", machineconfigs_yaml="x: " + "y" * 70000)))
+        old = time.time() - 60  # older than the racy window
+        os.utime(path, (old, old))
+    cache = PayloadCache.open(CacheConfig(cache_dir=tmp_path / "cache"))
+
+    class Counting(FileSource):
+        parses = 0
+
+        @staticmethod
+        def _parse(raw: bytes):  # type: ignore[override]
+            Counting.parses += 1
+            return FileSource._parse(raw)
+
+    first = Counting(source_dir, state=cache)
+    recorder = Recorder()
+    await first.run(recorder, iterations=0)
+    assert Counting.parses == 5
+    # While down: one file changes, one goes away.
+    changed = source_dir / "p1.yaml"
+    changed.write_text(yaml.safe_dump(build_token_secret(namespace="ns", nodepool="ns/p1", token="t1-new")))
+    (source_dir / "p4.yaml").unlink()
+    Counting.parses = 0
+    second = Counting(source_dir, state=cache)
+    recorder2 = Recorder()
+    await second.run(recorder2, iterations=0)
+    assert Counting.parses == 1  # only the changed file
+    assert sorted(recorder2.flat()) == [("ADDED", f"token-p{i}-00000000") for i in range(4)]
+    restored = second.get_full(ObjectKey("Secret", "ns", "token-p0-00000000"))
+    assert restored is not None and restored["data"]["config"] == yaml.safe_load((source_dir / "p0.yaml").read_text())["data"]["config"]
+    assert parse_token_secret(second.get(ObjectKey("Secret", "ns", "token-p1-00000000"))).token == "t1-new"
+    # The snapshot is encrypted: no token in clear in the cache dir.
+    for file in (tmp_path / "cache").rglob("*"):
+        if file.is_file():
+            assert b"t1-new" not in file.read_bytes() and base64.b64encode(b"t1-new") not in file.read_bytes()
+
+
+async def test_a_damaged_snapshot_costs_only_a_parse_of_the_files_it_cannot_restore(tmp_path: Path) -> None:
+    import os
+
+    from payload_cache import CacheConfig, PayloadCache
+
+    from ignition_server.sources import listing
+
+    source_dir = tmp_path / "source"
+    source_dir.mkdir()
+    for i in range(3):
+        path = source_dir / f"p{i}.yaml"
+        path.write_text(yaml.safe_dump(build_token_secret(namespace="ns", nodepool=f"ns/p{i}", token=f"t{i}")))
+        old = time.time() - 60  # older than the racy window
+        os.utime(path, (old, old))
+    cache = PayloadCache.open(CacheConfig(cache_dir=tmp_path / "cache"))
+    await FileSource(source_dir, state=cache).run(Recorder(), iterations=0)
+    records = listing.unpack(cache.load_state(listing.SNAPSHOT_NAME) or b"", str(source_dir.resolve()))
+    assert sorted(Path(p).name for p in records) == ["p0.yaml", "p1.yaml", "p2.yaml"]
+    assert listing.unpack(cache.load_state(listing.SNAPSHOT_NAME) or b"", "/elsewhere") == {}  # another root: unused
+    # One record damaged (a bit flipped inside the encryption would fail the whole snapshot;
+    # this is a record that decrypts but does not decode).
+    records[str(source_dir / "p1.yaml")] = b"not a record"
+    cache.save_state(listing.SNAPSHOT_NAME, listing.pack(str(source_dir.resolve()), {Path(p): r for p, r in records.items()}))
+
+    parsed: list[bytes] = []
+
+    class Counting(FileSource):
+        @staticmethod
+        def _parse(raw: bytes):  # type: ignore[override]
+            parsed.append(raw)
+            return FileSource._parse(raw)
+
+    recorder = Recorder()
+    await Counting(source_dir, state=cache).run(recorder, iterations=0)
+    assert len(parsed) == 1 and b"p1" in parsed[0]
+    assert sorted(recorder.flat()) == [("ADDED", f"token-p{i}-00000000") for i in range(3)]
+    # A truncated snapshot is not used at all: every file is read again.
+    cache.save_state(listing.SNAPSHOT_NAME, (cache.load_state(listing.SNAPSHOT_NAME) or b"")[:-10])
+    parsed.clear()
+    await Counting(source_dir, state=cache).run(Recorder(), iterations=0)
+    assert len(parsed) == 3
+
+
+async def test_user_data_secrets_are_kept_as_digests_and_read_in_full_when_asked(tmp_path: Path) -> None:
+    from ignition_server.model.objects import LargeValue, ObjectKey, value_digest
+    from ignition_server.model.token_secret import is_user_data_secret
+    from ignition_server.render.userdata import user_data_secret
+
+    source_dir = tmp_path / "source"
+    secret = user_data_secret(nodepool_name="p", namespace="ns", token_secret_name="token-p-12345678",
+                              user_data=b'{"ignition":{"version":"3.2.0"}}')
+    path = source_dir / "user-data.yaml"
+    source_dir.mkdir()
+    path.write_text(yaml.safe_dump(secret))
+    other = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "pull-secret", "namespace": "ns"},
+             "data": {".dockerconfigjson": base64.b64encode(b"{}").decode()}}
+    (source_dir / "pull.yaml").write_text(yaml.safe_dump(other))
+    source = FileSource(source_dir, digest_values=is_user_data_secret)
+    await source.run(Recorder(), iterations=0)
+    key = ObjectKey("Secret", "ns", secret["metadata"]["name"])
+    kept = source.get(key)
+    assert kept is not None and all(isinstance(v, LargeValue) for v in kept["data"].values())
+    assert all(value_digest(kept, k) == value_digest(secret, k) for k in secret["data"])  # what the watcher compares
+    assert source.get_full(key) == secret
+    pull = source.get(ObjectKey("Secret", "ns", "pull-secret"))
+    assert pull is not None and pull["data"] == other["data"]  # other Secrets keep their values
