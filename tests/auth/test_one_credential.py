@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import http.client
-import ssl
 import time
 from pathlib import Path
 

@@ -24,6 +24,9 @@ from testsupport.service_accounts import keys_configmap
 from testsupport.reconcile_world import Clock, T0, file_reconciler, settle
 from ignition_server.reconcile.reconciler import Reconciler
 from ignition_server.reconcile.source_view import SourceView
+from ignition_server.reconcile.tenancy import Tenancy
+from ignition_server.render.payload import render_payload
+from ignition_server.sources.files import FileSource
 from ignition_server.reconcile.releases import ANNOTATION_RELEASE_CATALOG
 from payload_cache import PayloadCache, TokenState
 
