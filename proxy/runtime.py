@@ -107,11 +107,3 @@ class Master:
     async def reload(self) -> None:
         await self.command("reload")
 
-    async def reloads(self) -> int:
-        """How many times the master has reloaded (its `show proc` line)."""
-        answer = await self.command("show proc")
-        for line in answer.splitlines():
-            parts = line.split()
-            if len(parts) >= 3 and parts[1] == "master" and parts[2].isdigit():
-                return int(parts[2])
-        raise RuntimeApiError(f"show proc: no master line in {answer[:200]!r}")

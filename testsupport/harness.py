@@ -1,11 +1,10 @@
-"""Test harness: the real server as a process, and the real Ignition client against it."""
+"""Test harness: the real server and the real front proxy as processes, the waits and ports around them
+(the real Ignition client is ignition_client.py)."""
 
 from __future__ import annotations
 
 import base64
-import gzip
 import http.client
-import json
 import os
 import re
 import signal
@@ -19,13 +18,11 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
 
 import yaml
 
 from testsupport import REPO
 
-IGNITION = "/usr/lib/dracut/modules.d/30ignition/ignition"
 EXAMPLE_MACHINECONFIG = """\
 apiVersion: machineconfiguration.openshift.io/v1
 kind: MachineConfig
@@ -57,10 +54,6 @@ spec:
           [Install]
           WantedBy=multi-user.target
 """
-
-
-def have_ignition() -> bool:
-    return os.access(IGNITION, os.X_OK)
 
 
 _GIVEN_PORTS: set[int] = set()  # handed out in this test session: the kernel may offer a port again
@@ -294,122 +287,6 @@ def worker_pids(proc: ServerProcess) -> dict[int, int]:
     for number, pid in re.findall(r"worker (\d+) \(pid (\d+)\) is serving", proc.logs()):
         found[int(number)] = int(pid)
     return found
-
-
-@dataclass
-class IgnitionRun:
-    returncode: int | None
-    output: str
-    config: dict[str, Any] | None
-
-
-def ignition_fetch(pointer: dict[str, Any], workdir: Path, *, timeout: float = 30.0, background: bool = False) -> IgnitionRun | subprocess.Popen[str]:
-    """Run the real client's fetch stage with `pointer` as the platform config."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "root").mkdir(exist_ok=True)
-    pointer_file = workdir / "pointer.ign"
-    pointer_file.write_text(json.dumps(pointer))
-    cache = workdir / "config-cache.json"
-    if cache.exists():
-        cache.unlink()
-    command = [
-        IGNITION, "-platform", "file", "-stage", "fetch", "-log-to-stdout",
-        "-config-cache", str(cache), "-state-file", str(workdir / "state"),
-        "-neednet", str(workdir / "neednet"), "-root", str(workdir / "root"),
-        "-fetch-timeout", "60s",
-    ]
-    env = {**os.environ, "IGNITION_CONFIG_FILE": str(pointer_file)}
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if background:
-        return proc
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        output, _ = proc.communicate()
-        return IgnitionRun(None, output, None)
-    return finish_fetch(proc, output, workdir)
-
-
-def finish_fetch(proc: subprocess.Popen[str], output: str, workdir: Path) -> IgnitionRun:
-    cache = workdir / "config-cache.json"
-    config = json.loads(cache.read_text()) if cache.exists() else None
-    return IgnitionRun(proc.returncode, output, config)
-
-
-def files_in(config: dict[str, Any]) -> dict[str, str]:
-    """path -> source of every file in a fetched config."""
-    return {f["path"]: f.get("contents", {}).get("source", "") for f in config.get("storage", {}).get("files", [])}
-
-
-def payload_text(body: bytes) -> str:
-    """Every file's contents of a served payload (data URLs decoded, gunzipped), as one text to search in."""
-    texts = []
-    for entry in json.loads(body)["storage"]["files"]:
-        header, _, data = entry["contents"]["source"].partition(",")
-        raw = base64.b64decode(data) if header.endswith(";base64") else unquote(data).encode()
-        if entry["contents"].get("compression") == "gzip":
-            raw = gzip.decompress(raw)
-        texts.append(raw.decode(errors="replace"))
-    return "\n".join(texts)
-
-
-def require_ignition() -> None:
-    from testsupport.realtools import require_tool
-
-    require_tool(IGNITION, "apt-get install ignition")
-    require_tool("ignition-validate", "apt-get install ignition")
-
-
-def core_user(root: Path) -> None:
-    """A `core` user that exists already, as on RHCOS, so the client adds SSH keys to it.
-
-    Its uid is 0 here: the client writes keys with the user's own uid, which could not
-    reach into the test's private temp dir.
-    """
-    (root / "etc").mkdir(parents=True, exist_ok=True)
-    (root / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/bash\ncore:x:0:0:CoreOS Admin:/home/core:/bin/bash\n")
-    (root / "etc/group").write_text("root:x:0:\n")
-    (root / "etc/shadow").write_text("root:*:19000:0:99999:7:::\ncore:*:19000:0:99999:7:::\n")
-    (root / "etc/gshadow").write_text("root:*::\n")
-    (root / "home/core").mkdir(parents=True)
-
-
-def ignition_files_stage(
-    tmp_path: Path, config: dict[str, Any], *, shim_setfiles: bool = True, prepare: Any = None,
-) -> tuple[subprocess.CompletedProcess[str], Path]:
-    """Run the real client's files stage on `config`, writing under `tmp_path/root`.
-
-    `prepare(root)` lays out what the node's image would already hold (users, say)."""
-    import pytest
-    from testsupport.realtools import require_tool
-
-    require_tool(IGNITION, "apt-get install ignition")
-    if os.geteuid() != 0:
-        pytest.skip("the Ignition files stage needs root")
-    root = tmp_path / "root"
-    root.mkdir()
-    if prepare is not None:
-        prepare(root)
-    cache = tmp_path / "config.json"
-    cache.write_text(json.dumps(config))
-    env = dict(os.environ)
-    if shim_setfiles:
-        # Everything is written before the SELinux relabel; a no-op setfiles lets the stage
-        # finish, so a zero exit proves every step before it succeeded.
-        (root / "etc/selinux").mkdir(parents=True, exist_ok=True)
-        (root / "etc/selinux/config").write_text("SELINUX=disabled\nSELINUXTYPE=targeted\n")
-        shim = tmp_path / "shim"
-        shim.mkdir()
-        (shim / "setfiles").write_text("#!/bin/sh\ncat >/dev/null\nexit 0\n")
-        (shim / "setfiles").chmod(0o755)
-        env["PATH"] = f"{shim}:{env.get('PATH', '/usr/bin:/bin')}"
-    res = subprocess.run(
-        [IGNITION, "-platform", "file", "-stage", "files", "-root", str(root), "-config-cache", str(cache),
-         "-state-file", str(tmp_path / "state"), "-log-to-stdout"],
-        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
-    )
-    return res, root
 
 
 @dataclass

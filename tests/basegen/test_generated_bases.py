@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from testsupport.harness import ServerProcess, Started, bearer, payload_text, wait_for, write_manifests
+from testsupport.harness import ServerProcess, Started, bearer, wait_for, write_manifests
+from testsupport.ignition_client import payload_text
 from testsupport.manifests import join_objects, kube_object, token_status
 from testsupport.mco_image import CRIO_CONF, KUBELET_UNIT, cluster_config, push_mco_image, runs
 from testsupport.registry_world import HAPROXY, Registry, pool, registry_requests

@@ -15,10 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from testsupport.harness import (
-    EXAMPLE_MACHINECONFIG, ProxyProcess, ServerProcess, files_in, finish_fetch, ignition_fetch, require_ignition,
-    wait_for, write_manifests,
-)
+from testsupport.harness import EXAMPLE_MACHINECONFIG, ProxyProcess, ServerProcess, wait_for, write_manifests
+from testsupport.ignition_client import files_in, finish_fetch, ignition_fetch, require_ignition
 from ignition_server.render.userdata import pointer_config
 from testsupport.manifests import build_token_secret
 from proxy.runtime import Runtime

@@ -14,7 +14,8 @@ from urllib.parse import unquote
 import pytest
 import yaml
 
-from testsupport.harness import EXAMPLE_MACHINECONFIG, ignition_files_stage, write_manifests
+from testsupport.harness import EXAMPLE_MACHINECONFIG, write_manifests
+from testsupport.ignition_client import ignition_files_stage
 from testsupport.realtools import require_tool
 from ignition_server.model.token_secret import parse_token_secret
 from testsupport.manifests import CA_PEM, KUBECONFIG, build_token_secret, kube_object

@@ -33,7 +33,7 @@ from ignition_server.render.ibmcloud import (
     render_registry_conf,
 )
 from ignition_server.render.inputs import InvalidConfig
-from testsupport.harness import ignition_files_stage
+from testsupport.ignition_client import ignition_files_stage
 from testsupport.realtools import require_tool
 from ignition_server.render.join import JoinInputs, render_join_fragment
 

@@ -20,7 +20,8 @@ import pytest
 import yaml
 
 from testsupport import mco_base
-from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, core_user, ignition_files_stage, wait_for, write_manifests
+from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for, write_manifests
+from testsupport.ignition_client import core_user, ignition_files_stage
 from testsupport.realtools import require_tool
 from ignition_server.render.inputs import InvalidConfig, NodePoolInputs
 from ignition_server.render.mco import rendered_name
@@ -452,7 +453,8 @@ def _routable_address() -> str:
 def test_the_real_client_fetches_the_payload_through_the_pointer_configs_proxy(tmp_path: Path) -> None:
     """A real forward proxy (tinyproxy) between the real Ignition client and the server: the
     pointer's ignition.proxy is what makes the client go through it."""
-    from testsupport.harness import free_port, ignition_fetch, require_ignition, wait_for_port
+    from testsupport.harness import free_port, wait_for_port
+    from testsupport.ignition_client import ignition_fetch, require_ignition
     from ignition_server.render.userdata import pointer_config
 
     require_ignition()

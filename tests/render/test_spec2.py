@@ -9,7 +9,7 @@ import subprocess
 import pytest
 import yaml
 
-from testsupport.harness import core_user, ignition_files_stage
+from testsupport.ignition_client import core_user, ignition_files_stage
 from ignition_server.render.inputs import InvalidConfig
 from ignition_server.render.machineconfig import merge_machineconfigs, parse_machineconfigs
 from ignition_server.render.spec2 import translate

@@ -25,7 +25,8 @@ from testsupport.containers import (
     storage_root,
 )
 from testsupport.deploy import DOCKERFILE, final_stage, named_stage
-from testsupport.harness import files_in, free_port, ignition_fetch, require_ignition
+from testsupport.harness import free_port
+from testsupport.ignition_client import files_in, ignition_fetch, require_ignition
 from ignition_server.render.userdata import pointer_config
 from testsupport.realtools import in_ci, require_tool
 

@@ -353,7 +353,7 @@ def test_a_render_failure_is_an_event_on_the_token_secret(api: KubeAPI, replicas
 
 
 def test_the_real_client_boots_from_a_replica_that_lags_a_rotation(api: KubeAPI, replicas, tmp_path: Path) -> None:
-    from testsupport.harness import finish_fetch, ignition_fetch, require_ignition
+    from testsupport.ignition_client import finish_fetch, ignition_fetch, require_ignition
     from ignition_server.render.userdata import pointer_config
 
     require_ignition()
@@ -456,7 +456,7 @@ def test_an_input_secret_named_by_annotation_is_fetched(api: KubeAPI, replicas) 
     import json
     from urllib.parse import unquote
 
-    from testsupport.harness import files_in
+    from testsupport.ignition_client import files_in
 
     status, _, body = proc.get("/ignition", bearer("tok-a"))
     contents = []
