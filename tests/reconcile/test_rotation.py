@@ -21,17 +21,9 @@ from ignition_server.sources.files import FileSource
 from payload_cache import CacheConfig, PayloadCache, TokenState
 from testsupport.harness import write_manifests
 from testsupport.manifests import build_token_secret
+from testsupport.reconcile_world import T0, Clock
 
-T0 = 1_800_000_000.0
 TTL = 100.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def manifest(pool: str, token: str, *, suffix: str = "00000000", created: str = "2027-01-01T00:00:00Z",

@@ -11,17 +11,9 @@ from ignition_server.reconcile.tenancy import generation_group
 from ignition_server.reconcile.token_index import TokenIndex
 from payload_cache import CacheConfig, PayloadCache, TokenState
 from testsupport.manifests import build_token_secret
+from testsupport.reconcile_world import T0, Clock
 
-T0 = 1_800_000_000.0
 TTL = 100.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def token_secret(pool: str, token: str, *, old_token: str | None = None, suffix: str = "00000000",
