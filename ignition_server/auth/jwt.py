@@ -41,11 +41,10 @@ from .claims import (
     DEFAULT_CHECKS,
     ClaimCheck,
     JwtRefused,
-    TokenSecretRef,
     read_account,
 )
 from .cluster_keys import Candidate, ClusterKeys, ClusterState, JwtUnknownKey
-from .jwks import KeySource, PrivateKeyRefused, PublicKey, TrustedKey
+from .jwks import PrivateKeyRefused, PublicKey
 
 __all__ = [
     "ALGORITHMS",
@@ -125,43 +124,6 @@ class ServiceAccountVerifier:
         self._cache: LRUCache[bytes, _CacheEntry] = LRUCache(maxsize=cache_size)
         self._lock = threading.Lock()  # the cache's (taken before the keys' own, never after)
         self.stats = VerifierStats()
-
-    # ----------------------------------------------------------------- configuration (cluster_keys.py)
-    def clusters(self) -> list[str]:
-        return self.keys.clusters()
-
-    def configure(
-        self,
-        cluster: str,
-        *,
-        issuers: Iterable[str] = (),
-        audiences: Iterable[str] = (),
-        allowed_accounts: Iterable[tuple[str, str]] | None = None,
-    ) -> None:
-        self.keys.configure(cluster, issuers=issuers, audiences=audiences, allowed_accounts=allowed_accounts)
-
-    def set_keys(self, cluster: str, keys: KeySource | Iterable[KeySource], *, now: float | None = None) -> list[TrustedKey]:
-        return self.keys.set_keys(cluster, keys, now=now)
-
-    def set_token_secrets(
-        self, cluster: str, current: TokenSecretRef | str | None, *, now: float | None = None
-    ) -> None:
-        self.keys.set_token_secrets(cluster, current, now=now)
-
-    def clusters_holding(self, fingerprints: Iterable[str], *, besides: str) -> set[str]:
-        return self.keys.clusters_holding(fingerprints, besides=besides)
-
-    def remove_cluster(self, cluster: str) -> None:
-        self.keys.remove_cluster(cluster)
-
-    def trusted_keys(self, cluster: str, *, now: float | None = None) -> list[TrustedKey]:
-        return self.keys.trusted_keys(cluster, now=now)
-
-    def issuers(self, cluster: str) -> frozenset[str]:
-        return self.keys.issuers(cluster)
-
-    def next_expiry(self, cluster: str) -> float | None:
-        return self.keys.next_expiry(cluster)
 
     # ----------------------------------------------------------------- verification
     def verify(self, token: str) -> VerifiedToken:

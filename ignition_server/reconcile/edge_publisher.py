@@ -64,7 +64,7 @@ class EdgePublisher:
         await asyncio.sleep(0.05)
         await asyncio.to_thread(self.write)
         # A replaced key leaves the publication when its window closes: come back then.
-        ends = [e for e in (self.verifier.next_expiry(c) for c in self.verifier.clusters()) if e is not None]
+        ends = [e for e in (self.verifier.keys.next_expiry(c) for c in self.verifier.keys.clusters()) if e is not None]
         if self._timer is not None:
             self._timer.cancel()
         if ends:
@@ -73,11 +73,11 @@ class EdgePublisher:
 
     def write(self) -> None:
         make_dir(self.directory)
-        clusters = self.verifier.clusters()
-        keys = [key for cluster in clusters for key in self.verifier.trusted_keys(cluster)]
+        clusters = self.verifier.keys.clusters()
+        keys = [key for cluster in clusters for key in self.verifier.keys.trusted_keys(cluster)]
         # The same issuers the server accepts: legacy tokens' and every cluster's bound-token
         # issuer (the server then checks each token against its own cluster's).
-        issuers = sorted({LEGACY_ISSUER}.union(*(self.verifier.issuers(c) for c in clusters)))
+        issuers = sorted({LEGACY_ISSUER}.union(*(self.verifier.keys.issuers(c) for c in clusters)))
         published = write_key_files(self.directory / "keys", keys)
         cert_path = self.directory / "edge.pem"
         if self.token_map is not None:

@@ -50,7 +50,7 @@ class TrustWatcher:
         if change.type == "DELETED" or not is_trust_object(change.obj):
             if self._providers.get(cluster) == change.key:
                 del self._providers[cluster]
-                self.verifier.remove_cluster(cluster)
+                self.verifier.keys.remove_cluster(cluster)
                 log.info("no service-account keys for %s any more: its JWTs are refused", cluster)
                 self._on_keys_changed()
             return
@@ -75,15 +75,15 @@ class TrustWatcher:
             if self._held_by_another(change.key, cluster, sources):
                 return
             issuer = values.get("issuer", "").strip()
-            self.verifier.configure(cluster, issuers=[issuer] if issuer else [])
-            keys = self.verifier.set_keys(cluster, sources)
+            self.verifier.keys.configure(cluster, issuers=[issuer] if issuer else [])
+            keys = self.verifier.keys.set_keys(cluster, sources)
         except ValueError as exc:
             log.error("%s: unusable service-account keys, keeping the last good ones: %s", change.key, exc)
             return
         self._on_keys_changed()
         secret_name = values.get("token-secret-name", "").strip()
         if secret_name:
-            self.verifier.set_token_secrets(cluster, TokenSecretRef(name=secret_name))
+            self.verifier.keys.set_token_secrets(cluster, TokenSecretRef(name=secret_name))
         log.info("service-account keys for %s: %d key(s)%s", cluster, len(keys), f", token Secret {secret_name}" if secret_name else "")
 
     def _held_by_another(self, key: ObjectKey, cluster: str, sources: list[str]) -> bool:
@@ -91,7 +91,7 @@ class TrustWatcher:
         so a copy of a cluster's public key published elsewhere never makes its tokens ambiguous
         (they would verify under two clusters, and be refused)."""
         fingerprints = [k.fingerprint for k in load_public_keys(sources)]
-        holders = self.verifier.clusters_holding(fingerprints, besides=cluster)
+        holders = self.verifier.keys.clusters_holding(fingerprints, besides=cluster)
         if not holders:
             return False
         log.error("%s publishes a service-account key that %s already trusts: refused for %s, keeping its last good keys",

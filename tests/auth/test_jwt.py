@@ -113,8 +113,8 @@ def make_verifier(clock=None, **kw) -> ServiceAccountVerifier:
 
 def trusting(keys_, *names, cluster=CLUSTER, clock=None, **kw) -> ServiceAccountVerifier:
     v = make_verifier(clock, **kw)
-    v.configure(cluster, issuers=[BOUND_ISSUER])
-    v.set_keys(cluster, [keys_[n].public_key() for n in names])
+    v.keys.configure(cluster, issuers=[BOUND_ISSUER])
+    v.keys.set_keys(cluster, [keys_[n].public_key() for n in names])
     return v
 
 
@@ -141,8 +141,8 @@ def test_good_tokens_verify(keys, keyname, form, source):
         "single_jwk": lambda: jwks_of(key)["keys"][0],
     }[source]()
     v = make_verifier()
-    v.configure(CLUSTER, issuers=[BOUND_ISSUER])
-    v.set_keys(CLUSTER, src)
+    v.keys.configure(CLUSTER, issuers=[BOUND_ISSUER])
+    v.keys.set_keys(CLUSTER, src)
     claims = legacy() if form == "legacy" else bound(secret="node-bootstrapper-token-x")
     token = sign(claims, key)
     got = v.verify(token)
@@ -189,20 +189,20 @@ def test_private_key_pem_is_refused(keys, fmt):
     pem = keys["rsa"].private_bytes(serialization.Encoding.PEM, fmt, serialization.NoEncryption())
     v = make_verifier()
     with pytest.raises(PrivateKeyRefused, match="private key"):
-        v.set_keys(CLUSTER, pem)
+        v.keys.set_keys(CLUSTER, pem)
     # even next to a public key: nothing is loaded
     with pytest.raises(PrivateKeyRefused):
-        v.set_keys(CLUSTER, pem_of(keys["ec"]) + pem)
-    assert v.trusted_keys(CLUSTER) == []
+        v.keys.set_keys(CLUSTER, pem_of(keys["ec"]) + pem)
+    assert v.keys.trusted_keys(CLUSTER) == []
     with pytest.raises(PrivateKeyRefused):
-        v.set_keys(CLUSTER, keys["ec"])  # a private key object
+        v.keys.set_keys(CLUSTER, keys["ec"])  # a private key object
 
 
 def test_private_jwk_is_refused(keys):
     jwk = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(keys["rsa"]))
     assert "d" in jwk
     with pytest.raises(PrivateKeyRefused, match="private"):
-        make_verifier().set_keys(CLUSTER, {"keys": [jwk]})
+        make_verifier().keys.set_keys(CLUSTER, {"keys": [jwk]})
 
 
 def test_weak_or_wrong_curve_keys_are_refused():
@@ -267,10 +267,10 @@ FORGERIES = {
 @pytest.mark.parametrize("name", list(FORGERIES))
 def test_forged_tokens_are_refused(keys, name):
     v = make_verifier()
-    v.configure(CLUSTER, issuers=[BOUND_ISSUER], audiences=["https://kubernetes.default.svc"])
-    v.set_keys(CLUSTER, jwks_of(keys["rsa"], keys["ec"]))
-    v.configure(OTHER, issuers=[BOUND_ISSUER])
-    v.set_keys(OTHER, pem_of(keys["ec2"]))
+    v.keys.configure(CLUSTER, issuers=[BOUND_ISSUER], audiences=["https://kubernetes.default.svc"])
+    v.keys.set_keys(CLUSTER, jwks_of(keys["rsa"], keys["ec"]))
+    v.keys.configure(OTHER, issuers=[BOUND_ISSUER])
+    v.keys.set_keys(OTHER, pem_of(keys["ec2"]))
     token = FORGERIES[name](keys)
     with pytest.raises(JwtRefused) as err:
         verify_for_cluster(v, token, CLUSTER)
@@ -283,8 +283,8 @@ def test_forged_tokens_are_refused(keys, name):
 
 def test_other_clusters_token_is_refused_403_but_valid_there(keys):
     v = trusting(keys, "rsa")
-    v.configure(OTHER, issuers=[BOUND_ISSUER])
-    v.set_keys(OTHER, keys["ec2"].public_key())
+    v.keys.configure(OTHER, issuers=[BOUND_ISSUER])
+    v.keys.set_keys(OTHER, keys["ec2"].public_key())
     token = sign(legacy(), keys["ec2"])
     with pytest.raises(JwtRefused) as err:
         verify_for_cluster(v, token, CLUSTER)
@@ -296,7 +296,7 @@ def test_shared_key_makes_tokens_ambiguous(keys):
     v = trusting(keys, "rsa")
     token = sign(legacy(), keys["rsa"])
     assert v.verify(token).cluster == CLUSTER  # cached now
-    v.set_keys(OTHER, keys["rsa"].public_key())
+    v.keys.set_keys(OTHER, keys["rsa"].public_key())
     with pytest.raises(JwtRefused, match="more than one cluster") as err:
         v.verify(token)
     assert err.value.status == 403
@@ -304,7 +304,7 @@ def test_shared_key_makes_tokens_ambiguous(keys):
 
 def test_unknown_kid_with_many_keys_is_unknown_key(keys):
     v = make_verifier(max_untargeted_keys=1)
-    v.set_keys(CLUSTER, [keys["rsa"].public_key(), keys["ec"].public_key()])
+    v.keys.set_keys(CLUSTER, [keys["rsa"].public_key(), keys["ec"].public_key()])
     with pytest.raises(JwtUnknownKey) as err:
         v.verify(sign(legacy(), keys["rsa2"]))
     assert err.value.status == 511
@@ -327,7 +327,7 @@ def test_a_key_not_loaded_yet_is_511_until_it_is_then_accepted(keys, name):
     with pytest.raises(JwtUnknownKey) as err:
         v.verify(token)
     assert err.value.status == 511 and token not in str(err.value)
-    v.set_keys(CLUSTER, [keys["rsa"].public_key(), keys["rsa2"].public_key()])
+    v.keys.set_keys(CLUSTER, [keys["rsa"].public_key(), keys["rsa2"].public_key()])
     assert v.verify(token).cluster == CLUSTER
 
 
@@ -347,7 +347,7 @@ def test_a_known_kid_whose_signature_fails_is_forged_4xx(keys):
 def test_unknown_kid_with_many_keys_tries_none(keys):
     """Cheap to refuse: past max_untargeted_keys an unknown kid costs no signature check."""
     v = make_verifier(max_untargeted_keys=1)
-    v.set_keys(CLUSTER, [keys["rsa"].public_key(), keys["ec"].public_key()])
+    v.keys.set_keys(CLUSTER, [keys["rsa"].public_key(), keys["ec"].public_key()])
     before = v.stats.signature_checks
     for _ in range(50):
         with pytest.raises(JwtUnknownKey):
@@ -357,21 +357,21 @@ def test_unknown_kid_with_many_keys_tries_none(keys):
 
 def test_allowed_accounts_are_configurable(keys):
     v = make_verifier(allowed_accounts=[("ibm-system", "ignition-reader")])
-    v.set_keys(CLUSTER, keys["rsa"].public_key())
+    v.keys.set_keys(CLUSTER, keys["rsa"].public_key())
     assert v.verify(sign(legacy(ns="ibm-system", sa="ignition-reader"), keys["rsa"])).namespace == "ibm-system"
     with pytest.raises(JwtRefused):
         v.verify(sign(legacy(), keys["rsa"]))
     # per cluster override
-    v.configure(CLUSTER, allowed_accounts=[("openshift-infra", "node-bootstrapper")])
+    v.keys.configure(CLUSTER, allowed_accounts=[("openshift-infra", "node-bootstrapper")])
     assert v.verify(sign(legacy(), keys["rsa"])).namespace == "openshift-infra"
 
 
 # ------------------------------------------------------------------ each check matters
 # For each named check: a validly signed token that only this check refuses, and the setup.
 def _setup(v: ServiceAccountVerifier, keys) -> None:
-    v.configure(CLUSTER, issuers=[BOUND_ISSUER], audiences=["https://kubernetes.default.svc"])
-    v.set_keys(CLUSTER, keys["rsa"].public_key())
-    v.set_token_secrets(CLUSTER, TokenSecretRef(name="node-bootstrapper-token-g96rw"))
+    v.keys.configure(CLUSTER, issuers=[BOUND_ISSUER], audiences=["https://kubernetes.default.svc"])
+    v.keys.set_keys(CLUSTER, keys["rsa"].public_key())
+    v.keys.set_token_secrets(CLUSTER, TokenSecretRef(name="node-bootstrapper-token-g96rw"))
 
 
 ONLY_THIS_CHECK_REFUSES = {
@@ -412,11 +412,11 @@ def test_token_secret_rotation_overlap(keys):
     v = trusting(keys, "rsa", clock=clock, overlap_seconds=600)
     old = sign(legacy(secret="nb-token-old"), keys["rsa"])
     new = sign(legacy(secret="nb-token-new"), keys["rsa"])
-    v.set_token_secrets(CLUSTER, "nb-token-old")
+    v.keys.set_token_secrets(CLUSTER, "nb-token-old")
     assert v.verify(old).secret_name == "nb-token-old"
     with pytest.raises(JwtRefused):
         v.verify(new)
-    v.set_token_secrets(CLUSTER, "nb-token-new")  # rotation at T0
+    v.keys.set_token_secrets(CLUSTER, "nb-token-new")  # rotation at T0
     clock.t = T0 + 599
     assert v.verify(old).secret_name == "nb-token-old"
     assert v.verify(new).secret_name == "nb-token-new"
@@ -432,11 +432,11 @@ def test_token_secret_by_token_hash(keys):
     v = trusting(keys, "ec", clock=clock, overlap_seconds=60)
     t1 = sign(bound(), keys["ec"])
     t2 = sign(bound(exp=int(T0 + 7200)), keys["ec"])
-    v.set_token_secrets(CLUSTER, secret_ref_for(t1))
+    v.keys.set_token_secrets(CLUSTER, secret_ref_for(t1))
     assert v.verify(t1).bound
     with pytest.raises(JwtRefused):
         v.verify(t2)
-    v.set_token_secrets(CLUSTER, secret_ref_for(t2))
+    v.keys.set_token_secrets(CLUSTER, secret_ref_for(t2))
     assert v.verify(t1) and v.verify(t2)
     clock.t = T0 + 61
     with pytest.raises(JwtRefused):
@@ -448,8 +448,8 @@ def test_token_secret_none_keeps_previous_for_the_window_only(keys):
     clock = Clock()
     v = trusting(keys, "rsa", clock=clock, overlap_seconds=100)
     token = sign(legacy(), keys["rsa"])
-    v.set_token_secrets(CLUSTER, "node-bootstrapper-token-g96rw")
-    v.set_token_secrets(CLUSTER, None)
+    v.keys.set_token_secrets(CLUSTER, "node-bootstrapper-token-g96rw")
+    v.keys.set_token_secrets(CLUSTER, None)
     assert v.verify(token)
     clock.t = T0 + 100
     with pytest.raises(JwtRefused):
@@ -459,16 +459,16 @@ def test_token_secret_none_keeps_previous_for_the_window_only(keys):
 def test_signing_key_rotation_overlap(keys):
     clock = Clock()
     v = make_verifier(clock, overlap_seconds=3600)
-    v.set_keys(CLUSTER, jwks_of(keys["rsa"]))
+    v.keys.set_keys(CLUSTER, jwks_of(keys["rsa"]))
     old = sign(legacy(), keys["rsa"])
     new = sign(legacy(), keys["ec"])
     assert v.verify(old)
     with pytest.raises(JwtRefused):
         v.verify(new)
     clock.t = T0 + 10
-    v.set_keys(CLUSTER, jwks_of(keys["ec"]))  # rotation: rsa retired at T0+10
-    assert [k.alg for k in v.trusted_keys(CLUSTER)] == ["ES256", "RS256"]
-    assert v.next_expiry(CLUSTER) == T0 + 3610
+    v.keys.set_keys(CLUSTER, jwks_of(keys["ec"]))  # rotation: rsa retired at T0+10
+    assert [k.alg for k in v.keys.trusted_keys(CLUSTER)] == ["ES256", "RS256"]
+    assert v.keys.next_expiry(CLUSTER) == T0 + 3610
     clock.t = T0 + 3609
     assert v.verify(old).cluster == CLUSTER
     assert v.verify(new).cluster == CLUSTER
@@ -476,24 +476,24 @@ def test_signing_key_rotation_overlap(keys):
     with pytest.raises(JwtRefused):
         v.verify(old)
     assert v.verify(new).cluster == CLUSTER
-    assert [k.alg for k in v.trusted_keys(CLUSTER)] == ["ES256"]
+    assert [k.alg for k in v.keys.trusted_keys(CLUSTER)] == ["ES256"]
     # A key that left for good is not one this replica may have yet to read: its tokens stay
     # 4xx, before and after the next key change drops it from the retired keys.
     for _ in range(2):
         with pytest.raises(JwtRefused) as err:
             v.verify(old)
         assert err.value.status == 403 and not isinstance(err.value, JwtUnknownKey)
-        v.set_keys(CLUSTER, jwks_of(keys["ec"]))
-    v.set_keys(CLUSTER, jwks_of(keys["ec"], keys["rsa"]))  # listed again: accepted again
+        v.keys.set_keys(CLUSTER, jwks_of(keys["ec"]))
+    v.keys.set_keys(CLUSTER, jwks_of(keys["ec"], keys["rsa"]))  # listed again: accepted again
     assert v.verify(old).cluster == CLUSTER
 
 
 def test_rotating_back_restores_a_retired_key(keys):
     clock = Clock()
     v = make_verifier(clock, overlap_seconds=10)
-    v.set_keys(CLUSTER, keys["rsa"].public_key())
-    v.set_keys(CLUSTER, keys["ec"].public_key())
-    v.set_keys(CLUSTER, [keys["rsa"].public_key(), keys["ec"].public_key()])
+    v.keys.set_keys(CLUSTER, keys["rsa"].public_key())
+    v.keys.set_keys(CLUSTER, keys["ec"].public_key())
+    v.keys.set_keys(CLUSTER, [keys["rsa"].public_key(), keys["ec"].public_key()])
     clock.t = T0 + 1000
     assert v.verify(sign(legacy(), keys["rsa"]))
 
@@ -513,9 +513,9 @@ def test_cached_token_refused_after_secret_window(keys):
     clock = Clock()
     v = trusting(keys, "rsa", clock=clock, overlap_seconds=300)
     token = sign(legacy(secret="s-old"), keys["rsa"])
-    v.set_token_secrets(CLUSTER, "s-old")
+    v.keys.set_token_secrets(CLUSTER, "s-old")
     v.verify(token)
-    v.set_token_secrets(CLUSTER, "s-new")
+    v.keys.set_token_secrets(CLUSTER, "s-new")
     v.verify(token)  # re-verified (generation changed), cached with the window's end
     hits = v.stats.cache_hits
     clock.t = T0 + 200
@@ -529,10 +529,10 @@ def test_cached_token_refused_after_secret_window(keys):
 def test_cached_token_refused_after_key_window_and_removal(keys):
     clock = Clock()
     v = make_verifier(clock, overlap_seconds=300)
-    v.set_keys(CLUSTER, keys["rsa"].public_key())
+    v.keys.set_keys(CLUSTER, keys["rsa"].public_key())
     token = sign(legacy(), keys["rsa"])
     v.verify(token)
-    v.set_keys(CLUSTER, keys["ec"].public_key())
+    v.keys.set_keys(CLUSTER, keys["ec"].public_key())
     v.verify(token)
     v.verify(token)
     assert v.stats.cache_hits >= 1
@@ -541,15 +541,15 @@ def test_cached_token_refused_after_key_window_and_removal(keys):
         v.verify(token)
     # a removal with no overlap takes effect on the next request, cached or not
     w = make_verifier(clock, overlap_seconds=0)
-    w.set_keys(CLUSTER, keys["rsa"].public_key())
+    w.keys.set_keys(CLUSTER, keys["rsa"].public_key())
     w.verify(token)
     w.verify(token)
     assert w.stats.cache_hits == 1
-    w.set_keys(CLUSTER, keys["ec"].public_key())
+    w.keys.set_keys(CLUSTER, keys["ec"].public_key())
     with pytest.raises(JwtRefused):
         w.verify(token)
-    w.set_keys(CLUSTER, keys["rsa"].public_key())
-    w.remove_cluster(CLUSTER)
+    w.keys.set_keys(CLUSTER, keys["rsa"].public_key())
+    w.keys.remove_cluster(CLUSTER)
     with pytest.raises(JwtRefused):
         w.verify(token)
 
@@ -606,6 +606,6 @@ def test_configure_change_invalidates_cached_acceptance(keys):
     v.verify(token)
     v.verify(token)
     assert v.stats.cache_hits == 1
-    v.configure(CLUSTER, issuers=[BOUND_ISSUER], allowed_accounts=[("openshift-machine-config-operator", "node-bootstrapper")])
+    v.keys.configure(CLUSTER, issuers=[BOUND_ISSUER], allowed_accounts=[("openshift-machine-config-operator", "node-bootstrapper")])
     with pytest.raises(JwtRefused, match="namespace"):
         v.verify(token)

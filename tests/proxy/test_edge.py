@@ -228,9 +228,9 @@ def test_write_key_files_rotates_and_refuses_private_keys(tmp_path, keys):
         write_key_files(tmp_path, pem)
     # from the verifier's view of a cluster: current + previous within the window
     v = ServiceAccountVerifier(overlap_seconds=3600)
-    v.set_keys(CLUSTER, keys["previous"].public_key())
-    v.set_keys(CLUSTER, keys["current"].public_key())
-    assert [k.alg for k in write_key_files(tmp_path, v.trusted_keys(CLUSTER))] == ["ES256", "RS256"]
+    v.keys.set_keys(CLUSTER, keys["previous"].public_key())
+    v.keys.set_keys(CLUSTER, keys["current"].public_key())
+    assert [k.alg for k in write_key_files(tmp_path, v.keys.trusted_keys(CLUSTER))] == ["ES256", "RS256"]
 
 
 # ------------------------------------------------------------------ real traffic
@@ -308,8 +308,8 @@ def test_edge_passes_good_and_stops_forged_tokens(edge, keys):
     port, backend = edge
     # the Python verifier, configured the same way, agrees with the edge on every token
     verifier = ServiceAccountVerifier()
-    verifier.configure(CLUSTER, issuers=[BOUND_ISSUER])
-    verifier.set_keys(CLUSTER, [keys["current"].public_key(), keys["previous"].public_key()])
+    verifier.keys.configure(CLUSTER, issuers=[BOUND_ISSUER])
+    verifier.keys.set_keys(CLUSTER, [keys["current"].public_key(), keys["previous"].public_key()])
 
     for name, make in GOOD.items():
         token = make(keys)
