@@ -32,7 +32,7 @@ from .http.listen import reserve_port, start_site
 from .http.limits import FailedAuthLimiter
 from .http.app import IgnitionHandlers, ServingState, build_dispatch, build_metrics_app
 from .tls.ca_rotation import CARotation, CAStore, DirectoryStore
-from .tls.certificates import TLSFiles, ensure_self_signed, make_ca, reload_on_change, server_context
+from .tls.certificates import TLSFiles, ensure_self_signed, make_ca, pair_stamp, reload_on_change, server_context
 from .metrics import ServerMetrics
 from .render.payload import render_payload
 from .sources.events import Source
@@ -82,6 +82,7 @@ class _Running:
     writer: Callable[[], bool]  # whether this replica writes (with several replicas: the Lease holder)
     outputs: TokenOutputs
     ssl_context: ssl.SSLContext | None
+    tls_loaded: tuple[int, int] | None  # pair_stamp of what ssl_context loaded
     registry_session: Any
     pool: WorkerPool | None = None
     reserved: socket.socket | None = None  # the serving port, held for the workers
@@ -126,7 +127,7 @@ class IgnitionServer:
         self.metrics.payloads_cached.set(len(cache.renders()))
         source, cluster = await self._open_source(cache)
         verifier = ServiceAccountVerifier(clock=self.clock, overlap_seconds=settings.service_account_overlap)
-        ssl_context = self._tls_context()
+        ssl_context, tls_loaded = self._tls_context()
         if "FIPS" in settings.tls.profile.name:
             log.info(fips_describe())
         outputs = TokenOutputs(source, settings.edge_token_map, self._pointer_settings())
@@ -137,7 +138,8 @@ class IgnitionServer:
             settings, source=source, cache=cache, renderer=self.renderer, metrics=self.metrics, clock=self.clock,
             writer=writer, trust=trust, outputs=outputs)
         running = _Running(cache=cache, source=source, cluster=cluster, watcher=self.watcher, writer=writer,
-                           outputs=outputs, ssl_context=ssl_context, registry_session=registry_session)
+                           outputs=outputs, ssl_context=ssl_context, tls_loaded=tls_loaded,
+                           registry_session=registry_session)
         directory = self.watcher.reconciler.tokens  # service-account tokens: which NodePool's payload
         await self._start_serving(running, TokenAuthenticator(cache, self.clock, verifier=verifier, directory=directory))
         return running
@@ -215,8 +217,10 @@ class IgnitionServer:
             asyncio.create_task(self._run_source(running.source, watcher.reconciler), name="source"),
             asyncio.create_task(watcher.housekeeping.run(), name="housekeeping"),
         ]
-        if pool is None and running.ssl_context is not None and self.tls_files is not None:  # workers reload their own
-            tasks.append(asyncio.create_task(reload_on_change(running.ssl_context, self.tls_files), name="tls-reload"))
+        if pool is None and running.ssl_context is not None and running.tls_loaded is not None \
+                and self.tls_files is not None:  # workers reload their own
+            tasks.append(asyncio.create_task(reload_on_change(running.ssl_context, self.tls_files,
+                                                              loaded=running.tls_loaded), name="tls-reload"))
         if cluster is not None:
             tasks.append(asyncio.create_task(cluster.elector.run(), name="lease"))
         if pool is not None:
@@ -296,16 +300,18 @@ class IgnitionServer:
     def _ca_validity(self) -> dt.timedelta:
         return dt.timedelta(seconds=self.settings.ca_lifetime)
 
-    def _tls_context(self) -> ssl.SSLContext:
+    def _tls_context(self) -> tuple[ssl.SSLContext, tuple[int, int]]:
+        """The serving context, and the pair_stamp of the files it loaded (taken before loading)."""
         tls = self.settings.tls
-        if self.tls_files is not None:  # the replicas' shared CA (Kubernetes mode)
-            return server_context(self.tls_files, tls.profile)
-        if tls.cert_file is not None and tls.key_file is not None:
-            self.tls_files = TLSFiles(tls.cert_file, tls.key_file, None)
-        else:
-            self.tls_files = ensure_self_signed(self.settings.cache_dir / "tls", self.settings.public_url, self._ca_validity())
-            log.info("TLS: self-made CA at %s (put it in pointer configs' certificateAuthorities)", self.tls_files.ca)
-        return server_context(self.tls_files, tls.profile)
+        if self.tls_files is None:  # else the replicas' shared CA (Kubernetes mode)
+            if tls.cert_file is not None and tls.key_file is not None:
+                self.tls_files = TLSFiles(tls.cert_file, tls.key_file, None)
+            else:
+                self.tls_files = ensure_self_signed(self.settings.cache_dir / "tls", self.settings.public_url,
+                                                   self._ca_validity())
+                log.info("TLS: self-made CA at %s (put it in pointer configs' certificateAuthorities)", self.tls_files.ca)
+        loaded = pair_stamp(self.tls_files)
+        return server_context(self.tls_files, tls.profile), loaded
 
     async def _start(self, app: web.Application | web.Server, listen: tuple[str, int], ssl_context: ssl.SSLContext | None, name: str,
                      guard: ConnectionGuard | None = None) -> web.BaseRunner:

@@ -180,18 +180,25 @@ def load_pair(context: ssl.SSLContext, files: TLSFiles) -> None:
         os.close(fd)
 
 
-async def reload_on_change(context: ssl.SSLContext, files: TLSFiles, *, interval: float = 5.0) -> None:
-    """Load a changed certificate/key into the live context: new handshakes use it, no restart."""
+def pair_stamp(files: TLSFiles) -> tuple[int, int]:
+    """When the certificate and the key last changed on disk."""
+    return (files.cert.stat().st_mtime_ns, files.key.stat().st_mtime_ns)
 
-    def stamp() -> tuple[int, int]:
-        return (files.cert.stat().st_mtime_ns, files.key.stat().st_mtime_ns)
 
-    seen = failed = stamp()
+async def reload_on_change(context: ssl.SSLContext, files: TLSFiles, *, loaded: tuple[int, int],
+                           interval: float = 5.0) -> None:
+    """Load a changed certificate/key into the live context: new handshakes use it, no restart.
+
+    `loaded` is the pair's `pair_stamp` taken before the context loaded it: a pair replaced
+    while the process was starting (after the load, before this task's first look) is a change
+    too. Stamped here instead, such a process served the old pair until the next change on
+    disk, while the others served the new one."""
+    seen = failed = loaded
     while True:
         await asyncio.sleep(interval)
         current = None
         try:
-            current = stamp()
+            current = pair_stamp(files)
             if current != seen:
                 load_pair(context, files)
                 seen = current

@@ -31,7 +31,7 @@ from ..http.access_log import AccessLog
 from ..http.guard import ConnectionGuard
 from ..http.limits import FailedAuthLimiter
 from ..http.listen import start_site
-from ..tls.certificates import reload_on_change, server_context
+from ..tls.certificates import pair_stamp, reload_on_change, server_context
 from ..metrics import ServerMetrics
 from .channel import Channel
 from .messages import (Ask, Behind, Changes, Drain, Granted, Hello, Hold, Missing, Ready, Refused, Report, Reported,
@@ -105,6 +105,7 @@ class Worker:
 
     async def run(self, stop: asyncio.Event) -> None:
         settings = self.spec.settings
+        tls_loaded = pair_stamp(self.spec.tls_files)
         ssl_context = server_context(self.spec.tls_files, settings.tls.profile)
         guard = ConnectionGuard(settings.header_timeout, settings.connections_per_source, settings.connections_total,
                                 self.connections.row(self.spec.number))
@@ -116,7 +117,8 @@ class Worker:
         tasks = [
             asyncio.create_task(self._receive(stop), name="owner-channel"),
             asyncio.create_task(self._report_periodically(), name="report"),
-            asyncio.create_task(reload_on_change(ssl_context, self.spec.tls_files), name="tls-reload"),
+            asyncio.create_task(reload_on_change(ssl_context, self.spec.tls_files, loaded=tls_loaded),
+                                name="tls-reload"),
         ]
         try:
             await stop.wait()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import shutil
 import socket
@@ -9,7 +11,10 @@ import ssl
 from pathlib import Path
 
 from testsupport.harness import ServerProcess, wait_for, write_manifests
-from ignition_server.tls.certificates import ensure_self_signed
+from ignition_server.tls.certificates import (
+    TLSFiles, ensure_self_signed, pair_stamp, reload_on_change, server_context,
+)
+from ignition_server.tls.profiles import profile as tls_profile
 from testsupport.manifests import build_token_secret
 
 
@@ -94,3 +99,38 @@ def test_no_session_tickets_are_issued(tmp_path: Path) -> None:
                     assert tls.session is not None and not tls.session.has_ticket, version
     finally:
         proc.kill()
+
+
+async def test_a_pair_replaced_while_the_process_starts_is_reloaded(tmp_path: Path) -> None:
+    """The pair replaced after a serving process loaded it, before its reload task first looked
+    (a worker starting while cert-manager renews): still a change. The task once stamped the
+    files when it started, took the new pair for the one loaded, and the process served the
+    old certificate until the next renewal while the others served the new one."""
+    first = ensure_self_signed(tmp_path / "pki-1", "https://127.0.0.1")
+    second = ensure_self_signed(tmp_path / "pki-2", "https://127.0.0.1")
+    files = TLSFiles(tmp_path / "tls.crt", tmp_path / "tls.key", None)
+    shutil.copy(first.cert, files.cert)
+    shutil.copy(first.key, files.key)
+    loaded = pair_stamp(files)
+    context = server_context(files, tls_profile("Default"))
+    for source, target in ((second.cert, files.cert), (second.key, files.key)):  # renewed meanwhile
+        tmp = target.with_suffix(".new")
+        shutil.copy(source, tmp)
+        os.replace(tmp, target)
+    server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0, ssl=context)
+    port = server.sockets[0].getsockname()[1]
+    assert await asyncio.to_thread(handshake_ok, port, first.ca)  # the pair it loaded, until it looks
+    reload = asyncio.create_task(reload_on_change(context, files, loaded=loaded, interval=0.01))
+    try:
+        for _ in range(500):
+            if await asyncio.to_thread(handshake_ok, port, second.ca):
+                break
+            await asyncio.sleep(0.01)
+        assert await asyncio.to_thread(handshake_ok, port, second.ca)
+        assert not await asyncio.to_thread(handshake_ok, port, first.ca)
+    finally:
+        reload.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reload
+        server.close()
+        await server.wait_closed()
