@@ -29,13 +29,22 @@ def colliding(table: ConnectionTable, source: str) -> str:
     raise AssertionError
 
 
+def apart(table: ConnectionTable, source: str, candidates: list[str]) -> str:
+    """The first candidate in another bucket than `source`: buckets are keyed at random per
+    table, so a fixed second address shares the first's bucket once in `table.buckets` runs."""
+    mask = table.buckets - 1
+    taken = source_bucket(source, mask, table.key)
+    return next(c for c in candidates if source_bucket(c, mask, table.key) != taken)
+
+
 def test_limits_hold_over_the_sum_of_rows(table: ConnectionTable) -> None:
     one, two = table.row(0), table.row(1)
     held = [one.admit("192.0.2.1", 3, 100), two.admit("192.0.2.1", 3, 100), one.admit("192.0.2.1", 3, 100)]
     assert min(held) >= 0
     assert two.admit("192.0.2.1", 3, 100) == -1 and one.admit("192.0.2.1", 3, 100) == -1  # 3 across both rows
     assert table.counts().open == (2, 1) and table.counts().refused == 2
-    assert two.admit("2001:db8::1", 3, 100) >= 0  # another address (IPv6 alike) has its own count
+    ipv6 = apart(table, "192.0.2.1", [f"2001:db8::{n:x}" for n in range(1, 64)])
+    assert two.admit(ipv6, 3, 100) >= 0  # another address (IPv6 alike) has its own count
     two.release(held[1])
     assert two.admit("192.0.2.1", 3, 100) >= 0  # a place freed on one row is free on the other
     assert table.counts().open == (2, 2)
