@@ -46,7 +46,7 @@ CLOUD_CONFIGS = {"Azure": InputObject("ConfigMap", "azure-cloud-config", None),
 
 
 def hash_simple(value: Mapping[str, Any] | bytes | str) -> str:
-    """HyperShift's util.HashSimple: FNV-1a (32 bit, hex) of Go's `%v` of the value: a map
+    """HyperShift's util.HashSimple: FNV-1a (32 bit, `%08x`: always eight hex digits) of Go's `%v` of the value: a map
     prints as `map[k1:v1 k2:v2]` (keys sorted), a []byte as `[123 34 …]`, a string as itself."""
     if isinstance(value, bytes):
         text = "[" + " ".join(str(b) for b in value) + "]"
@@ -57,7 +57,7 @@ def hash_simple(value: Mapping[str, Any] | bytes | str) -> str:
     digest = 0x811C9DC5
     for byte in text.encode():
         digest = ((digest ^ byte) * 0x01000193) & 0xFFFFFFFF
-    return format(digest, "x")
+    return format(digest, "08x")
 
 
 def precondition_failure(wanted: Mapping[str, str], pull_secret: str | None, trust_bundle: str | None,
