@@ -26,6 +26,7 @@ from . import bounded_yaml
 from .render.machineconfig import API_VERSION, KIND, parse_machineconfigs
 from .render.mco import CONTENT_PATH, ENCAPSULATED_PATH, GENERATED_BY_CONTROLLER, NODE_ANNOTATIONS_PATH, ROLE_LABEL
 from .model.mco_base import ANNOTATION_MCO_BASE, BASE_KEY, RELEASE_KEY, VERSION_KEY
+from .model.objects import config_map
 
 _MCS_APPENDED = frozenset((ENCAPSULATED_PATH, NODE_ANNOTATIONS_PATH, CONTENT_PATH, "/etc/kubernetes/kubeconfig"))
 MCS_BASE_NAME = "00-worker-mcs"
@@ -104,9 +105,4 @@ def base_configmap(machineconfigs: list[dict], *, name: str, namespace: str, rel
         data[RELEASE_KEY] = release
     if version:
         data[VERSION_KEY] = version
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": name, "namespace": namespace, "annotations": {ANNOTATION_MCO_BASE: "true"}},
-        "data": data,
-    }
+    return config_map(namespace, name, data, {ANNOTATION_MCO_BASE: "true"})

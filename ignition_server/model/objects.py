@@ -162,6 +162,15 @@ def set_secret_value(obj: dict[str, Any], key: str, value: bytes) -> None:
     data[key] = base64.b64encode(value).decode()
 
 
+def config_map(namespace: str | None, name: str | None, data: Mapping[str, str],
+               notes: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A ConfigMap object as the API server takes it (no `annotations` key without `notes`)."""
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace}
+    if notes is not None:
+        metadata["annotations"] = dict(notes)
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": dict(data)}
+
+
 def set_annotation(obj: dict[str, Any], key: str, value: str) -> None:
     meta = obj.setdefault("metadata", {})
     notes = meta.get("annotations")

@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping
 from ..basegen.generator import BaseGenerator, BaseJob, cluster_key
 from ..basegen.steps import platform
 from ..render.inputs import NodePoolInputs
-from ..model.objects import LargeValue, ObjectKey, annotations, data_text, has_large_values
+from ..model.objects import LargeValue, ObjectKey, annotations, config_map, data_text, has_large_values
 from ..model.token_secret import TokenSecret
 from ..model.mco_base import BASE_KEY
 from .bases import BaseIndex, base_key
@@ -168,11 +168,7 @@ class GeneratedBaseWaits:
     async def _share_base(self, key: str, text: str) -> None:
         """Publish a generated base for the other replicas (Kubernetes mode), as releases are."""
         name = "ignition-server-base-" + key[:16]
-        obj = {
-            "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": name, "namespace": self.share_namespace, "annotations": {ANNOTATION_GENERATED_BASE: key}},
-            "data": {BASE_KEY: text},
-        }
+        obj = config_map(self.share_namespace, name, {BASE_KEY: text}, {ANNOTATION_GENERATED_BASE: key})
         try:
             await self.source.put(obj, beside=ObjectKey("ConfigMap", str(self.share_namespace), name))
         except Exception as exc:  # the others keep waiting; the next run (or restart) publishes again
@@ -301,7 +297,5 @@ class GeneratedBaseWaits:
             obj = self.source.get_full(input_key(secret, cloud, notes))
             if obj is not None:  # as HyperShift writes it: the ConfigMap, YAML
                 meta = obj.get("metadata") or {}
-                cloud_config = {"apiVersion": "v1", "kind": "ConfigMap",
-                                "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace")},
-                                "data": data_text(obj)}
+                cloud_config = config_map(meta.get("namespace"), meta.get("name"), data_text(obj))
         return (data_text(config) if config is not None else {}), values[0], values[1], cloud_config

@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping
 import yaml
 
 from ..render.inputs import NodePoolInputs
-from ..model.objects import ObjectKey, data_text
+from ..model.objects import ObjectKey, config_map, data_text
 from ..model.token_secret import TokenSecret
 from .input_graph import InputGraph
 from .inputs import JOIN_INPUTS, input_key
@@ -71,12 +71,8 @@ class ReleaseWaits:
         wanted = {name: image for name, image in images.items() if name in SHARED_IMAGES}
         name = "ignition-server-release-" + hashlib.sha256(pull_spec.encode()).hexdigest()[:16]
         entry = [{"pullSpec": pull_spec, "version": version, "images": wanted}]
-        obj = {
-            "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": name, "namespace": self.share_namespace,
-                         "annotations": {ANNOTATION_RELEASE_CATALOG: "true"}},
-            "data": {CATALOG_KEY: yaml.safe_dump(entry, sort_keys=True)},
-        }
+        obj = config_map(self.share_namespace, name, {CATALOG_KEY: yaml.safe_dump(entry, sort_keys=True)},
+                         {ANNOTATION_RELEASE_CATALOG: "true"})
         try:
             await self.source.put(obj, beside=ObjectKey("ConfigMap", str(self.share_namespace), name))
         except Exception as exc:  # the others keep waiting; the next resolution (or restart) publishes again
