@@ -20,22 +20,12 @@ from ignition_server.reconcile.trust import TrustWatcher
 from ignition_server.render.payload import render_payload
 from ignition_server.sources.files import FileSource
 from payload_cache import CacheConfig, PayloadCache
+from testsupport.clock import T0, Clock
 from testsupport.harness import EXAMPLE_MACHINECONFIG
 from testsupport.manifests import CA_PEM, build_token_secret
 from testsupport.watcher import wait_idle
 
-T0 = 1_900_000_000.0
 POINTER_URL = "https://ignition.example.com:9090"
-
-
-class Clock:
-    """The reconciler's clock, moved by the test (`clock.now = ...`)."""
-
-    def __init__(self, now: float = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def file_reconciler(tmp_path: Path, clock: Clock, *, shared: Iterable[str], ca_pem: bytes = b"",

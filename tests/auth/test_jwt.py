@@ -12,24 +12,16 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
+from testsupport.clock import T0, Clock
 from testsupport.service_accounts import secret_ref_for
 from ignition_server.auth.jwks import PrivateKeyRefused, kube_key_id, load_public_keys, public_key_pem
 from ignition_server.auth.claims import DEFAULT_CHECKS, LEGACY_ISSUER, JwtRefused, TokenSecretRef
 from ignition_server.auth.jwt import JwtUnknownKey, ServiceAccountVerifier, VerifiedToken
 from ignition_server.auth.tokens import decode_transport_token, is_transport_jwt
 
-T0 = 1_900_000_000.0
 BOUND_ISSUER = "https://kubernetes.default.svc"
 CLUSTER = "clusters-foo"
 OTHER = "clusters-bar"
-
-
-class Clock:
-    def __init__(self, t: float = T0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 # ------------------------------------------------------------------ keys and tokens
@@ -417,10 +409,10 @@ def test_token_secret_rotation_overlap(keys):
     with pytest.raises(JwtRefused):
         v.verify(new)
     v.keys.set_token_secrets(CLUSTER, "nb-token-new")  # rotation at T0
-    clock.t = T0 + 599
+    clock.now = T0 + 599
     assert v.verify(old).secret_name == "nb-token-old"
     assert v.verify(new).secret_name == "nb-token-new"
-    clock.t = T0 + 600
+    clock.now = T0 + 600
     with pytest.raises(JwtRefused, match="rotated out") as err:
         v.verify(old)
     assert err.value.status == 403
@@ -438,7 +430,7 @@ def test_token_secret_by_token_hash(keys):
         v.verify(t2)
     v.keys.set_token_secrets(CLUSTER, secret_ref_for(t2))
     assert v.verify(t1) and v.verify(t2)
-    clock.t = T0 + 61
+    clock.now = T0 + 61
     with pytest.raises(JwtRefused):
         v.verify(t1)
     assert v.verify(t2).expires_at == T0 + 7200
@@ -451,7 +443,7 @@ def test_token_secret_none_keeps_previous_for_the_window_only(keys):
     v.keys.set_token_secrets(CLUSTER, "node-bootstrapper-token-g96rw")
     v.keys.set_token_secrets(CLUSTER, None)
     assert v.verify(token)
-    clock.t = T0 + 100
+    clock.now = T0 + 100
     with pytest.raises(JwtRefused):
         v.verify(token)
 
@@ -465,14 +457,14 @@ def test_signing_key_rotation_overlap(keys):
     assert v.verify(old)
     with pytest.raises(JwtRefused):
         v.verify(new)
-    clock.t = T0 + 10
+    clock.now = T0 + 10
     v.keys.set_keys(CLUSTER, jwks_of(keys["ec"]))  # rotation: rsa retired at T0+10
     assert [k.alg for k in v.keys.trusted_keys(CLUSTER)] == ["ES256", "RS256"]
     assert v.keys.next_expiry(CLUSTER) == T0 + 3610
-    clock.t = T0 + 3609
+    clock.now = T0 + 3609
     assert v.verify(old).cluster == CLUSTER
     assert v.verify(new).cluster == CLUSTER
-    clock.t = T0 + 3610
+    clock.now = T0 + 3610
     with pytest.raises(JwtRefused):
         v.verify(old)
     assert v.verify(new).cluster == CLUSTER
@@ -494,7 +486,7 @@ def test_rotating_back_restores_a_retired_key(keys):
     v.keys.set_keys(CLUSTER, keys["rsa"].public_key())
     v.keys.set_keys(CLUSTER, keys["ec"].public_key())
     v.keys.set_keys(CLUSTER, [keys["rsa"].public_key(), keys["ec"].public_key()])
-    clock.t = T0 + 1000
+    clock.now = T0 + 1000
     assert v.verify(sign(legacy(), keys["rsa"]))
 
 
@@ -518,10 +510,10 @@ def test_cached_token_refused_after_secret_window(keys):
     v.keys.set_token_secrets(CLUSTER, "s-new")
     v.verify(token)  # re-verified (generation changed), cached with the window's end
     hits = v.stats.cache_hits
-    clock.t = T0 + 200
+    clock.now = T0 + 200
     v.verify(token)
     assert v.stats.cache_hits == hits + 1
-    clock.t = T0 + 300
+    clock.now = T0 + 300
     with pytest.raises(JwtRefused):
         v.verify(token)
 
@@ -536,7 +528,7 @@ def test_cached_token_refused_after_key_window_and_removal(keys):
     v.verify(token)
     v.verify(token)
     assert v.stats.cache_hits >= 1
-    clock.t = T0 + 300
+    clock.now = T0 + 300
     with pytest.raises(JwtRefused):
         v.verify(token)
     # a removal with no overlap takes effect on the next request, cached or not
@@ -559,10 +551,10 @@ def test_cached_token_does_not_outlive_exp(keys):
     v = trusting(keys, "ec", clock=clock, leeway_seconds=0)
     token = sign(bound(exp=int(T0 + 100)), keys["ec"])
     v.verify(token)
-    clock.t = T0 + 99
+    clock.now = T0 + 99
     v.verify(token)
     assert v.stats.cache_hits == 1
-    clock.t = T0 + 100
+    clock.now = T0 + 100
     with pytest.raises(JwtRefused, match="expired"):
         v.verify(token)
 

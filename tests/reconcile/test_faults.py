@@ -31,7 +31,8 @@ from ignition_server.reconcile.outputs import PointerSettings, TokenOutputs
 from ignition_server.reconcile.wiring import build_watcher
 from ignition_server.reconcile.status import written_status
 from payload_cache import CacheConfig, PayloadCache
-from testsupport.reconcile_world import T0, Clock, pool_secret, reopenable_world, settle
+from testsupport.clock import T0, Clock
+from testsupport.reconcile_world import pool_secret, reopenable_world, settle
 
 
 @pytest.fixture

@@ -19,7 +19,8 @@ from testsupport.ignition_client import ignition_files_stage
 from testsupport.realtools import require_tool
 from ignition_server.model.token_secret import parse_token_secret
 from testsupport.manifests import CA_PEM, KUBECONFIG, build_token_secret, kube_object
-from testsupport.reconcile_world import Clock, T0, file_reconciler, inputs_world, renders, settle
+from testsupport.clock import T0, Clock
+from testsupport.reconcile_world import file_reconciler, inputs_world, renders, settle
 from ignition_server.reconcile.releases import ANNOTATION_RELEASE_CATALOG
 from payload_cache import PayloadCache
 

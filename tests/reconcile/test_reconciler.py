@@ -19,7 +19,8 @@ from ignition_server.render.payload import render_payload
 from ignition_server.sources.files import FileSource
 from ignition_server.model.token_secret import ANNOTATION_TOKEN_EXPIRATION, format_time, is_token_secret, parse_token_secret
 from testsupport.manifests import build_token_secret
-from testsupport.reconcile_world import T0, pool_secret, reopenable_world, settle
+from testsupport.clock import T0
+from testsupport.reconcile_world import pool_secret, reopenable_world, settle
 from ignition_server.reconcile.wiring import build_watcher
 from testsupport.watcher import wait_idle
 from payload_cache import TokenState

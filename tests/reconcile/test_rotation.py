@@ -21,7 +21,7 @@ from ignition_server.sources.files import FileSource
 from payload_cache import CacheConfig, PayloadCache, TokenState
 from testsupport.harness import write_manifests
 from testsupport.manifests import build_token_secret
-from testsupport.reconcile_world import T0, Clock
+from testsupport.clock import T0, Clock
 
 TTL = 100.0
 

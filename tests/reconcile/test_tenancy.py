@@ -21,7 +21,8 @@ from ignition_server.auth.jwt import ServiceAccountVerifier
 from ignition_server.model.token_secret import ANNOTATION_TOKEN_EXPIRATION, parse_token_secret
 from testsupport.manifests import build_token_secret, kube_object
 from testsupport.service_accounts import keys_configmap
-from testsupport.reconcile_world import Clock, T0, file_reconciler, settle
+from testsupport.clock import T0, Clock
+from testsupport.reconcile_world import file_reconciler, settle
 from ignition_server.reconcile.reconciler import Reconciler
 from ignition_server.reconcile.source_view import SourceView
 from ignition_server.reconcile.tenancy import Tenancy

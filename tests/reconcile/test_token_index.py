@@ -11,7 +11,7 @@ from ignition_server.reconcile.tenancy import generation_group
 from ignition_server.reconcile.token_index import TokenIndex
 from payload_cache import CacheConfig, PayloadCache, TokenState
 from testsupport.manifests import build_token_secret
-from testsupport.reconcile_world import T0, Clock
+from testsupport.clock import T0, Clock
 
 TTL = 100.0
 

@@ -28,7 +28,8 @@ from ignition_server.render.mco import rendered_name
 from ignition_server.render.payload import render_payload
 from ignition_server.model.token_secret import parse_token_secret
 from testsupport.manifests import CA_PEM, KUBECONFIG, build_token_secret, kube_object
-from testsupport.reconcile_world import T0, inputs_world, renders, settle
+from testsupport.clock import T0
+from testsupport.reconcile_world import inputs_world, renders, settle
 from ignition_server.reconcile.releases import ANNOTATION_RELEASE_CATALOG
 
 LAYERED = "registry.example.com/custom/rhcos-layered@sha256:" + "d" * 64

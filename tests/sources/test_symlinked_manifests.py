@@ -17,7 +17,8 @@ from testsupport.harness import write_manifests
 from ignition_server.auth.tokens import TokenAuthenticator
 from ignition_server.sources import file_writes
 from ignition_server.model.token_secret import parse_token_secret
-from testsupport.reconcile_world import T0, pool_secret, reopenable_world, settle
+from testsupport.clock import T0
+from testsupport.reconcile_world import pool_secret, reopenable_world, settle
 
 
 @pytest.fixture
