@@ -32,7 +32,7 @@ from .http.listen import reserve_port, start_site
 from .http.limits import FailedAuthLimiter
 from .http.app import IgnitionHandlers, ServingState, build_dispatch, build_metrics_app
 from .tls.ca_rotation import CARotation, CAStore, DirectoryStore
-from .tls.certificates import TLSFiles, ensure_self_signed, make_ca, pair_stamp, reload_on_change, server_context
+from .tls.certificates import TLSFiles, ensure_self_signed, make_ca, reload_on_change, serving_context
 from .metrics import ServerMetrics
 from .render.payload import render_payload
 from .sources.events import Source
@@ -81,8 +81,8 @@ class _Running:
     watcher: Watcher
     writer: Callable[[], bool]  # whether this replica writes (with several replicas: the Lease holder)
     outputs: TokenOutputs
-    ssl_context: ssl.SSLContext | None
-    tls_loaded: tuple[int, int] | None  # pair_stamp of what ssl_context loaded
+    ssl_context: ssl.SSLContext
+    tls_loaded: tuple[int, int]  # pair_stamp of what ssl_context loaded
     registry_session: Any
     pool: WorkerPool | None = None
     reserved: socket.socket | None = None  # the serving port, held for the workers
@@ -217,8 +217,7 @@ class IgnitionServer:
             asyncio.create_task(self._run_source(running.source, watcher.reconciler), name="source"),
             asyncio.create_task(watcher.housekeeping.run(), name="housekeeping"),
         ]
-        if pool is None and running.ssl_context is not None and running.tls_loaded is not None \
-                and self.tls_files is not None:  # workers reload their own
+        if pool is None and self.tls_files is not None:  # workers reload their own
             tasks.append(asyncio.create_task(reload_on_change(running.ssl_context, self.tls_files,
                                                               loaded=running.tls_loaded), name="tls-reload"))
         if cluster is not None:
@@ -310,8 +309,7 @@ class IgnitionServer:
                 self.tls_files = ensure_self_signed(self.settings.cache_dir / "tls", self.settings.public_url,
                                                    self._ca_validity())
                 log.info("TLS: self-made CA at %s (put it in pointer configs' certificateAuthorities)", self.tls_files.ca)
-        loaded = pair_stamp(self.tls_files)
-        return server_context(self.tls_files, tls.profile), loaded
+        return serving_context(self.tls_files, tls.profile)
 
     async def _start(self, app: web.Application | web.Server, listen: tuple[str, int], ssl_context: ssl.SSLContext | None, name: str,
                      guard: ConnectionGuard | None = None) -> web.BaseRunner:

@@ -158,6 +158,13 @@ def server_context(files: TLSFiles, profile: TLSProfile = TLSProfile()) -> ssl.S
     return context
 
 
+def serving_context(files: TLSFiles, profile: TLSProfile) -> tuple[ssl.SSLContext, tuple[int, int]]:
+    """The serving context, and the `pair_stamp` to hand `reload_on_change`: taken before the
+    load, so that a pair replaced in between is reloaded rather than taken for the one loaded."""
+    loaded = pair_stamp(files)
+    return server_context(files, profile), loaded
+
+
 def load_pair(context: ssl.SSLContext, files: TLSFiles) -> None:
     """Load the certificate and key into `context` only if they match (ssl.SSLError if not).
 

@@ -31,7 +31,7 @@ from ..http.access_log import AccessLog
 from ..http.guard import ConnectionGuard
 from ..http.limits import FailedAuthLimiter
 from ..http.listen import start_site
-from ..tls.certificates import pair_stamp, reload_on_change, server_context
+from ..tls.certificates import reload_on_change, serving_context
 from ..metrics import ServerMetrics
 from .channel import Channel
 from .messages import (Ask, Behind, Changes, Drain, Granted, Hello, Hold, Missing, Ready, Refused, Report, Reported,
@@ -105,8 +105,7 @@ class Worker:
 
     async def run(self, stop: asyncio.Event) -> None:
         settings = self.spec.settings
-        tls_loaded = pair_stamp(self.spec.tls_files)
-        ssl_context = server_context(self.spec.tls_files, settings.tls.profile)
+        ssl_context, tls_loaded = serving_context(self.spec.tls_files, settings.tls.profile)
         guard = ConnectionGuard(settings.header_timeout, settings.connections_per_source, settings.connections_total,
                                 self.connections.row(self.spec.number))
         runner, _port = await start_site(build_dispatch(self.handlers), (settings.listen[0], self.spec.port), ssl_context,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from testsupport.harness import ServerProcess, wait_for, write_manifests
 from ignition_server.tls.certificates import (
-    TLSFiles, ensure_self_signed, pair_stamp, reload_on_change, server_context,
+    TLSFiles, ensure_self_signed, reload_on_change, serving_context,
 )
 from ignition_server.tls.profiles import profile as tls_profile
 from testsupport.manifests import build_token_secret
@@ -111,8 +111,7 @@ async def test_a_pair_replaced_while_the_process_starts_is_reloaded(tmp_path: Pa
     files = TLSFiles(tmp_path / "tls.crt", tmp_path / "tls.key", None)
     shutil.copy(first.cert, files.cert)
     shutil.copy(first.key, files.key)
-    loaded = pair_stamp(files)
-    context = server_context(files, tls_profile("Default"))
+    context, loaded = serving_context(files, tls_profile("Default"))  # as the server and its workers load it
     for source, target in ((second.cert, files.cert), (second.key, files.key)):  # renewed meanwhile
         tmp = target.with_suffix(".new")
         shutil.copy(source, tmp)
