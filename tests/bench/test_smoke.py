@@ -29,7 +29,8 @@ def test_warm_restart_serves_every_nodepool_without_rendering(tmp_path: Path) ->
     assert summary["memory"]["rss_mib"] > 0
     # The /readyz target (<= 2 s after start) is a timing: the benchmark proves it at full size on a
     # quiet machine; a CI machine busy with other tests may miss it. Anything else failed is a fault.
-    assert code == 0 or summary["warm"]["ready_s"] > 2.0, out
+    failed = {name for name, part in summary.items() if isinstance(part, dict) and not part.get("pass", True)}
+    assert code == 0 or (failed == {"warm"} and summary["warm"]["ready_s"] > 2.0), out
 
 
 def test_storm_scenarios_run_and_say_their_verdicts(tmp_path: Path) -> None:
