@@ -3,7 +3,7 @@
 Two tiers for payload blobs — a byte-bounded LRU in memory in front of
 encrypted files on disk — plus the token index, which is held entirely in
 memory and persisted as one encrypted snapshot by ``flush()``. Its upkeep (gc, verify,
-rekey, stats) is ``upkeep.py``'s; the methods here forward to it.
+rekey) is ``upkeep.py``'s; the methods here forward to it.
 
 Threads: ``get_blob``/``put_blob``/``flush``/``gc``/``verify``/``rekey`` may run
 on worker threads while the event loop reads the index; shared structures are
@@ -56,7 +56,7 @@ class PayloadCache:
         self._memory: LRUCache[str, bytes] = LRUCache(maxsize=config.memory_bytes, getsizeof=len)
         self._flushed_generation = index.generation
         self._upkeep = CacheUpkeep(
-            config, self._blobs, keys, index, counters, self._memory, self._lock, self._disk_lock,
+            config, self._blobs, keys, index, counters, self._lock, self._disk_lock,
             quarantine=self._quarantine, forget=self._forget, rewrite_index=self._rewrite_index,
         )
 
@@ -325,8 +325,26 @@ class PayloadCache:
         """Re-encrypt every blob and the index under the newest key; returns blobs re-encrypted."""
         return self._upkeep.rekey()
 
+    # -- counters ---------------------------------------------------------
     def stats(self) -> CacheStats:
-        return self._upkeep.stats()
+        """The counters' snapshot: read every second by each worker's report and by /metrics."""
+        with self._lock:
+            c = self._counters
+            return CacheStats(
+                memory_hits=c.memory_hits,
+                disk_hits=c.disk_hits,
+                misses=c.misses,
+                memory_bytes=int(self._memory.currsize),
+                memory_items=len(self._memory),
+                disk_bytes=c.disk_bytes,
+                blob_count=len(c.on_disk),
+                quarantined=c.quarantined,
+                gc_runs=c.gc_runs,
+                gc_deleted=c.gc_deleted,
+                blobs_written=c.blobs_written,
+                tokens=self._index.token_count(),
+                renders=self._index.render_count(),
+            )
 
     def quarantine_files(self) -> int:
         return self._blobs.quarantined_count()

@@ -1,7 +1,7 @@
-"""The payload store's upkeep: gc, verify, rekey and the counters' snapshot (stats).
+"""The payload store's upkeep: gc, verify and rekey.
 
 None of it is on the serving path: the reconciler runs gc now and then, `ignition-server
-cache` runs all four. It works on the store's own parts, handed over by `PayloadCache`
+cache` runs all three. It works on the store's own parts, handed over by `PayloadCache`
 (cache.py), which keeps the methods callers know (`cache.gc()`, ...) and forwards them here.
 """
 
@@ -13,15 +13,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cachetools import LRUCache
-
 from .blobstore import BlobStore
 from .config import CacheConfig
 from .envelope import EnvelopeError, envelope_key_id
 from .index import TokenIndex
 from .keys import KeySource
 from .reports import GcReport, VerifyReport
-from .stats import CacheStats, Counters
+from .stats import Counters
 
 log = logging.getLogger("payload_cache")
 
@@ -38,7 +36,6 @@ class CacheUpkeep:
     keys: KeySource
     index: TokenIndex
     counters: Counters
-    memory: LRUCache[str, bytes]
     lock: threading.Lock  # the cache's: guards the memory tier and the counters
     disk_lock: threading.Lock  # the cache's: "is this blob on disk / keep it" against gc deleting it
     quarantine: Callable[[str, str], None]  # (blob id, reason): moved aside, forgotten, counted
@@ -134,21 +131,3 @@ class CacheUpkeep:
         log.info("rekey re-encrypted %d blobs and the index under key %s", count, ring.newest_id.hex())
         return count
 
-    def stats(self) -> CacheStats:
-        with self.lock:
-            c = self.counters
-            return CacheStats(
-                memory_hits=c.memory_hits,
-                disk_hits=c.disk_hits,
-                misses=c.misses,
-                memory_bytes=int(self.memory.currsize),
-                memory_items=len(self.memory),
-                disk_bytes=c.disk_bytes,
-                blob_count=len(c.on_disk),
-                quarantined=c.quarantined,
-                gc_runs=c.gc_runs,
-                gc_deleted=c.gc_deleted,
-                blobs_written=c.blobs_written,
-                tokens=self.index.token_count(),
-                renders=self.index.render_count(),
-            )
