@@ -101,7 +101,6 @@ class IgnitionServer:
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
     state: ServingState = field(default_factory=ServingState)
     cache: PayloadCache | None = None
-    watcher: Watcher | None = None
     tls_files: TLSFiles | None = None
     ports: dict[str, int] = field(default_factory=dict)
     cluster: Cluster | None = None
@@ -134,13 +133,13 @@ class IgnitionServer:
         trust = TrustWatcher(verifier, self._edge_writer(verifier),
                              on_refused=self.metrics.tenancy_refusals.labels(what="service-account-key").inc)
         writer = cluster.is_writer if cluster is not None else (lambda: True)
-        self.watcher, registry_session = watcher_for(
+        watcher, registry_session = watcher_for(
             settings, source=source, cache=cache, renderer=self.renderer, metrics=self.metrics, clock=self.clock,
             writer=writer, trust=trust, outputs=outputs)
-        running = _Running(cache=cache, source=source, cluster=cluster, watcher=self.watcher, writer=writer,
+        running = _Running(cache=cache, source=source, cluster=cluster, watcher=watcher, writer=writer,
                            outputs=outputs, ssl_context=ssl_context, tls_loaded=tls_loaded,
                            registry_session=registry_session)
-        directory = self.watcher.reconciler.tokens  # service-account tokens: which NodePool's payload
+        directory = watcher.reconciler.tokens  # service-account tokens: which NodePool's payload
         await self._start_serving(running, TokenAuthenticator(cache, self.clock, verifier=verifier, directory=directory))
         return running
 
