@@ -39,6 +39,7 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
     if not args.source and not args.kubernetes:
         raise ValueError("serve needs --source DIR or --kubernetes")
     pod_namespace = args.pod_namespace or _pod_namespace()
+    proxy = node_proxy(args)
     return ServeSettings(
         source_dir=Path(args.source or "."),
         kubernetes=bool(args.kubernetes),
@@ -61,9 +62,9 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         edge_dir=Path(args.edge_dir) if args.edge_dir else None,
         proxy_protocol_from=parse_cidrs(args.proxy_protocol_from),
         public_url=args.public_url,
-        node_http_proxy=node_proxy(args).get("httpProxy", ""),
-        node_https_proxy=node_proxy(args).get("httpsProxy", ""),
-        node_no_proxy=tuple(node_proxy(args).get("noProxy", ())),
+        node_http_proxy=proxy.get("httpProxy", ""),
+        node_https_proxy=proxy.get("httpsProxy", ""),
+        node_no_proxy=tuple(proxy.get("noProxy", ())),
         cache_key_file=Path(args.cache_key_file) if args.cache_key_file else None,
         cache_memory_bytes=parse_size(str(args.cache_memory)),
         source_read_only=bool(args.source_read_only),
