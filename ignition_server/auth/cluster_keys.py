@@ -53,6 +53,10 @@ class ClusterState:
     secret_previous: list[tuple[TokenSecretRef, float]] = field(default_factory=list)
     generation: int = 0
 
+    def fingerprints(self) -> set[str]:
+        """Every key it holds, current or retired (still in its overlap)."""
+        return set(self.keys) | set(self.retired_keys)
+
 
 @dataclass(frozen=True)
 class Candidate:
@@ -136,7 +140,7 @@ class ClusterKeys:
             self._bump(st)
             # A shared key makes other clusters' tokens ambiguous: re-verify theirs too.
             for other in self._clusters.values():
-                if other is not st and touched & (set(other.keys) | set(other.retired_keys)):
+                if other is not st and touched & other.fingerprints():
                     self._bump(other)
             self._rebuild_kid_index()
             return list(new.values())
@@ -170,7 +174,7 @@ class ClusterKeys:
         with self._lock:
             return {
                 name for name, st in self._clusters.items()
-                if name != besides and wanted & (set(st.keys) | set(st.retired_keys))
+                if name != besides and wanted & st.fingerprints()
             }
 
     def remove_cluster(self, cluster: str) -> None:
@@ -178,7 +182,7 @@ class ClusterKeys:
             st = self._clusters.pop(cluster, None)
             if st is not None:
                 for other in self._clusters.values():
-                    if (set(st.keys) | set(st.retired_keys)) & (set(other.keys) | set(other.retired_keys)):
+                    if st.fingerprints() & other.fingerprints():
                         self._bump(other)
                 self._rebuild_kid_index()
 

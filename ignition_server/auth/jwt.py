@@ -103,7 +103,7 @@ class _CacheEntry:
 class ServiceAccountVerifier:
     """Verifies service-account JWTs of many hosted clusters (identified by a string id,
     e.g. the hosted control plane namespace ``clusters-foo``) against their public keys,
-    held by :attr:`keys`; its configuration methods are the keys' own, forwarded."""
+    held and configured in :attr:`keys` (``verifier.keys.set_keys(...)``)."""
 
     def __init__(
         self,
