@@ -50,7 +50,7 @@ class Housekeeping:
             await asyncio.sleep(tick)
             try:
                 await self.rotation.rotate_due()
-                await self.write_backs.prune_expired(list(self.tokens.secrets.items()))
+                await self.write_backs.prune_expired(self.tokens.secrets)
                 await self.renders.retry_failed()
                 self.release_waits.nudge()
                 now = self.clock()

@@ -74,8 +74,8 @@ class TokenIndex:
         """A token of `secret` is held by another Secret (the index remembers holders across
         restarts, retired tokens for one TTL, so the first stays first): refused, logged once."""
         holders = set()
-        for token in (secret.token, secret.old_token):
-            record = self.cache.lookup_token_key(self.cache.token_key(token)) if token else None
+        for token in secret.tokens():
+            record = self.cache.lookup_token_key(self.cache.token_key(token))
             if record is not None and record.secret != secret.ref:
                 holders.add(record.secret)
         if not holders:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any, Callable
 
 from ..model.objects import ObjectKey, set_annotation
@@ -101,14 +102,14 @@ class WriteBacks:
         self.work.submit(key.ref, "prune", lambda: self.source.delete(key))  # type: ignore[attr-defined]
         log.info("deleting %s: its token Secret %s is gone", key.ref, secret.ref)
 
-    async def prune_expired(self, secrets: list[tuple[ObjectKey, TokenSecret]]) -> int:
+    async def prune_expired(self, secrets: Mapping[ObjectKey, TokenSecret]) -> int:
         """Delete token Secrets that expired (`grace` seconds ago, so every replica has
         stopped serving them) and their user-data Secrets (the reference leaked both)."""
         if not self.writer() or not isinstance(self.source, PruningSource):
             return 0
         now = self.clock()
         pruned = 0
-        for key, secret in secrets:
+        for key, secret in list(secrets.items()):  # a copy: the deletes below await, the index moves on
             if secret.expiration is None or now < secret.expiration + self.prune_grace or self.faults.waiting("prune", key.ref):
                 continue
             user_data = user_data_key(secret)
