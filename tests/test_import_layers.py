@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from testsupport import REPO
+
+ROOT = REPO
 PACKAGES = ("ignition_server", "payload_cache", "proxy")
 
 # Lowest first. A module may import its own layer and the layers below it, never above.

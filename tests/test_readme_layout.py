@@ -7,9 +7,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-while not (ROOT / "pyproject.toml").exists():
-    ROOT = ROOT.parent
+from testsupport import REPO
+
+ROOT = REPO
 PACKAGES = ("ignition_server", "payload_cache", "proxy")
 TOP_LEVEL = ("ignition_server/", "payload_cache/", "proxy/", "tests/", "testsupport/", "bench/", "deploy/", "examples/")
 NAME = re.compile(r"`([\w./-]+(?:\.py|/))`")

@@ -28,8 +28,9 @@ from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
-DOCKERFILE = REPO / "Dockerfile"
+from testsupport import REPO
+from testsupport.deploy import DOCKERFILE
+
 LAUNCHER = Path(__file__).resolve().parent / "container_launch.py"
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 # What a container runtime (containerd, CRI-O) leaves in the bounding set when nothing is dropped.

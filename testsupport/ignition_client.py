@@ -17,10 +17,6 @@ from urllib.parse import unquote
 IGNITION = "/usr/lib/dracut/modules.d/30ignition/ignition"
 
 
-def have_ignition() -> bool:
-    return os.access(IGNITION, os.X_OK)
-
-
 @dataclass
 class IgnitionRun:
     returncode: int | None

@@ -33,10 +33,10 @@ from typing import Any
 import pytest
 import yaml
 
+from testsupport import REPO
 from testsupport.realtools import in_ci
 from testsupport.registry_world import OCI_MANIFEST, Registry, sha256
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 BINARIES = ("machine-config-operator", "machine-config-controller", "machine-config-server", "render")
 IMAGE_FILES = "mco-image-files.tar.xz"
 OS_RELEASE = b'NAME="Red Hat Enterprise Linux"\nVERSION="9.6 (Plow)"\nID="rhel"\nVERSION_ID="9.6"\n'
@@ -50,8 +50,8 @@ ART = "quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:"
 def real_dir() -> Path | None:
     """Where the real binaries are: $IGNITION_TEST_REAL_DIR, else ../shared/real beside the clone
     (or beside the directory of worktrees, for a git worktree one level further down)."""
-    for candidate in (os.environ.get("IGNITION_TEST_REAL_DIR"), str(REPO_ROOT.parent / "shared" / "real"),
-                      str(REPO_ROOT.parent.parent / "shared" / "real")):
+    for candidate in (os.environ.get("IGNITION_TEST_REAL_DIR"), str(REPO.parent / "shared" / "real"),
+                      str(REPO.parent.parent / "shared" / "real")):
         if candidate and all((Path(candidate) / f"{b}.xz").is_file() for b in BINARIES) \
                 and (Path(candidate) / IMAGE_FILES).is_file():
             return Path(candidate)

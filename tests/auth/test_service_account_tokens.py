@@ -10,7 +10,7 @@ import jwt as pyjwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for, write_manifests
+from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, bearer, wait_for, write_manifests
 from testsupport.ignition_client import files_in, finish_fetch, ignition_fetch, require_ignition
 from ignition_server.render.userdata import pointer_config
 from testsupport.manifests import build_token_secret
@@ -317,9 +317,6 @@ def test_edge_passes_every_token_the_server_accepts(tmp_path: Path) -> None:
 
     def served() -> float:
         return proc.metrics().get('ign_server_get_request{nodePool="clusters/workers"}', 0.0)
-
-    def bearer(token: str) -> dict[str, str]:
-        return {"Authorization": "Bearer " + base64.b64encode(token.encode()).decode()}
 
     now = int(time.time())
     bound = pyjwt.encode({

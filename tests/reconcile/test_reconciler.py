@@ -18,7 +18,7 @@ from ignition_server.metrics import ServerMetrics
 from ignition_server.render.payload import render_payload
 from ignition_server.sources.files import FileSource
 from ignition_server.model.token_secret import ANNOTATION_TOKEN_EXPIRATION, format_time, is_token_secret, parse_token_secret
-from testsupport.manifests import build_token_secret
+from testsupport.manifests import build_token_secret, token_status
 from testsupport.clock import T0
 from testsupport.reconcile_world import pool_secret, reopenable_world, settle
 from ignition_server.reconcile.wiring import build_watcher
@@ -66,7 +66,7 @@ async def test_a_newer_secret_outdates_the_older_one_for_two_hours(world) -> Non
     written = yaml.safe_load((source_dir / "old.yaml").read_text())
     expiry = parse_token_secret(written).expiration
     assert expiry == pytest.approx(T0 + 7200, abs=1)
-    assert parse_token_secret(yaml.safe_load((source_dir / "new.yaml").read_text())).expiration is None
+    assert token_status(source_dir / "new.yaml").expiration is None
     # Both generations serve their own payload until then.
     auth = TokenAuthenticator(cache, clock)
     old_blob = cache.get_blob(cache.get_render(auth.authenticate("tok-old").secret).blob_id)
@@ -84,11 +84,11 @@ async def test_rotation_on_the_clock_and_across_a_restart(world) -> None:
     assert await reconciler.rotation.rotate_due() == 0
     clock.now = T0 + 50
     assert await reconciler.rotation.rotate_due() == 1
-    first = parse_token_secret(yaml.safe_load(path.read_text()))
+    first = token_status(path)
     assert first.old_token == "tok-0" and first.token not in (None, "tok-0")
     clock.now = T0 + 100
     assert await reconciler.rotation.rotate_due() == 1
-    second = parse_token_secret(yaml.safe_load(path.read_text()))
+    second = token_status(path)
     assert second.old_token == first.token
     auth = TokenAuthenticator(cache, clock)
     assert cache.lookup_token("tok-0").state is TokenState.RETIRED
@@ -230,10 +230,9 @@ async def test_a_config_broken_then_put_back_says_as_expected_again(world) -> No
     path = write_manifests(source_dir / "p.yaml", pool_secret("p", "tok-p"))
     good_config = yaml.safe_load(path.read_text())["data"]["config"]
     await settle(reconciler, source)
-    await wait_idle(reconciler)
 
     def status() -> str | None:
-        return parse_token_secret(yaml.safe_load(path.read_text())).reason
+        return token_status(path).reason
 
     assert status() == "AsExpected"
     broken = yaml.safe_load(path.read_text())
@@ -241,14 +240,12 @@ async def test_a_config_broken_then_put_back_says_as_expected_again(world) -> No
                                                   machineconfigs_yaml="kind: [broken")["data"]["config"]
     write_manifests(path, broken)
     await settle(reconciler, source)
-    await wait_idle(reconciler)
     await source.poll_once()
     assert status() == "InvalidConfig"
     fixed = yaml.safe_load(path.read_text())  # the operator puts the old config back; the status stays as written
     fixed["data"]["config"] = good_config
     write_manifests(path, fixed)
     await settle(reconciler, source)
-    await wait_idle(reconciler)
     await source.poll_once()
     assert status() == "AsExpected"
 
@@ -261,9 +258,8 @@ async def test_a_config_over_its_bounds_is_refused_once_not_retried(world) -> No
         zlib.compress(b"- a\n" * 250_000, 9, wbits=16 + zlib.MAX_WBITS)).decode()  # 1 MB of YAML, 2 KiB of gzip
     path = write_manifests(source_dir / "flat.yaml", flat)
     await settle(reconciler, source)
-    await wait_idle(reconciler)
     await source.poll_once()
-    status = parse_token_secret(yaml.safe_load(path.read_text()))
+    status = token_status(path)
     assert status.reason == "InvalidConfig" and "nodes" in (status.message or "")
 
     def failures() -> float:
@@ -333,7 +329,6 @@ async def test_a_rotation_changes_what_is_served_only_once_its_write_is_accepted
     source._handler = reconciler.handle
     path = write_manifests(source_dir / "p.yaml", pool_secret("p", "tok-1", old_token="tok-0"))
     await settle(reconciler, source)
-    await wait_idle(reconciler)
     auth = TokenAuthenticator(cache, clock)
     clock.now = T0 + 50
     for outcome in ("failing", "accepted"):
@@ -350,6 +345,6 @@ async def test_a_rotation_changes_what_is_served_only_once_its_write_is_accepted
             # An outage: nothing written, nothing retired, whatever the clock says.
             assert rotated == 0 and refused_status(auth, "tok-0") is None and refused_status(auth, "tok-1") is None
             reconciler.faults.forget(next(iter(reconciler.tokens.secrets)).ref)  # no back-off wait in the test
-    written = parse_token_secret(yaml.safe_load(path.read_text()))
+    written = token_status(path)
     assert written.old_token == "tok-1" and refused_status(auth, written.token) is None
     assert refused_status(auth, "tok-1") is None and refused_status(auth, "tok-0") == 403

@@ -10,7 +10,7 @@ import yaml
 from ignition_server.auth.rotation_policy import RotationPolicy
 from ignition_server.config import SUPERSEDED_GRACE
 from ignition_server.metrics import ServerMetrics
-from ignition_server.model.token_secret import ANNOTATION_TOKEN_EXPIRATION, TokenSecret, format_time, parse_token_secret
+from ignition_server.model.token_secret import ANNOTATION_TOKEN_EXPIRATION, TokenSecret, format_time
 from ignition_server.reconcile.faults import Faults, ObjectWork
 from ignition_server.reconcile.index_flush import IndexFlush
 from ignition_server.reconcile.rotation import Rotation, rotation_name
@@ -20,7 +20,7 @@ from ignition_server.reconcile.write_backs import WriteBacks
 from ignition_server.sources.files import FileSource
 from payload_cache import CacheConfig, PayloadCache, TokenState
 from testsupport.harness import write_manifests
-from testsupport.manifests import build_token_secret
+from testsupport.manifests import build_token_secret, token_status
 from testsupport.clock import T0, Clock
 
 TTL = 100.0
@@ -32,10 +32,6 @@ def manifest(pool: str, token: str, *, suffix: str = "00000000", created: str = 
                              generation_time=generation_time)
     obj["metadata"]["creationTimestamp"] = created
     return obj
-
-
-def in_file(path: Path) -> TokenSecret:
-    return parse_token_secret(yaml.safe_load(path.read_text()))
 
 
 class World:
@@ -61,7 +57,7 @@ class World:
         await self.source.poll_once()
         read = []
         for path in paths:
-            secret = in_file(path)
+            secret = token_status(path)
             self.tokens.seen(secret)
             secret = self.rotation.restore(secret)
             self.tokens.put(secret)
@@ -85,7 +81,7 @@ async def test_a_due_secret_rotates_at_the_source_and_the_index_learns_the_new_t
     assert await world.rotation.rotate_due() == 0
     clock.now = T0 + TTL / 2
     assert await world.rotation.rotate_due() == 1
-    written = in_file(path)
+    written = token_status(path)
     assert written.old_token == "tok-0" and written.token not in (None, "tok-0")
     assert written.generation_time == pytest.approx(clock.now, abs=1)
     assert world.tokens.get(secret.key).token == written.token
@@ -148,4 +144,4 @@ async def test_older_generations_of_a_nodepool_get_an_expiry_the_newest_none(tmp
     await world.work.drain(10.0)
     notes = yaml.safe_load(old.read_text())["metadata"]["annotations"]
     assert notes[ANNOTATION_TOKEN_EXPIRATION] == format_time(T0 + SUPERSEDED_GRACE)
-    assert in_file(new).expiration is None
+    assert token_status(new).expiration is None

@@ -37,7 +37,6 @@ from testsupport.ignition_client import ignition_files_stage
 from testsupport.realtools import require_tool
 from ignition_server.render.join import JoinInputs, render_join_fragment
 
-IGNITION = "/usr/lib/dracut/modules.d/30ignition/ignition"
 HAPROXY_IMAGE = "quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:" + "a" * 64
 
 PRIVATE = "c100-1.private.us-south.containers.cloud.ibm.com:32167,c100-2.private.us-south.containers.cloud.ibm.com:32167"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for, write_manifests
+from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, bearer, wait_for, write_manifests
 from ignition_server.model.token_secret import parse_token_secret
 from testsupport.manifests import build_token_secret
 
@@ -33,9 +33,6 @@ def test_no_token_or_payload_text_leaks(tmp_path: Path) -> None:
     tokens = {"tok-marker-good-0a1b", "tok-marker-bad-2c3d", "tok-marker-forged-4e5f"}
     bodies: list[bytes] = []
     try:
-        def bearer(token: str) -> dict[str, str]:
-            return {"Authorization": "Bearer " + base64.b64encode(token.encode()).decode()}
-
         wait_for(lambda: proc.get("/ignition", bearer("tok-marker-good-0a1b"))[0] == 200, timeout=30, what="served")
         for token in sorted(tokens):
             for path, headers in ((f"/config/workers?token={token}", {}), ("/ignition", bearer(token)),
