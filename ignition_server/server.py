@@ -21,6 +21,7 @@ from aiohttp import web
 
 from payload_cache import CacheConfig, PayloadCache
 
+from .auth.cluster_keys import ClusterKeys
 from .auth.jwt import ServiceAccountVerifier
 from .auth.tokens import TokenAuthenticator
 from .config import ServeSettings
@@ -130,7 +131,7 @@ class IgnitionServer:
         if "FIPS" in settings.tls.profile.name:
             log.info(fips_describe())
         outputs = TokenOutputs(source, settings.edge_token_map, self._pointer_settings())
-        trust = TrustWatcher(verifier, self._edge_writer(verifier),
+        trust = TrustWatcher(verifier.keys, self._edge_writer(verifier.keys),
                              on_refused=self.metrics.tenancy_refusals.labels(what="service-account-key").inc)
         writer = cluster.is_writer if cluster is not None else (lambda: True)
         watcher, registry_session = watcher_for(
@@ -271,13 +272,13 @@ class IgnitionServer:
             ready_bytes=settings.serving_memory.ready,
         )
 
-    def _edge_writer(self, verifier: ServiceAccountVerifier) -> Callable[[], None]:
+    def _edge_writer(self, keys: ClusterKeys) -> Callable[[], None]:
         settings = self.settings
         if settings.edge_dir is None or self.tls_files is None:
             return lambda: None
         host = "127.0.0.1" if settings.listen[0] in ("0.0.0.0", "::", "") else settings.listen[0]
         writer = EdgePublisher(
-            verifier=verifier, directory=settings.edge_dir,
+            keys=keys, directory=settings.edge_dir,
             backend=f"[{host}]:{settings.listen[1]}" if ":" in host else f"{host}:{settings.listen[1]}",
             cert_pem=self.tls_files.cert.read_bytes() + self.tls_files.key.read_bytes(),
             ca_file=self.tls_files.ca, token_map=settings.edge_token_map,

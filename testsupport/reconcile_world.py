@@ -42,7 +42,7 @@ def file_reconciler(tmp_path: Path, clock: Clock, *, shared: Iterable[str], ca_p
                            delay=0.0)
     metrics = ServerMetrics()
     trust = None if verifier is None else TrustWatcher(
-        verifier, on_refused=metrics.tenancy_refusals.labels(what="service-account-key").inc)
+        verifier.keys, on_refused=metrics.tenancy_refusals.labels(what="service-account-key").inc)
     reconciler = build_watcher(source=source, cache=cache, renderer=render_payload, policy=RotationPolicy(100.0),
                                metrics=metrics, clock=clock, outputs=outputs, debounce=0.0,
                                tenancy=Tenancy(frozenset(shared)), trust=trust).reconciler

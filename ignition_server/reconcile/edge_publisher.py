@@ -28,7 +28,7 @@ from pathlib import Path
 from payload_cache.fsio import atomic_write, make_dir
 
 from ..auth.claims import LEGACY_ISSUER
-from ..auth.jwt import ServiceAccountVerifier
+from ..auth.cluster_keys import ClusterKeys
 from ..edge_publication import PUBLICATION, publication_document, write_key_files
 
 log = logging.getLogger("ignition_server.reconcile.edge_publisher")
@@ -46,7 +46,7 @@ def _ensure_exists(path: Path) -> None:
 
 @dataclass
 class EdgePublisher:
-    verifier: ServiceAccountVerifier
+    keys: ClusterKeys
     directory: Path
     backend: str  # host:port of this server
     cert_pem: bytes  # serving certificate chain + key, for a terminating proxy's TLS
@@ -64,7 +64,7 @@ class EdgePublisher:
         await asyncio.sleep(0.05)
         await asyncio.to_thread(self.write)
         # A replaced key leaves the publication when its window closes: come back then.
-        ends = [e for e in (self.verifier.keys.next_expiry(c) for c in self.verifier.keys.clusters()) if e is not None]
+        ends = [e for e in (self.keys.next_expiry(c) for c in self.keys.clusters()) if e is not None]
         if self._timer is not None:
             self._timer.cancel()
         if ends:
@@ -73,11 +73,11 @@ class EdgePublisher:
 
     def write(self) -> None:
         make_dir(self.directory)
-        clusters = self.verifier.keys.clusters()
-        keys = [key for cluster in clusters for key in self.verifier.keys.trusted_keys(cluster)]
+        clusters = self.keys.clusters()
+        keys = [key for cluster in clusters for key in self.keys.trusted_keys(cluster)]
         # The same issuers the server accepts: legacy tokens' and every cluster's bound-token
         # issuer (the server then checks each token against its own cluster's).
-        issuers = sorted({LEGACY_ISSUER}.union(*(self.verifier.keys.issuers(c) for c in clusters)))
+        issuers = sorted({LEGACY_ISSUER}.union(*(self.keys.issuers(c) for c in clusters)))
         published = write_key_files(self.directory / "keys", keys)
         cert_path = self.directory / "edge.pem"
         if self.token_map is not None:

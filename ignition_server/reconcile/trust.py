@@ -20,8 +20,8 @@ import logging
 from typing import Any, Callable, Mapping
 
 from ..auth.claims import TokenSecretRef
+from ..auth.cluster_keys import ClusterKeys
 from ..auth.jwks import load_public_keys
-from ..auth.jwt import ServiceAccountVerifier
 from ..sources.events import Change
 from ..model.objects import ManifestError, ObjectKey, annotations, data_text
 
@@ -38,9 +38,9 @@ def is_trust_object(obj: Mapping[str, Any]) -> bool:
 
 
 class TrustWatcher:
-    def __init__(self, verifier: ServiceAccountVerifier, on_keys_changed: Callable[[], None] = lambda: None,
+    def __init__(self, keys: ClusterKeys, on_keys_changed: Callable[[], None] = lambda: None,
                  on_refused: Callable[[], None] = lambda: None) -> None:
-        self.verifier = verifier
+        self.keys = keys
         self._on_keys_changed = on_keys_changed
         self._on_refused = on_refused  # counts a key set refused for being another cluster's
         self._providers: dict[str, ObjectKey] = {}  # cluster -> the object its keys came from
@@ -50,7 +50,7 @@ class TrustWatcher:
         if change.type == "DELETED" or not is_trust_object(change.obj):
             if self._providers.get(cluster) == change.key:
                 del self._providers[cluster]
-                self.verifier.keys.remove_cluster(cluster)
+                self.keys.remove_cluster(cluster)
                 log.info("no service-account keys for %s any more: its JWTs are refused", cluster)
                 self._on_keys_changed()
             return
@@ -75,15 +75,15 @@ class TrustWatcher:
             if self._held_by_another(change.key, cluster, sources):
                 return
             issuer = values.get("issuer", "").strip()
-            self.verifier.keys.configure(cluster, issuers=[issuer] if issuer else [])
-            keys = self.verifier.keys.set_keys(cluster, sources)
+            self.keys.configure(cluster, issuers=[issuer] if issuer else [])
+            keys = self.keys.set_keys(cluster, sources)
         except ValueError as exc:
             log.error("%s: unusable service-account keys, keeping the last good ones: %s", change.key, exc)
             return
         self._on_keys_changed()
         secret_name = values.get("token-secret-name", "").strip()
         if secret_name:
-            self.verifier.keys.set_token_secrets(cluster, TokenSecretRef(name=secret_name))
+            self.keys.set_token_secrets(cluster, TokenSecretRef(name=secret_name))
         log.info("service-account keys for %s: %d key(s)%s", cluster, len(keys), f", token Secret {secret_name}" if secret_name else "")
 
     def _held_by_another(self, key: ObjectKey, cluster: str, sources: list[str]) -> bool:
@@ -91,7 +91,7 @@ class TrustWatcher:
         so a copy of a cluster's public key published elsewhere never makes its tokens ambiguous
         (they would verify under two clusters, and be refused)."""
         fingerprints = [k.fingerprint for k in load_public_keys(sources)]
-        holders = self.verifier.keys.clusters_holding(fingerprints, besides=cluster)
+        holders = self.keys.clusters_holding(fingerprints, besides=cluster)
         if not holders:
             return False
         log.error("%s publishes a service-account key that %s already trusts: refused for %s, keeping its last good keys",
