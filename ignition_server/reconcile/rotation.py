@@ -45,14 +45,12 @@ def rotation_name(secret_ref: str) -> str:
 class Rotation:
     tokens: TokenIndex
     cache: PayloadCache  # holds the sealed rotation state of Secrets rotated in the cache dir
-    source: Any
     policy: RotationPolicy
-    write_backs: WriteBacks  # every write into the source goes through it (gated by `writer`)
+    write_backs: WriteBacks  # every write into the source goes through it (its source; gated by its `writer`)
     work: ObjectWork  # expiries, queued per object (never awaited by the handler)
     faults: Faults
     metrics: ServerMetrics
     persist_index: Callable[[], Awaitable[None]]  # a new token is durable before it is written anywhere
-    writer: Callable[[], bool] = lambda: True
     clock: Callable[[], float] = time.time
     # Secrets whose rotation lives in the cache dir although the source is writable: their
     # manifest (a symlink's target on a read-only mount) cannot be written.
@@ -85,7 +83,7 @@ class Rotation:
 
     async def rotate_due(self) -> int:
         """Rotate every Secret whose current token has lived TTL/2. Returns how many rotated."""
-        if not self.writer():
+        if not self.write_backs.writer():
             return 0  # the writer rotates; this replica learns the new token from the source
         now = self.clock()
         due = [
@@ -94,13 +92,13 @@ class Rotation:
         ]
         if not due:
             return 0
-        in_cache = [(k, s) for k, s in due if not self.source.writable or k in self._rotated_in_cache]
+        in_cache = [(k, s) for k, s in due if not self.write_backs.source.writable or k in self._rotated_in_cache]
         if in_cache:
             for key, secret in in_cache:
                 self._rotate_in_cache(key, secret, now)
             await self.persist_index()
             self.metrics.token_rotations.inc(len(in_cache))
-            due = [(k, s) for k, s in due if self.source.writable and k not in self._rotated_in_cache]
+            due = [(k, s) for k, s in due if self.write_backs.source.writable and k not in self._rotated_in_cache]
             if not due:
                 return len(in_cache)
         planned = [(key, secret, new_token()) for key, secret in due]

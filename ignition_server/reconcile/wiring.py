@@ -97,8 +97,8 @@ def build_watcher(
         tenancy=tenancy, input_graph=input_graph, release_waits=release_waits, base_waits=base_waits,
         secret_of=tokens.get, persist_index=persist_index, write_status=write_backs.status_later, clock=clock,
         debounce=debounce, render_concurrency=render_concurrency)
-    rotation = Rotation(tokens=tokens, cache=cache, source=source, policy=policy, write_backs=write_backs, work=work,
-                        faults=faults, metrics=metrics, persist_index=persist_index, writer=writer, clock=clock)
+    rotation = Rotation(tokens=tokens, cache=cache, policy=policy, write_backs=write_backs, work=work,
+                        faults=faults, metrics=metrics, persist_index=persist_index, clock=clock)
     reconciler = Reconciler(
         source=source, cache=cache, metrics=metrics, tokens=tokens, rotation=rotation, renders=renders,
         input_graph=input_graph, write_backs=write_backs, release_waits=release_waits, base_waits=base_waits,

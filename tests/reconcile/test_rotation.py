@@ -48,9 +48,9 @@ class World:
         self.tokens = TokenIndex(cache=self.cache, ttl=TTL, clock=clock)
         write_backs = WriteBacks(source=self.source, work=self.work, faults=faults, secret_of=self.tokens.get,
                                  writer=lambda: writer, clock=clock)
-        self.rotation = Rotation(tokens=self.tokens, cache=self.cache, source=self.source, policy=RotationPolicy(TTL),
+        self.rotation = Rotation(tokens=self.tokens, cache=self.cache, policy=RotationPolicy(TTL),
                                  write_backs=write_backs, work=self.work, faults=faults, metrics=self.metrics,
-                                 persist_index=IndexFlush(self.cache), writer=lambda: writer, clock=clock)
+                                 persist_index=IndexFlush(self.cache), clock=clock)
 
     async def read(self, *paths: Path) -> list[TokenSecret]:
         """The source lists the files; each token Secret is indexed as the dispatcher does it."""
