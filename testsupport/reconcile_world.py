@@ -14,7 +14,7 @@ from ignition_server.metrics import ServerMetrics
 from ignition_server.model.token_secret import is_token_secret
 from ignition_server.reconcile.outputs import PointerSettings, TokenOutputs
 from ignition_server.reconcile.reconciler import Reconciler
-from ignition_server.reconcile.wiring import build_watcher
+from ignition_server.reconcile.wiring import Watcher, build_watcher
 from ignition_server.reconcile.tenancy import Tenancy
 from ignition_server.reconcile.trust import TrustWatcher
 from ignition_server.render.payload import render_payload
@@ -59,23 +59,28 @@ def inputs_world(tmp_path: Path) -> tuple[Reconciler, FileSource, PayloadCache, 
     return reconciler, source, cache, source_dir, clock, outputs
 
 
+def open_watcher(source_dir: Path, clock: Clock, *, read_only: bool = False) -> tuple[Watcher, FileSource, PayloadCache]:
+    """A watcher (reconciler and housekeeping), file source and cache over `source_dir` and the
+    cache beside it (`cache/`), as a (re)started server opens them; no token outputs."""
+    cache = PayloadCache.open(CacheConfig(cache_dir=source_dir.parent / "cache"))
+    source = FileSource(source_dir, read_only=read_only, retain=lambda obj: not is_token_secret(obj))
+    watcher = build_watcher(source=source, cache=cache, renderer=render_payload, policy=RotationPolicy(ttl=100.0),
+                            metrics=ServerMetrics(), clock=clock)
+    source._handler = watcher.reconciler.handle
+    return watcher, source, cache
+
+
 def reopenable_world(tmp_path: Path) -> tuple[Callable[..., tuple[Reconciler, FileSource, PayloadCache]], Clock, Path]:
     """(make, clock, source_dir): make(read_only=False) opens a new reconciler, file source and
     cache over the same directories (`tmp_path/source`, `tmp_path/cache`), as a restarted server
-    opens them; no token outputs."""
+    opens them (`open_watcher`)."""
     clock = Clock()
     source_dir = tmp_path / "source"
     source_dir.mkdir()
 
     def make(read_only: bool = False) -> tuple[Reconciler, FileSource, PayloadCache]:
-        cache = PayloadCache.open(CacheConfig(cache_dir=tmp_path / "cache"))
-        source = FileSource(source_dir, read_only=read_only, retain=lambda obj: not is_token_secret(obj))
-        reconciler = build_watcher(
-            source=source, cache=cache, renderer=render_payload, policy=RotationPolicy(ttl=100.0),
-            metrics=ServerMetrics(), clock=clock,
-        ).reconciler
-        source._handler = reconciler.handle
-        return reconciler, source, cache
+        watcher, source, cache = open_watcher(source_dir, clock, read_only=read_only)
+        return watcher.reconciler, source, cache
 
     return make, clock, source_dir
 

@@ -32,7 +32,7 @@ from ignition_server.reconcile.wiring import build_watcher
 from ignition_server.reconcile.status import written_status
 from payload_cache import CacheConfig, PayloadCache
 from testsupport.clock import T0, Clock
-from testsupport.reconcile_world import pool_secret, reopenable_world, settle
+from testsupport.reconcile_world import open_watcher, pool_secret, reopenable_world, settle
 
 
 @pytest.fixture
@@ -178,11 +178,8 @@ async def test_a_fault_in_one_object_leaves_later_changes_applied(step: str, tmp
 
 async def test_rotation_overdue_gauge_counts_secrets_whose_rotation_cannot_happen(world) -> None:
     _make, clock, source_dir = world
-    source = FileSource(source_dir, retain=lambda obj: not is_token_secret(obj))
-    watcher = build_watcher(source=source, cache=PayloadCache.open(CacheConfig(cache_dir=source_dir.parent / "cache")),
-                            renderer=render_payload, policy=RotationPolicy(ttl=100.0), metrics=ServerMetrics(), clock=clock)
+    watcher, source, _cache = open_watcher(source_dir, clock)  # with its housekeeping, which rotates
     reconciler = watcher.reconciler
-    source._handler = reconciler.handle
     path = write_manifests(source_dir / "p.yaml", pool_secret("p", "tok-p"))
     write_manifests(source_dir / "q.yaml", pool_secret("q", "tok-q"))
     await settle(reconciler, source)

@@ -20,7 +20,7 @@ from ignition_server.sources.files import FileSource
 from ignition_server.model.token_secret import ANNOTATION_TOKEN_EXPIRATION, format_time, is_token_secret, parse_token_secret
 from testsupport.manifests import build_token_secret, token_status
 from testsupport.clock import T0
-from testsupport.reconcile_world import pool_secret, reopenable_world, settle
+from testsupport.reconcile_world import pool_secret, renders, reopenable_world, settle
 from ignition_server.reconcile.wiring import build_watcher
 from testsupport.watcher import wait_idle
 from payload_cache import TokenState
@@ -79,7 +79,7 @@ async def test_rotation_on_the_clock_and_across_a_restart(world) -> None:
     reconciler, source, cache = make()
     path = write_manifests(source_dir / "p.yaml", pool_secret("p", "tok-0"))
     await settle(reconciler, source)
-    renders = reconciler.metrics.payload_cache_miss._value.get()
+    before = renders(reconciler)
     clock.now = T0 + 49
     assert await reconciler.rotation.rotate_due() == 0
     clock.now = T0 + 50
@@ -96,7 +96,7 @@ async def test_rotation_on_the_clock_and_across_a_restart(world) -> None:
         auth.authenticate("tok-0")
     assert refused.value.status == 403
     assert auth.authenticate(first.token).secret == "clusters-a/token-p-00000000"
-    assert reconciler.metrics.payload_cache_miss._value.get() == renders  # rotation never re-renders
+    assert renders(reconciler) == before  # rotation never re-renders
     cache.flush()
     # A new process: the retired token is still refused, and forgotten one TTL later.
     reconciler2, source2, cache2 = make()
@@ -105,7 +105,7 @@ async def test_rotation_on_the_clock_and_across_a_restart(world) -> None:
     with pytest.raises(Refusal) as refused:
         auth2.authenticate("tok-0")
     assert refused.value.status == 403
-    assert reconciler2.metrics.payload_cache_miss._value.get() == 0
+    assert renders(reconciler2) == 0
     clock.now = T0 + 100 + 101
     cache2.forget_expired(clock.now)
     with pytest.raises(Refusal) as refused:
@@ -200,10 +200,10 @@ async def test_large_configs_are_not_held_in_memory_but_render(world) -> None:
     payload = cache.get_blob(cache.get_render("clusters-a/token-big-00000000").blob_id)
     assert noise[:1000].encode() in payload
     # Unchanged on a new listing (same digest): no second render.
-    renders = reconciler.metrics.payload_cache_miss._value.get()
+    before = renders(reconciler)
     reconciler2, source2, _cache2 = make()
     await settle(reconciler2, source2)
-    assert reconciler2.metrics.payload_cache_miss._value.get() == 0 and renders == 1
+    assert renders(reconciler2) == 0 and before == 1
 
 
 async def test_a_manifest_broken_while_down_keeps_serving_its_last_good_payload(world, tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from ignition_server.model.token_secret import ANNOTATION_TOKEN_EXPIRATION, pars
 from testsupport.manifests import build_token_secret, kube_object
 from testsupport.service_accounts import keys_configmap
 from testsupport.clock import T0, Clock
-from testsupport.reconcile_world import file_reconciler, settle
+from testsupport.reconcile_world import file_reconciler, renders, settle
 from ignition_server.reconcile.reconciler import Reconciler
 from ignition_server.reconcile.source_view import SourceView
 from ignition_server.reconcile.tenancy import Tenancy
@@ -142,11 +142,11 @@ async def test_a_release_catalog_outside_the_shared_namespaces_changes_no_payloa
     write_manifests(source_dir / "victim.yaml", *victim_cluster())
     await settle(reconciler, source, reconciler.tokens.outputs)
     assert GOOD_HAPROXY in payload(cache, VICTIM_REF)
-    renders = reconciler.metrics.payload_cache_miss._value.get()
+    before = renders(reconciler)
     write_manifests(source_dir / "evil-catalog.yaml", catalog(EVIL, EVIL_HAPROXY))
     await settle(reconciler, source, reconciler.tokens.outputs)
     assert GOOD_HAPROXY in payload(cache, VICTIM_REF) and EVIL_HAPROXY not in payload(cache, VICTIM_REF)
-    assert reconciler.metrics.payload_cache_miss._value.get() == renders
+    assert renders(reconciler) == before
     assert reconciler.releases.get(RELEASE).images["haproxy-router"] == GOOD_HAPROXY
     # A mirror set in a tenant's namespace would rename the image every payload pulls: ignored too.
     write_manifests(source_dir / "evil-idms.yaml", {
