@@ -43,7 +43,7 @@ from .claims import (
     JwtRefused,
     read_account,
 )
-from .cluster_keys import Candidate, ClusterKeys, ClusterState, JwtUnknownKey
+from .cluster_keys import Candidate, ClusterKeys, JwtUnknownKey
 from .jwks import PrivateKeyRefused, PublicKey
 
 __all__ = [
@@ -149,7 +149,7 @@ class ServiceAccountVerifier:
             self.stats.cache_misses += 1
         candidates, named = self._candidates(token, now)
 
-        verified: list[tuple[ClusterState, float, dict[str, Any], int]] = []
+        verified: list[tuple[Candidate, dict[str, Any]]] = []
         for candidate in candidates:
             self.stats.signature_checks += 1
             key = candidate.key
@@ -159,14 +159,15 @@ class ServiceAccountVerifier:
                 continue
             if not isinstance(claims, dict):
                 continue
-            verified.append((candidate.cluster, candidate.until, claims, candidate.generation))
+            verified.append((candidate, claims))
         if not verified:
             if named:  # its kid names a key held here, and that key says no: forged
                 raise JwtRefused(401, "token signature not valid for its key")
             raise JwtUnknownKey("no trusted key verifies the token (its key may not be loaded yet)")
-        if len({id(st) for st, _, _, _ in verified}) > 1:
+        if len({id(candidate.cluster) for candidate, _ in verified}) > 1:
             raise JwtRefused(403, "token verifies under keys of more than one cluster")
-        st, key_until, claims, generation = max(verified, key=lambda v: v[1])
+        chosen, claims = max(verified, key=lambda v: v[0].until)
+        st, generation = chosen.cluster, chosen.generation
 
         bound, namespace, name, secret_name, uid = read_account(claims)
         ctx = self.keys.context(
@@ -181,7 +182,7 @@ class ServiceAccountVerifier:
             now=now,
             leeway=self._leeway,
         )
-        valid_until = key_until
+        valid_until = chosen.until
         for check in self._checks:
             deadline = check.fn(ctx)
             if deadline is not None:
