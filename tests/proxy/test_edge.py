@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import hmac
 import http.client
@@ -15,6 +16,8 @@ import subprocess
 import threading
 import time
 import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
 
 import jwt
 import pytest
@@ -145,6 +148,22 @@ def wait_listening(port: int, proc: subprocess.Popen, timeout: float = 10.0) -> 
     raise RuntimeError("haproxy did not start listening")
 
 
+@contextlib.contextmanager
+def running_haproxy(config: Path, port: int) -> Iterator[None]:
+    """Real HAProxy on `config` (which binds `port`), listening until the block ends."""
+    proc = subprocess.Popen([HAPROXY, "-db", "-f", str(config)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_listening(port, proc)
+        yield
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
 def get(port: int, path: str, headers: dict | None = None) -> tuple[int, bytes]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:
@@ -249,17 +268,10 @@ def edge(tmp_path, keys):
     )
     path = tmp_path / "edge.cfg"
     path.write_text(cfg)
-    proc = subprocess.Popen([HAPROXY, "-db", "-f", str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        wait_listening(port, proc)
-        yield port, backend
+        with running_haproxy(path, port):
+            yield port, backend
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
         backend.stop()
 
 
@@ -416,16 +428,10 @@ def test_edge_answers_a_key_it_does_not_hold_yet_511_and_passes_it_once_reloaded
     cfg = render_edge_config(bind=f"127.0.0.1:{port2}", backend_servers=[f"127.0.0.1:{backend.port}"],
                              key_files=key_files, issuers=[LEGACY_ISSUER, BOUND_ISSUER])
     (tmp_path / "edge2.cfg").write_text(cfg)
-    proc = subprocess.Popen([HAPROXY, "-db", "-f", str(tmp_path / "edge2.cfg")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        wait_listening(port2, proc)
+    with running_haproxy(tmp_path / "edge2.cfg", port2):
         for name, token in not_yet.items():
             assert get(port2, url_for(token))[0] == 200, name
         # the previous key left: its kid is no longer held, so its tokens are "not known", not forged
         assert get(port2, url_for(sign(legacy(), keys["previous"])))[0] == 511
         # a held kid over a key no longer held: forged, whatever it once was
         assert get(port2, url_for(sign_as(legacy(), keys["previous"], kube_key_id(new_key.public_key()))))[0] == 403
-    finally:
-        proc.kill()
-        proc.wait(10)
