@@ -13,6 +13,7 @@
   releases  5,280 NodePools over 10 releases from a real registry: each release read once (bench/releases.py)
   bases     5,280 NodePools over 440 clusters, generated MCO bases: one run per (cluster, release) (bench/bases.py)
   parity    time to payload with the real MCO binaries: HyperShift's real ignition server vs ours (bench/parity.py)
+  fairness  one tenant's flood or churn vs another tenant's first payload (bench/fairness.py)
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import sys
 COMMANDS = {"compare": "bench.compare", "releases": "bench.releases", "run": "bench.run", "fleet": "testsupport.fleet",
             "rerender": "bench.rerender", "kube": "bench.kube", "timing": "bench.timing", "storm": "bench.storm",
             "hotpath": "bench.hotpath", "proxy": "bench.proxy", "bases": "bench.bases",
-            "parity": "bench.parity",
+            "parity": "bench.parity", "fairness": "bench.fairness",
             "replicas": "bench.replicas"}
 
 

@@ -142,7 +142,12 @@ class ServerMetrics:
             "ign_server_render_failures", "Renders that failed (the last good payload keeps serving)",
             registry=self.registry,
         )
-        self.render_queue = Gauge("ign_server_render_queue_depth", "Renders waiting or running", registry=self.registry)
+        self.render_queue = Gauge("ign_server_render_queue_depth", "NodePools queued (now, debouncing or after a "
+                                  "back-off) or being reconciled", registry=self.registry)
+        self.reconciles = Counter(
+            "ign_server_reconciles", "NodePools reconciled, by outcome: current (nothing to do), rendered, "
+            "waiting (for a release or base), failed, backing-off, gone", ["outcome"], registry=self.registry,
+        )
         self.responses = LabelTally("ign_server_responses", "Responses by status code", "code",
                                     sample="ign_server_responses_total")
         self.registry.register(self.responses)

@@ -40,7 +40,7 @@ from .sources.events import Source
 from .sources.files import FileSource
 from .model.token_secret import is_token_secret, is_user_data_secret
 from .reconcile.reconciler import Reconciler
-from .reconcile.renders import Renderer
+from .reconcile.nodepools import Renderer
 from .reconcile.edge_publisher import EdgePublisher
 from .reconcile.outputs import PointerSettings, TokenOutputs
 from .reconcile.trust import TrustWatcher
@@ -174,8 +174,8 @@ class IgnitionServer:
             self.ports["serving"] = running.reserved.getsockname()[1]
             running.pool = WorkerPool(settings=settings, count=settings.workers, port=self.ports["serving"],
                                       tls_files=self.tls_files, cache=running.cache, authenticator=authenticator,
-                                      metrics=self.metrics, on_served=reconciler.write_backs.note_served,
-                                      on_missing=reconciler.renders.payload_missing, behind=self.state.behind)
+                                      metrics=self.metrics, on_served=reconciler.note_served,
+                                      on_missing=reconciler.payload_missing, behind=self.state.behind)
         pool = running.pool
         # Metrics first: once a worker answers /readyz, everything of this server answers.
         if settings.metrics_listen is not None:
@@ -264,8 +264,8 @@ class IgnitionServer:
             authenticator=authenticator,
             metrics=self.metrics,
             state=self.state,
-            on_served=reconciler.write_backs.note_served,
-            on_missing=reconciler.renders.payload_missing,
+            on_served=reconciler.note_served,
+            on_missing=reconciler.payload_missing,
             max_in_flight=settings.max_in_flight,
             limiter=FailedAuthLimiter(settings.auth_failure_burst, settings.auth_failure_window),
             access=AccessLog(settings.log_format),

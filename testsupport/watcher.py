@@ -8,9 +8,11 @@ from ignition_server.reconcile.reconciler import Reconciler
 
 
 async def wait_idle(reconciler: Reconciler) -> None:
-    """Until no render and no queued write-back is pending.
+    """Until no NodePool is ready or being reconciled and no queued write-back is pending.
 
-    A write-back that failed and waits for its retry does not count."""
-    while reconciler.renders.pending() or reconciler.work.running():
-        tasks = reconciler.renders.pending() + list(reconciler.work.running())
+    A NodePool or write-back waiting out its back-off does not count."""
+    while reconciler.nodepools.queue.busy() or reconciler.work.running():
+        tasks = reconciler.nodepools.queue.workers() + list(reconciler.work.running())
         await asyncio.gather(*tasks, return_exceptions=True)
+        if not tasks:
+            await asyncio.sleep(0.005)  # a debounce running out

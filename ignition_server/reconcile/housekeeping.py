@@ -1,7 +1,7 @@
 """The watcher's clock: what happens on a tick rather than on a source change.
 
-Rotation of due Secrets (rotation.py), deleting expired ones (write_backs.py), render
-retries after their back-off (renders.py), releases asked for again (release_waits.py),
+Rotation of due Secrets (rotation.py), deleting expired ones (write_backs.py), releases
+asked for again by a new writer (release_waits.py),
 the tokens of Secrets that expired retired (token_index.py), the cache's expired tokens
 forgotten and its unreferenced payloads collected, and the index flushed when dirty.
 """
@@ -19,7 +19,6 @@ from payload_cache import PayloadCache
 from ..metrics import ServerMetrics
 from .faults import Faults
 from .release_waits import ReleaseWaits
-from .renders import RenderScheduler
 from .rotation import Rotation
 from .token_index import TokenIndex
 from .write_backs import WriteBacks
@@ -34,7 +33,6 @@ class Housekeeping:
     tokens: TokenIndex
     rotation: Rotation
     write_backs: WriteBacks
-    renders: RenderScheduler
     release_waits: ReleaseWaits
     cache: PayloadCache
     faults: Faults
@@ -43,7 +41,7 @@ class Housekeeping:
     clock: Callable[[], float] = time.time
 
     async def run(self, *, tick: float = 0.5) -> None:
-        """Rotation, render retries and index persistence, until cancelled."""
+        """Rotation, expiry and index persistence, until cancelled (render retries are the work queue's)."""
         last_forget = 0.0
         last_gc = self.clock()  # not at start-up: nothing is unreferenced before the first listing
         while True:
@@ -51,7 +49,6 @@ class Housekeeping:
             try:
                 await self.rotation.rotate_due()
                 await self.write_backs.prune_expired(self.tokens.secrets)
-                await self.renders.retry_failed()
                 self.release_waits.nudge()
                 now = self.clock()
                 for secret in list(self.tokens.secrets.values()):

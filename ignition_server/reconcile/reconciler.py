@@ -1,27 +1,22 @@
-"""The dispatcher: each source change goes to the objects that own what it changes.
+"""The dispatcher: each source change updates the indexes it touches and queues the NodePools it concerns.
 
-Nothing here holds state of its own beyond "the first listing is done"; each object below
-owns its state, and the HTTP app only reads the cache and the token index they keep.
-One token Secret change, from the source to the cache:
+It does nothing else: what happens to a NodePool is `NodePools.reconcile` (nodepools.py),
+run by the fair work queue (work_queue.py). One token Secret change, from the source to the cache:
 
-1. the source (sources/) hands a batch of changes to `Reconciler.handle`, oldest first;
-   a fault stays with its object (`faults`, retried with back-off through `work`);
-2. `_apply` parses it; `rotation.restore` (Rotation, rotation.py) applies a rotation
-   kept in the cache dir; `tokens.holds_anothers_token` refuses a Secret holding another's
-   token; `tokens.put` (TokenIndex, token_index.py) writes its tokens into the cache's token
-   index, which is what a node's request is checked against (auth/tokens.py);
-3. `renders.schedule` (RenderScheduler, renders.py) gathers its inputs, recording what it
-   reads in the InputGraph (input_graph.py); it asks `release_waits.blocked` (ReleaseWaits,
-   release_waits.py) and `base_waits.blocked` (GeneratedBaseWaits, generated_bases.py),
-   renders off the event loop and puts the payload into the cache;
-4. it hands the outcome to `write_backs.status_later` (WriteBacks, write_backs.py), which
-   writes the Secret's status into the source (the writing replica only);
-5. after the batch, `rotation.expire_outdated` gives the NodePool's older Secrets an expiry.
+1. the source (sources/) hands a batch of changes to `Reconciler.handle`, oldest first; the
+   queue is held while the batch is applied, so a listing is applied whole (catalogs, bases,
+   mirror sets, every token Secret) before any NodePool is reconciled; a fault stays with its
+   object (`faults`, retried with back-off through `work`);
+2. `_index_token_secret` parses it; `rotation.restore` (rotation.py) applies a rotation kept in
+   the cache dir; `tokens.holds_anothers_token` refuses a Secret holding another's token;
+   `tokens.put` (token_index.py) writes its tokens into the cache's token index, which is what
+   a node's request is checked against (auth/tokens.py): from here its token is known (never 511);
+3. `nodepools.schedule` queues its key (a first payload ahead of re-renders); a change to any
+   other object queues the NodePools that read it (`nodepools.inputs_changed`, the input graph);
+4. after the batch, `rotation.expire_outdated` gives the NodePool's older Secrets an expiry.
 
-A change to any other object a NodePool reads goes to `renders.inputs_changed`, which
-re-renders exactly the readers the InputGraph names. What happens on the clock instead
-(rotation when due, retries, expiry) is Housekeeping (housekeeping.py); wiring.py builds
-these objects and hands them in.
+What happens on the clock instead (rotation when due, expiry) is Housekeeping
+(housekeeping.py); wiring.py builds these objects and hands them in.
 """
 
 from __future__ import annotations
@@ -45,7 +40,7 @@ from .generated_bases import GeneratedBaseWaits, is_generated_base
 from .input_graph import InputGraph
 from .release_waits import ReleaseWaits
 from .releases import Releases, is_catalog, release_key
-from .renders import RenderScheduler
+from .nodepools import NodePools
 from .rotation import Rotation
 from .status import Status
 from .tenancy import Tenancy, generation_group, oldest_first
@@ -63,7 +58,7 @@ class Reconciler:
     metrics: ServerMetrics
     tokens: TokenIndex  # the token Secrets served, and what their tokens open
     rotation: Rotation  # a rotation kept in the cache dir; outdated Secrets' expiry
-    renders: RenderScheduler  # when each NodePool renders, into the cache
+    nodepools: NodePools  # what happens to each NodePool, run by the fair work queue
     input_graph: InputGraph  # what each token Secret reads, and who reads each object
     write_backs: WriteBacks  # status, user-data of gone Secrets
     release_waits: ReleaseWaits  # NodePools waiting for a release; mirror sets
@@ -79,6 +74,10 @@ class Reconciler:
     # -- source events -------------------------------------------------------------
 
     async def handle(self, changes: list[Change]) -> None:
+        with self.nodepools.queue.held():  # the batch whole, then the NodePools it queued
+            await self._apply_batch(changes)
+
+    async def _apply_batch(self, changes: list[Change]) -> None:
         touched_pools: set[tuple[str, str]] = set()
         for change in oldest_first(changes):
             # One object's fault stays with that object: logged once, retried with back-off,
@@ -117,28 +116,29 @@ class Reconciler:
             change = Change("DELETED", key, change.obj)  # as if absent; it is not used for anything shared
         if key.kind == "ConfigMap" and (is_catalog(change.obj) or self.releases.catalog.knows(key)):
             for pull_spec in self.releases.catalog.update(key, None if change.type == "DELETED" else change.obj):
-                self.renders.inputs_changed(release_key(pull_spec))
+                self.nodepools.inputs_changed(release_key(pull_spec))
         if key.kind == "ConfigMap" and (is_base(change.obj) or self.bases.knows(key)):
             for dependency in self.bases.update(key, None if change.type == "DELETED" else change.obj):
-                self.renders.inputs_changed(dependency)
+                self.nodepools.inputs_changed(dependency)
         if key.kind == "ConfigMap" and change.type != "DELETED" and is_generated_base(change.obj):
             self.base_waits.published(change.obj)
         if is_mirror_set(change.obj) or (key.kind in ("ImageDigestMirrorSet", "ImageTagMirrorSet")):
             self.release_waits.mirror_set_changed(key, None if change.type == "DELETED" else change.obj)
         if key.kind == "Secret":
             if change.type != "DELETED" and is_token_secret(change.obj):
-                secret = await self._apply(key, change.obj)
+                secret = self._index_token_secret(key, change.obj)
                 if secret is not None:
                     touched = generation_group(secret)
             else:
                 refused = self.tokens.forget_refusal(key)
                 if self.tokens.get(key) is not None:
-                    why = "its token Secret was deleted" if change.type == "DELETED" else "it is no longer a token Secret"
-                    self._forget_secret(key, why)
+                    deleted = change.type == "DELETED"
+                    self._forget_secret(key, "its token Secret was deleted" if deleted else "it is no longer a token Secret",
+                                        deleted=deleted)
                 elif refused:
                     return None
         if self.input_graph.is_read(key):
-            self.renders.inputs_changed(key)
+            self.nodepools.inputs_changed(key)
         return touched
 
     def _may_shape_every_tenant(self, change: Change) -> bool:
@@ -160,7 +160,7 @@ class Reconciler:
         self.metrics.tenancy_refusals.labels(what="shared-object").inc()
         return False
 
-    async def _apply(self, key: ObjectKey, obj: dict[str, Any]) -> TokenSecret | None:
+    def _index_token_secret(self, key: ObjectKey, obj: dict[str, Any]) -> TokenSecret | None:
         try:
             secret = parse_token_secret(obj)
         except ManifestError as exc:
@@ -178,15 +178,15 @@ class Reconciler:
                                  "generate a new token"))
             return None
         self.tokens.put(secret)
-        self.renders.schedule(secret)
+        self.nodepools.schedule(secret)
         return secret
 
-    def _forget_secret(self, key: ObjectKey, why: str) -> None:
+    def _forget_secret(self, key: ObjectKey, why: str, *, deleted: bool = False) -> None:
         self.input_graph.forget(key)
         gone = self.tokens.remove(key)
-        if gone is not None and why == "its token Secret was deleted":
+        if gone is not None and deleted:
             self.write_backs.orphaned_user_data(gone)
-        self.renders.forget(key)
+        self.nodepools.forget(key)
         self.work.cancel(key.ref)
         self.faults.forget(key.ref)
         self.rotation.forget(key)
@@ -204,6 +204,18 @@ class Reconciler:
                 namespace, _, name = record.secret.partition("/")
                 self._forget_secret(ObjectKey("Secret", namespace, name), "deleted while the server was down")
 
+    # -- what the server asks ------------------------------------------------------------
+
+    def payload_missing(self, secret_ref: str) -> None:
+        """A request found no usable payload for a Secret the index serves: render it, first."""
+        self.nodepools.payload_missing(secret_ref)
+
+    def note_served(self, secret_ref: str) -> None:
+        """A node got its payload (`ignition-reached`, written once, off the request path)."""
+        self.write_backs.note_served(secret_ref)
+
     async def drain(self, timeout: float) -> None:
-        """Let write-backs in flight finish (a draining shutdown loses no status or rotation)."""
+        """Let write-backs in flight finish (a draining shutdown loses no status or rotation);
+        reconciles not begun are left to the next start (the cache says what is current)."""
+        self.nodepools.queue.cancel()
         await self.work.drain(timeout)

@@ -28,7 +28,7 @@ from ..model.token_secret import TokenSecret
 from .input_graph import InputGraph
 from .inputs import JOIN_INPUTS, input_key
 from .releases import ANNOTATION_RELEASE_CATALOG, CATALOG_KEY, HAPROXY_IMAGE, Releases, release_key
-from .status import WAIT, Status
+from .status import Status, Waiting
 from .tenancy import Tenancy
 
 log = logging.getLogger("ignition_server.reconcile")
@@ -102,8 +102,8 @@ class ReleaseWaits:
             for dependency in self.input_graph.releases_read():
                 self.inputs_changed(dependency)
 
-    def blocked(self, secret: TokenSecret, inputs: NodePoolInputs) -> Status | str | None:
-        """None: render. WAIT: the release is being read. A Status: why it cannot be read."""
+    def blocked(self, secret: TokenSecret, inputs: NodePoolInputs) -> Status | Waiting | None:
+        """None: render. Waiting: the release is being read. A Status: why it cannot be read."""
         resolver = self.releases.resolver
         spec = secret.release
         if resolver is None or inputs.haproxy_image or not spec:
@@ -111,12 +111,12 @@ class ReleaseWaits:
         if not self.input_graph.reads(secret.key, release_key(spec)) or self.releases.get(spec) is not None:
             return None  # not needed, or known (and the render says what is wrong with it)
         if self.share_namespace and not self.writer():
-            return WAIT  # the writer reads it and publishes it as a catalog ConfigMap
+            return Waiting(f"release {spec}, read by the writer")  # and published as a catalog ConfigMap
         failure = resolver.failure(spec)
         if resolver.due(spec):
             self._ask(spec, secret)
         if failure is None:
-            return WAIT
+            return Waiting(f"release {spec}")
         reason = "InvalidConfig" if failure.permanent else "ReleaseUnavailable"
         return Status(reason, f"cannot read release {spec}: {failure.message}")
 

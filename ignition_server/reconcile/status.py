@@ -8,15 +8,19 @@ from typing import Any, Callable
 from ..model.objects import secret_value, set_secret_value
 
 
-# What a wait answers instead of a Status: the release is being read, or the base generated
-# (release_waits.py, generated_bases.py); the NodePool renders when it arrives.
-WAIT = "wait"
-
-
 @dataclass(frozen=True)
 class Status:
     reason: str  # "AsExpected" or why not, e.g. "InvalidConfig"
     message: str = ""
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A render that cannot start yet, and what it waits for: a release being read, a base being
+    generated (release_waits.py, generated_bases.py). No status is written; when it arrives the
+    NodePool, a reader of it in the input graph, is queued again."""
+
+    on: str
 
 
 def written_status(obj: dict[str, Any]) -> Status:

@@ -2,11 +2,12 @@
 from its settings) and the tests' (`build_watcher`, from parts).
 
 Who calls whom, so a reader can follow it: the source calls `Reconciler.handle`, which
-routes each change to the TokenIndex, Rotation, the RenderScheduler, the waits for releases
-and generated bases, and the WriteBacks (reconciler.py follows one Secret change through
-them); Housekeeping calls them on the clock. The waits hand NodePools back to
-`renders.inputs_changed`, and the registry resolver and the base generator, built before the
-watcher, call back into `release_waits.resolved` and `base_waits.generated`.
+updates the indexes (TokenIndex, the catalogs, bases, mirror sets, trusted keys) and queues
+NodePool keys on `NodePools`' work queue, which runs `NodePools.reconcile` for each
+(reconciler.py and nodepools.py tell the story); Housekeeping runs rotation and expiry on the
+clock. The waits for releases and generated bases queue their NodePools again through
+`nodepools.inputs_changed`, and the registry resolver and the base generator, built before
+the reconciler, call back into `release_waits.resolved` and `base_waits.generated`.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from .outputs import TokenOutputs
 from .reconciler import Reconciler
 from .release_waits import ReleaseWaits
 from .releases import Releases
-from .renders import Renderer, RenderScheduler
+from .nodepools import NodePools, Renderer
 from .rotation import Rotation
 from .tenancy import Tenancy
 from .token_index import TokenIndex
@@ -67,7 +68,7 @@ def build_watcher(
     releases: Releases | None = None, tenancy: Tenancy | None = None, bases: BaseIndex | None = None,
     generator: BaseGenerator | None = None,  # --generate-bases
     share_namespace: str | None = None,  # several replicas: the writer publishes releases and generated bases here
-    debounce: float = RenderScheduler.debounce, render_concurrency: int = RenderScheduler.render_concurrency,
+    debounce: float = NodePools.debounce, render_concurrency: int = NodePools.render_concurrency,
     prune_grace: float = WriteBacks.prune_grace,
 ) -> Watcher:
     releases = releases if releases is not None else Releases()
@@ -84,15 +85,15 @@ def build_watcher(
     input_graph = InputGraph()
     write_backs = WriteBacks(source=source, work=work, faults=faults, secret_of=tokens.get, writer=writer,
                              clock=clock, prune_grace=prune_grace)
-    # The waits and the renders call each other: `renders` exists by the time either is called.
+    # The waits and the NodePools call each other: `nodepools` exists by the time either is called.
     base_waits = GeneratedBaseWaits(
         generator=generator, releases=releases, bases=bases, source=source, tenancy=tenancy,
-        share_namespace=share_namespace, writer=writer, inputs_changed=lambda key: renders.inputs_changed(key))
+        share_namespace=share_namespace, writer=writer, inputs_changed=lambda key: nodepools.inputs_changed(key))
     release_waits = ReleaseWaits(
         releases=releases, input_graph=input_graph, source=source, tenancy=tenancy, share_namespace=share_namespace,
-        writer=writer, inputs_changed=lambda key: renders.inputs_changed(key),
-        retry_now=lambda key: renders.clear_backoff(key))
-    renders = RenderScheduler(
+        writer=writer, inputs_changed=lambda key: nodepools.inputs_changed(key),
+        retry_now=lambda key: nodepools.clear_backoff(key))
+    nodepools = NodePools(
         source=source, cache=cache, renderer=renderer, metrics=metrics, faults=faults, releases=releases, bases=bases,
         tenancy=tenancy, input_graph=input_graph, release_waits=release_waits, base_waits=base_waits,
         secret_of=tokens.get, persist_index=persist_index, write_status=write_backs.status_later, clock=clock,
@@ -100,11 +101,11 @@ def build_watcher(
     rotation = Rotation(tokens=tokens, cache=cache, policy=policy, write_backs=write_backs, work=work,
                         faults=faults, metrics=metrics, persist_index=persist_index, clock=clock)
     reconciler = Reconciler(
-        source=source, cache=cache, metrics=metrics, tokens=tokens, rotation=rotation, renders=renders,
+        source=source, cache=cache, metrics=metrics, tokens=tokens, rotation=rotation, nodepools=nodepools,
         input_graph=input_graph, write_backs=write_backs, release_waits=release_waits, base_waits=base_waits,
         releases=releases, bases=bases, tenancy=tenancy, faults=faults, work=work, trust=trust)
     housekeeping = Housekeeping(
-        tokens=tokens, rotation=rotation, write_backs=write_backs, renders=renders, release_waits=release_waits,
+        tokens=tokens, rotation=rotation, write_backs=write_backs, release_waits=release_waits,
         cache=cache, faults=faults, metrics=metrics, persist_index=persist_index, clock=clock)
     return Watcher(reconciler, housekeeping)
 

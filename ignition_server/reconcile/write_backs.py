@@ -11,7 +11,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from collections.abc import Mapping
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from ..model.objects import ObjectKey, set_annotation
 from ..model.token_secret import ANNOTATION_IGNITION_REACHED, TokenSecret
@@ -40,15 +40,21 @@ class WriteBacks:
     prune_grace: float = 60.0  # an expired token Secret is deleted this long after its expiry (sources that can)
     _reached_written: set[ObjectKey] = field(default_factory=set)
 
-    def status_later(self, key: ObjectKey, obj: dict[str, Any] | None, status: Status) -> None:
+    def status_later(self, key: ObjectKey, obj: dict[str, Any] | None, status: Status, *,
+                     durable: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Write `status` when it changes, queued per object; `durable` (the index flush) is awaited
+        first, so that a status saying a payload is ready is never ahead of the index on disk."""
         current = self.secret_of(key)
         if current is not None and (current.reason, current.message) == (status.reason, status.message) \
                 and not self.work.in_hand(key.ref, "status"):
             self.work.discard(key.ref, "status")  # an older status waiting for its retry is moot
             return  # the common case after a restart: no task per NodePool for nothing to write
-        self.work.submit(key.ref, "status", lambda: self._status(key, status, obj))
+        self.work.submit(key.ref, "status", lambda: self._status(key, status, obj, durable))
 
-    async def _status(self, key: ObjectKey, status: Status, obj: dict[str, Any] | None = None) -> None:
+    async def _status(self, key: ObjectKey, status: Status, obj: dict[str, Any] | None = None,
+                      durable: Callable[[], Awaitable[None]] | None = None) -> None:
+        if durable is not None:
+            await durable()
         # Only when it changes: the reference flooded its API server otherwise (OCPBUGS-42320).
         current = self.secret_of(key)
         if current is not None and (current.reason, current.message) == (status.reason, status.message):

@@ -268,7 +268,7 @@ async def test_a_config_over_its_bounds_is_refused_once_not_retried(world) -> No
     assert failures() == 1
     for _ in range(3):  # past every back-off: a retry would refuse the same bytes at the same cost again
         clock.now += 1000
-        await reconciler.renders.retry_failed()
+        reconciler.nodepools.queue.run_due()
         await wait_idle(reconciler)
     assert failures() == 1
 

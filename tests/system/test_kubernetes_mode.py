@@ -465,3 +465,44 @@ def test_an_input_secret_named_by_annotation_is_fetched(api: KubeAPI, replicas) 
         contents.append(base64.b64decode(data).decode(errors="replace") if header.endswith(";base64") else unquote(data))
     assert status == 200 and any(auth in content for content in contents)  # the pull secret from the other namespace
     assert ("secrets", "shared", "shared-pull") in api.server.reads  # fetched although its name is not a known input's
+
+
+def test_a_restart_renders_nothing_though_the_catalog_is_listed_after_the_token_secrets(api: KubeAPI, replicas) -> None:
+    """The first listing meets objects in creation order: here every token Secret before the
+    release catalog that its payload (the node's API server proxy) reads. Applied whole before
+    any NodePool is reconciled, a restart finds every payload current (issue 33)."""
+    from testsupport.manifests import CA_PEM, join_objects, kube_object
+    from ignition_server.reconcile.releases import ANNOTATION_RELEASE_CATALOG
+
+    release = "quay.io/openshift-release-dev/ocp-release@sha256:" + "1" * 64
+    haproxy = "quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:" + "2" * 64
+    proc = replicas("r1")
+    for obj in join_objects(NAMESPACE, '{"auths":{"quay.io":{"auth":"dTpw"}}}', CA_PEM):
+        api.create(obj)
+    for i in range(4):
+        api.create(build_token_secret(namespace=NAMESPACE, nodepool=f"clusters/pool{i}", token=f"tok-{i}",
+                                      release=release, machineconfigs_yaml=EXAMPLE_MACHINECONFIG.format(name=f"pool{i}"),
+                                      generation_time=time.time()))
+    api.create(kube_object("ConfigMap", "ignition", "catalog", {"releases.yaml": (
+        f"- pullSpec: {release}\n  version: 4.17.3\n  images:\n    haproxy-router: {haproxy}\n")},
+        {ANNOTATION_RELEASE_CATALOG: "true"}))
+    def status(i: int) -> str:
+        data = (api.get("secrets", NAMESPACE, f"token-pool{i}-00000000") or {}).get("data", {})
+        return base64.b64decode(data.get("reason", "")).decode()
+
+    for i in range(4):  # AsExpected is written once the payload is on disk: a SIGKILL from here loses nothing
+        wait_for(lambda i=i: served(proc, f"tok-{i}") and status(i) == "AsExpected", timeout=30,
+                 what=f"pool{i} served and said so")
+    proc.kill()
+
+    again = replicas("r1")
+    wait_for(lambda: again.metrics().get('ign_server_reconciles_total{outcome="current"}', 0) >= 4, timeout=30,
+             what="every NodePool reconciled after the restart")
+    metrics = again.metrics()
+    if metrics["ign_server_payload_cache_miss_total"]:
+        print("FIRST", proc.logs()[-8000:])
+        print("AGAIN", again.logs()[-8000:])
+    assert metrics["ign_server_payload_cache_miss_total"] == 0
+    assert sum(v for k, v in metrics.items() if k.startswith("ign_server_reconciles_total")) == 4
+    for i in range(4):
+        assert served(again, f"tok-{i}")
