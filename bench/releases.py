@@ -20,11 +20,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from testsupport.fleet import fleet_token, manifest_path, nodepool_of, pools, token_secret, write_manifest
 from bench.run import fetch_all
+from testsupport.fleet import fleet_token, manifest_path, nodepool_of, pools, token_secret, write_manifest
 from testsupport.harness import ServerProcess, write_manifests
-from testsupport.registry_world import Registry
 from testsupport.manifests import join_objects
+from testsupport.registry_world import Registry
 
 SEED = "bench-releases"
 ART = "quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:"

@@ -33,11 +33,12 @@ from typing import Any
 
 import yaml
 
+from testsupport.harness import ServerProcess
+
 from . import compare
 from .compare import Setup, build_client, prepare, say
 
 _REPO = Path(__file__).resolve().parents[1]
-from testsupport.harness import ServerProcess
 
 SCENARIOS = ("steady", "rotation", "kill-worker", "kill-owner", "flood")
 

@@ -25,26 +25,26 @@ from .auth.cluster_keys import ClusterKeys
 from .auth.jwt import ServiceAccountVerifier
 from .auth.tokens import TokenAuthenticator
 from .config import ServeSettings
-from .http.connection_table import ConnectionTable
-from .tls.fips import describe as fips_describe
 from .http.access_log import AccessLog
-from .http.guard import ConnectionGuard
-from .http.listen import reserve_port, start_site
-from .http.limits import FailedAuthLimiter
 from .http.app import IgnitionHandlers, ServingState, build_dispatch, build_metrics_app
-from .tls.ca_rotation import CARotation, CAStore, DirectoryStore
-from .tls.certificates import TLSFiles, ensure_self_signed, make_ca, reload_on_change, serving_context
+from .http.connection_table import ConnectionTable
+from .http.guard import ConnectionGuard
+from .http.limits import FailedAuthLimiter
+from .http.listen import reserve_port, start_site
 from .metrics import ServerMetrics
+from .model.token_secret import is_token_secret, is_user_data_secret
+from .reconcile.edge_publisher import EdgePublisher
+from .reconcile.outputs import PointerSettings, TokenOutputs
+from .reconcile.reconciler import Reconciler
+from .reconcile.renders import Renderer
+from .reconcile.trust import TrustWatcher
+from .reconcile.wiring import Watcher, watcher_for
 from .render.payload import render_payload
 from .sources.events import Source
 from .sources.files import FileSource
-from .model.token_secret import is_token_secret, is_user_data_secret
-from .reconcile.reconciler import Reconciler
-from .reconcile.renders import Renderer
-from .reconcile.edge_publisher import EdgePublisher
-from .reconcile.outputs import PointerSettings, TokenOutputs
-from .reconcile.trust import TrustWatcher
-from .reconcile.wiring import Watcher, watcher_for
+from .tls.ca_rotation import CARotation, CAStore, DirectoryStore
+from .tls.certificates import TLSFiles, ensure_self_signed, make_ca, reload_on_change, serving_context
+from .tls.fips import describe as fips_describe
 from .workers.pool import WorkerPool
 
 if TYPE_CHECKING:

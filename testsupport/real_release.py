@@ -290,8 +290,8 @@ def mcs_reference_payload(real: RealMCO, work: Path, *, cluster_files: dict[str,
     import subprocess
     import urllib.request
 
-    from testsupport.harness import free_port, wait_for
     from ignition_server.tls.certificates import ensure_self_signed
+    from testsupport.harness import free_port, wait_for
 
     config, mco, mcc, mcs, gates = (work / n for n in ("config", "mco", "mcc", "mcs", "cca"))
     for directory in (config, mco, mcc, mcs, gates / "input", gates / "output", gates / "manifests"):

@@ -34,10 +34,10 @@ with warnings.catch_warnings():  # bcrypt hashes for htpasswd from the system's 
     warnings.simplefilter("ignore", DeprecationWarning)
     import crypt
 
+from ignition_server.tls.certificates import ensure_self_signed, make_ca
 from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, free_port, wait_for
 from testsupport.manifests import build_token_secret
 from testsupport.realtools import require_tool
-from ignition_server.tls.certificates import ensure_self_signed, make_ca
 
 REGISTRY = "/usr/bin/docker-registry"
 SERVICE, ISSUER = "test-registry", "test-token-issuer"

@@ -21,7 +21,15 @@ from urllib.parse import unquote_to_bytes, urlsplit
 
 from .inputs import InvalidConfig
 from .spec import (
-    SUPPORTED_VERSIONS, at_least, dig, field_path, list_at, resources, storage_nodes, url_scheme, version_problems,
+    SUPPORTED_VERSIONS,
+    at_least,
+    dig,
+    field_path,
+    list_at,
+    resources,
+    storage_nodes,
+    url_scheme,
+    version_problems,
 )
 
 _UNIT_SUFFIXES = frozenset(

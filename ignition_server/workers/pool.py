@@ -29,11 +29,25 @@ from ..auth.tokens import Refusal, TokenAuthenticator
 from ..config import ServeSettings
 from ..http.connection_table import ConnectionTable
 from ..http.limits import FailedAuthLimiter
-from ..tls.certificates import TLSFiles
 from ..metrics import ServerMetrics
+from ..tls.certificates import TLSFiles
 from .channel import Channel
-from .messages import (Ask, Behind, Changes, Drain, Granted, Hello, Hold, Missing, Ready, Refused, Report, Reported,
-                       ReportNow, WorkerSpec)
+from .messages import (
+    Ask,
+    Behind,
+    Changes,
+    Drain,
+    Granted,
+    Hello,
+    Hold,
+    Missing,
+    Ready,
+    Refused,
+    Report,
+    Reported,
+    ReportNow,
+    WorkerSpec,
+)
 from .worker import process_name
 
 log = logging.getLogger("ignition_server.workers")

@@ -25,17 +25,31 @@ from payload_cache import CacheConfig, PayloadCache
 from .. import logs, memory
 from ..auth.presented import Presented
 from ..auth.tokens import Grant, Refusal, TokenAuthenticator
-from ..http.connection_table import ConnectionTable
-from ..http.app import IgnitionHandlers, ServingState, build_dispatch
 from ..http.access_log import AccessLog
+from ..http.app import IgnitionHandlers, ServingState, build_dispatch
+from ..http.connection_table import ConnectionTable
 from ..http.guard import ConnectionGuard
 from ..http.limits import FailedAuthLimiter
 from ..http.listen import start_site
-from ..tls.certificates import reload_on_change, serving_context
 from ..metrics import ServerMetrics
+from ..tls.certificates import reload_on_change, serving_context
 from .channel import Channel
-from .messages import (Ask, Behind, Changes, Drain, Granted, Hello, Hold, Missing, Ready, Refused, Report, Reported,
-                       ReportNow, WorkerSpec)
+from .messages import (
+    Ask,
+    Behind,
+    Changes,
+    Drain,
+    Granted,
+    Hello,
+    Hold,
+    Missing,
+    Ready,
+    Refused,
+    Report,
+    Reported,
+    ReportNow,
+    WorkerSpec,
+)
 
 log = logging.getLogger("ignition_server.worker")
 REPORT_INTERVAL = 1.0  # served NodePools and counters go to the owner this often

@@ -16,7 +16,6 @@ from urllib.parse import unquote
 
 import pytest
 
-from testsupport import REPO
 from ignition_server.render.haproxy import HAPROXY_CFG_PATH, STATIC_POD_PATH, render_haproxy_cfg
 from ignition_server.render.ibmcloud import (
     IBM_ENV_PATH,
@@ -33,9 +32,10 @@ from ignition_server.render.ibmcloud import (
     render_registry_conf,
 )
 from ignition_server.render.inputs import InvalidConfig
+from ignition_server.render.join import JoinInputs, render_join_fragment
+from testsupport import REPO
 from testsupport.ignition_client import ignition_files_stage
 from testsupport.realtools import require_tool
-from ignition_server.render.join import JoinInputs, render_join_fragment
 
 HAPROXY_IMAGE = "quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:" + "a" * 64
 

@@ -24,8 +24,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
-from ..events import Change, ChangeHandler, Mutation
 from ...model.objects import ObjectKey, object_key
+from ..events import Change, ChangeHandler, Mutation
 from .client import MERGE_PATCH, KubeClient, KubeError, collection_path, item_path
 from .informer import Informer
 
