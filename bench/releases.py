@@ -71,7 +71,7 @@ def run(work: Path, clusters: int, per_cluster: int, releases: int, layer_mib: f
         result = fetch_all(server, tokens, sorted(tokens), t0, timeout=1800)
         served = max(result.first_200.values()) if result.first_200 else float("nan")
         metrics = server.metrics()
-        summary = {
+        summary: dict[str, object] = {
             "nodepools": clusters * per_cluster,
             "releases": releases,
             "layer_mib": layer_mib,

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +57,7 @@ def storm(client: Path, port: int, setup: Setup, seconds: float, connections: in
     return json.loads(done.stdout)
 
 
-def start_server(setup: Setup, extra: list[str] = ()) -> ServerProcess:
+def start_server(setup: Setup, extra: Sequence[str] = ()) -> ServerProcess:
     server = ServerProcess(source=setup.source, cache_dir=setup.cache_dir, extra=[*setup.server_args, *extra])
     server.start(wait=True)
     return server

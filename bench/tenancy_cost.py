@@ -41,6 +41,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cache = PayloadCache.open(CacheConfig(cache_dir=Path(tmp) / "cache"))
         for s in secrets:
+            assert s.token is not None  # build_token_secret gave each one
             cache.put_token_key(cache.token_key(s.token), TokenRecord(s.nodepool, s.ref, TokenState.CURRENT, None))
         timings = {}
         started = time.perf_counter()

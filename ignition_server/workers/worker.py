@@ -79,7 +79,7 @@ class Worker:
         self._ids = itertools.count(1)
         self._served: set[str] = set()
         self._owner_gone = False
-        self._reported: dict[str, Counter[str]] = {}  # what the last report counted, by kind
+        self._reported: dict[str, Counter[str | int]] = {}  # what the last report counted, by kind
         self._held: dict[str, int] = {}  # payload bytes held, as last reported
         self.limiter = FailedAuthLimiter(settings.auth_failure_burst, settings.auth_failure_window)
         self.handlers = IgnitionHandlers(
@@ -201,9 +201,9 @@ class Worker:
         nodepools = Counter(self.metrics.get_requests.counts())
         codes = Counter(self.metrics.responses.counts())
         stats = self.cache.stats()
-        cache = Counter({"memory_hits": stats.memory_hits, "disk_hits": stats.disk_hits, "misses": stats.misses,
+        cache: Counter[str | int] = Counter({"memory_hits": stats.memory_hits, "disk_hits": stats.disk_hits, "misses": stats.misses,
                          "quarantined": stats.quarantined})
-        deltas = {}
+        deltas: dict[str, dict[str | int, int]] = {}
         for name, now in (("nodepools", nodepools), ("codes", codes), ("cache", cache)):
             before = self._reported.get(name, Counter())
             delta = now - before
