@@ -175,7 +175,13 @@ class _AcceptServer:
 
 class GuardedSite(web.TCPSite):
     """aiohttp's TCPSite with the guard between the listener and aiohttp's protocol, and with
-    PROXY headers read first on connections from `proxy_from`."""
+    PROXY headers read first on connections from `proxy_from`.
+
+    aiohttp has no public way to wrap a site's protocol factory or to accept connections itself,
+    so this reads TCPSite's private `_runner`, `_host`, `_port`, `_backlog`, `_reuse_port` and
+    `_ssl_context`, and sets `_server` (what BaseSite.stop closes and BaseRunner.addresses lists)
+    and `_bound_port` (behind TCPSite.port). That is why pyproject.toml allows one minor version
+    of aiohttp, the one this was built against."""
 
     def __init__(self, runner: web.BaseRunner, host: str, port: int, *, guard: ConnectionGuard,
                  proxy_from: Sequence[IPNetwork] = (), **kwargs: Any) -> None:
