@@ -38,9 +38,10 @@ from typing import Any, Callable
 
 import aiohttp
 
-from ignition_server.model.token_secret import encode_config, parse_token_secret
+from ignition_server.model.token_secret import parse_token_secret
 from testsupport import fleet as fleetgen
 from testsupport.harness import ServerProcess
+from testsupport.manifests import encode_config
 
 _REPO = Path(__file__).resolve().parents[1]
 

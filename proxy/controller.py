@@ -94,11 +94,6 @@ class Controller:
     current: Desired | None = None
     _structure: str = ""
 
-    @property
-    def config_file(self) -> Path:
-        assert self.current is not None
-        return self.current.table.state_dir / "haproxy.cfg"
-
     def _write_files(self, desired: Desired) -> None:
         """What HAProxy reads when it (re)starts: the config, the map copies, the certificates."""
         table = desired.table

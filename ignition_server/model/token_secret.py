@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import gzip
 import zlib
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -126,11 +125,6 @@ def _gunzip_bounded(raw: bytes, limit: int) -> bytes:
     except zlib.error as exc:
         raise ManifestError(f"config is not valid gzip data: {exc}") from None
     return bytes(out)
-
-
-def encode_config(yaml_text: str) -> bytes:
-    """Inverse of decode_config: the Secret value the reference writes (mtime 0 keeps it deterministic)."""
-    return base64.b64encode(gzip.compress(yaml_text.encode(), mtime=0))
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,6 @@ from ignition_server.config import parse_duration, parse_hostport
 from ignition_server.model.objects import ManifestError, ObjectKey
 from ignition_server.model.token_secret import (
     decode_config,
-    encode_config,
     format_time,
     parse_time,
     parse_token_secret,
@@ -24,7 +23,7 @@ from ignition_server.model.token_secret import (
 from ignition_server.sources.events import Change
 from ignition_server.sources.files import FileSource
 from testsupport import REPO
-from testsupport.manifests import build_token_secret
+from testsupport.manifests import build_token_secret, encode_config
 
 EXAMPLE = REPO / "examples" / "token-secret.yaml"
 CONFIGMAP = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm", "namespace": "ns"}, "data": {"a": "1"}}
