@@ -22,13 +22,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from testsupport.fleet import fleet_token, manifest_path, namespace_of, nodepool_of, pools, token_secret, write_manifest
-from bench.run import fetch_all
 from bench.releases import metric_sum, say
+from bench.run import fetch_all
+from testsupport.fleet import fleet_token, manifest_path, namespace_of, nodepool_of, pools, token_secret, write_manifest
 from testsupport.harness import ServerProcess, write_manifests
+from testsupport.manifests import join_objects, kube_object
 from testsupport.mco_image import cluster_config, push_mco_image, runs
 from testsupport.registry_world import Registry
-from testsupport.manifests import join_objects, kube_object
 
 SEED = "bench-bases"
 ART = "quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:"

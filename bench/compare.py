@@ -33,11 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-_REPO = Path(__file__).resolve().parents[1]
-
+from testsupport import fleet as fleetgen
 from testsupport.harness import ServerProcess, free_port, wait_for_port
 
-from testsupport import fleet as fleetgen
+_REPO = Path(__file__).resolve().parents[1]
 
 ACCEPT = "application/vnd.coreos.ignition+json;version=3.4.0, */*;q=0.1"
 RESULTS = _REPO / "bench" / "results"

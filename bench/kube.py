@@ -22,12 +22,12 @@ import tempfile
 import time
 from pathlib import Path
 
-_REPO = Path(__file__).resolve().parent.parent
-
-from testsupport.fleet import nodepool_of, pools, token_secret
 from bench.run import fetch_all, rss_kib_tree
+from testsupport.fleet import nodepool_of, pools, token_secret
 from testsupport.harness import ServerProcess
 from testsupport.kubeapi import KubeAPI
+
+_REPO = Path(__file__).resolve().parent.parent
 
 
 def api_requests(server: ServerProcess) -> dict[str, float]:

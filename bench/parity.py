@@ -25,14 +25,21 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-_REPO = Path(__file__).resolve().parent.parent
-
 from testsupport.harness import ServerProcess, bearer
 from testsupport.kubeapi import KubeAPI
-from testsupport.parity_world import CLUSTER_A, NodePool, cluster_inputs, cluster_objects, token_secret, token_secret_name
+from testsupport.parity_world import (
+    CLUSTER_A,
+    NodePool,
+    cluster_inputs,
+    cluster_objects,
+    token_secret,
+    token_secret_name,
+)
 from testsupport.real_release import push_real_release, real_dir, unpack
 from testsupport.reference_server import ReferenceServer, unpack_reference
 from testsupport.registry_world import Registry
+
+_REPO = Path(__file__).resolve().parent.parent
 
 POLL = 0.1
 

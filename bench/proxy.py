@@ -23,8 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .compare import MODES, RESULTS, _REPO, build_client, cpu_seconds_tree, prepare, run_client, say
 from testsupport.harness import ProxyProcess, ServerProcess, wait_for
+
+from .compare import _REPO, MODES, RESULTS, build_client, cpu_seconds_tree, prepare, run_client, say
 
 TARGETS = ("server", "passthrough", "terminate")
 

@@ -22,11 +22,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from ignition_server.tls.certificates import make_ca
 from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, bearer, wait_for, write_manifests
+from testsupport.manifests import KUBECONFIG, build_token_secret, kube_object
 from testsupport.real_release import hypershift_mcs_config, push_real_release, require_real_dir, unpack
 from testsupport.registry_world import Registry
-from ignition_server.tls.certificates import make_ca
-from testsupport.manifests import KUBECONFIG, build_token_secret, kube_object
 
 
 def run(work: Path, clusters: int, pools: int) -> dict[str, object]:

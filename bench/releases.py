@@ -20,11 +20,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from testsupport.fleet import fleet_token, manifest_path, nodepool_of, pools, token_secret, write_manifest
 from bench.run import fetch_all
+from testsupport.fleet import fleet_token, manifest_path, nodepool_of, pools, token_secret, write_manifest
 from testsupport.harness import ServerProcess, write_manifests
-from testsupport.registry_world import Registry
 from testsupport.manifests import join_objects
+from testsupport.registry_world import Registry
 
 SEED = "bench-releases"
 ART = "quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:"
@@ -71,7 +71,7 @@ def run(work: Path, clusters: int, per_cluster: int, releases: int, layer_mib: f
         result = fetch_all(server, tokens, sorted(tokens), t0, timeout=1800)
         served = max(result.first_200.values()) if result.first_200 else float("nan")
         metrics = server.metrics()
-        summary = {
+        summary: dict[str, object] = {
             "nodepools": clusters * per_cluster,
             "releases": releases,
             "layer_mib": layer_mib,

@@ -23,11 +23,11 @@ import time
 import urllib.error
 from pathlib import Path
 
-_REPO = Path(__file__).resolve().parent.parent
-
 from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess
-from testsupport.manifests import build_token_secret
 from testsupport.kubeapi import KubeAPI
+from testsupport.manifests import build_token_secret
+
+_REPO = Path(__file__).resolve().parent.parent
 
 NAMESPACE = "clusters-bench"
 

@@ -47,17 +47,21 @@ from typing import Any
 
 import aiohttp
 
-_REPO = Path(__file__).resolve().parents[1]
-
-from testsupport.harness import ServerProcess
-
 from ignition_server.render.join import USER_CA_BUNDLE_PATH, merge_ca_bundles
-
 from testsupport import fleet as fleetgen
+from testsupport.harness import ServerProcess
 from testsupport.shared_input_fleet import (
-    SHARED_ANNOTATION, SHARED_REF, fleet_reusable, generate, read_configmap_variant, write_configmap,
+    SHARED_ANNOTATION,
+    SHARED_REF,
+    fleet_reusable,
+    generate,
+    read_configmap_variant,
+    write_configmap,
 )
+
 from . import run as runner
+
+_REPO = Path(__file__).resolve().parents[1]
 
 ACCEPT = runner.ACCEPT
 

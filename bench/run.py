@@ -38,13 +38,12 @@ from typing import Any, Callable
 
 import aiohttp
 
-_REPO = Path(__file__).resolve().parents[1]
-
-from testsupport.harness import ServerProcess
-
-from ignition_server.model.token_secret import encode_config, parse_token_secret
-
+from ignition_server.model.token_secret import parse_token_secret
 from testsupport import fleet as fleetgen
+from testsupport.harness import ServerProcess
+from testsupport.manifests import encode_config
+
+_REPO = Path(__file__).resolve().parents[1]
 
 READY_TARGET_S = 2.0
 RSS_TARGET_MIB = 300.0

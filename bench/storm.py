@@ -28,16 +28,18 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from testsupport.harness import ServerProcess
+
 from . import compare
 from .compare import Setup, build_client, prepare, say
 
 _REPO = Path(__file__).resolve().parents[1]
-from testsupport.harness import ServerProcess
 
 SCENARIOS = ("steady", "rotation", "kill-worker", "kill-owner", "flood")
 
@@ -55,7 +57,7 @@ def storm(client: Path, port: int, setup: Setup, seconds: float, connections: in
     return json.loads(done.stdout)
 
 
-def start_server(setup: Setup, extra: list[str] = ()) -> ServerProcess:
+def start_server(setup: Setup, extra: Sequence[str] = ()) -> ServerProcess:
     server = ServerProcess(source=setup.source, cache_dir=setup.cache_dir, extra=[*setup.server_args, *extra])
     server.start(wait=True)
     return server

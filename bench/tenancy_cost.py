@@ -15,13 +15,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from ignition_server.sources.events import Change
 from ignition_server.model.objects import ObjectKey
 from ignition_server.model.token_secret import parse_token_secret
-from testsupport.manifests import build_token_secret
 from ignition_server.reconcile.inputs import JOIN_INPUTS, MCS_INPUTS, SETTINGS_INPUTS, input_key
 from ignition_server.reconcile.tenancy import Tenancy, oldest_first
+from ignition_server.sources.events import Change
 from payload_cache import CacheConfig, PayloadCache, TokenRecord, TokenState
+from testsupport.manifests import build_token_secret
 
 
 def main() -> None:
@@ -41,6 +41,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cache = PayloadCache.open(CacheConfig(cache_dir=Path(tmp) / "cache"))
         for s in secrets:
+            assert s.token is not None  # build_token_secret gave each one
             cache.put_token_key(cache.token_key(s.token), TokenRecord(s.nodepool, s.ref, TokenState.CURRENT, None))
         timings = {}
         started = time.perf_counter()

@@ -23,10 +23,10 @@ from urllib.parse import unquote_to_bytes
 import yaml
 
 from . import bounded_yaml
-from .render.machineconfig import API_VERSION, KIND, parse_machineconfigs
-from .render.mco import CONTENT_PATH, ENCAPSULATED_PATH, GENERATED_BY_CONTROLLER, NODE_ANNOTATIONS_PATH, ROLE_LABEL
 from .model.mco_base import ANNOTATION_MCO_BASE, BASE_KEY, RELEASE_KEY, VERSION_KEY
 from .model.objects import config_map
+from .render.machineconfig import API_VERSION, KIND, parse_machineconfigs
+from .render.mco import CONTENT_PATH, ENCAPSULATED_PATH, GENERATED_BY_CONTROLLER, NODE_ANNOTATIONS_PATH, ROLE_LABEL
 
 _MCS_APPENDED = frozenset((ENCAPSULATED_PATH, NODE_ANNOTATIONS_PATH, CONTENT_PATH, "/etc/kubernetes/kubeconfig"))
 MCS_BASE_NAME = "00-worker-mcs"

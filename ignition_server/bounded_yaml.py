@@ -54,6 +54,7 @@ def load_all(text: str | bytes, *, max_nodes: int = MAX_EXPANDED_NODES, max_dept
         documents = []
         while loader.check_node():
             node = loader.get_node()
+            assert node is not None  # check_node() said there is one
             check(node, max_nodes, max_depth)
             documents.append(loader.construct_document(node))
         return documents

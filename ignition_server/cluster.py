@@ -16,14 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import ServeSettings
-from .tls.ca_rotation import FILES as CA_FILES, CAState
-from .tls.certificates import CA_VALIDITY, TLSFiles, ensure_self_signed
-from .sources.kube.client import MERGE_PATCH
 from .metrics import ServerMetrics
-from .sources.kube import KubeClient, KubeError, KubeSource, LeaderElector
-from .sources.kube.client import collection_path, item_path
 from .reconcile.interest import secret_wanted, secrets_referenced
 from .reconcile.tenancy import Tenancy
+from .sources.kube import KubeClient, KubeError, KubeSource, LeaderElector
+from .sources.kube.client import MERGE_PATCH, collection_path, item_path
+from .tls.ca_rotation import FILES as CA_FILES, CAState
+from .tls.certificates import CA_VALIDITY, TLSFiles, ensure_self_signed
 
 log = logging.getLogger("ignition_server.cluster")
 

@@ -16,7 +16,6 @@ import logging
 import resource
 
 PR_SET_DUMPABLE = 4
-PR_GET_DUMPABLE = 3
 
 log = logging.getLogger("ignition_server")
 

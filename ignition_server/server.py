@@ -25,26 +25,26 @@ from .auth.cluster_keys import ClusterKeys
 from .auth.jwt import ServiceAccountVerifier
 from .auth.tokens import TokenAuthenticator
 from .config import ServeSettings
-from .http.connection_table import ConnectionTable
-from .tls.fips import describe as fips_describe
 from .http.access_log import AccessLog
+from .http.app import Handler, IgnitionHandlers, ServingState, build_dispatch, build_metrics_app
+from .http.connection_table import ConnectionTable
 from .http.guard import ConnectionGuard
-from .http.listen import reserve_port, start_site
 from .http.limits import FailedAuthLimiter
-from .http.app import IgnitionHandlers, ServingState, build_dispatch, build_metrics_app
-from .tls.ca_rotation import CARotation, CAStore, DirectoryStore
-from .tls.certificates import TLSFiles, ensure_self_signed, make_ca, reload_on_change, serving_context
+from .http.listen import reserve_port, start_site
 from .metrics import ServerMetrics
+from .model.token_secret import is_token_secret, is_user_data_secret
+from .reconcile.edge_publisher import EdgePublisher
+from .reconcile.outputs import PointerSettings, TokenOutputs
+from .reconcile.reconciler import Reconciler
+from .reconcile.nodepools import Renderer
+from .reconcile.trust import TrustWatcher
+from .reconcile.wiring import Watcher, watcher_for
 from .render.payload import render_payload
 from .sources.events import Source
 from .sources.files import FileSource
-from .model.token_secret import is_token_secret, is_user_data_secret
-from .reconcile.reconciler import Reconciler
-from .reconcile.nodepools import Renderer
-from .reconcile.edge_publisher import EdgePublisher
-from .reconcile.outputs import PointerSettings, TokenOutputs
-from .reconcile.trust import TrustWatcher
-from .reconcile.wiring import Watcher, watcher_for
+from .tls.ca_rotation import CARotation, CAStore, DirectoryStore
+from .tls.certificates import TLSFiles, ensure_self_signed, make_ca, reload_on_change, serving_context
+from .tls.fips import describe as fips_describe
 from .workers.pool import WorkerPool
 
 if TYPE_CHECKING:
@@ -287,11 +287,11 @@ class IgnitionServer:
         return writer.keys_changed
 
     def _pointer_settings(self) -> PointerSettings | None:
+        s = self.settings
         ca = self.tls_files.ca if self.tls_files is not None else None
-        if self.settings.public_url is None or ca is None:
+        if s.public_url is None or ca is None:
             log.info("user-data Secrets are not written: they need --public-url and the self-made CA")
             return None
-        s = self.settings
         proxy = {"httpProxy": s.node_http_proxy, "httpsProxy": s.node_https_proxy, "noProxy": list(s.node_no_proxy)}
         items = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in proxy.items() if v)
         return PointerSettings(s.public_url, ca.read_bytes(), proxy=items)
@@ -311,7 +311,7 @@ class IgnitionServer:
                 log.info("TLS: self-made CA at %s (put it in pointer configs' certificateAuthorities)", self.tls_files.ca)
         return serving_context(self.tls_files, tls.profile)
 
-    async def _start(self, app: web.Application | web.Server, listen: tuple[str, int], ssl_context: ssl.SSLContext | None, name: str,
+    async def _start(self, app: web.Application | Handler, listen: tuple[str, int], ssl_context: ssl.SSLContext | None, name: str,
                      guard: ConnectionGuard | None = None) -> web.BaseRunner:
         runner, self.ports[name] = await start_site(app, listen, ssl_context, guard=guard,
                                                     shutdown_timeout=self.settings.shutdown_timeout,

@@ -178,13 +178,13 @@ class TokenIndex:
         """Replay a change another index told its listener."""
         kind = change[0]
         if kind == "token":
-            self.put_token(change[1], change[2])  # type: ignore[misc]
+            self.put_token(change[1], change[2])
         elif kind == "untoken":
-            self.drop_token(change[1])  # type: ignore[arg-type]
+            self.drop_token(change[1])
         elif kind == "render":
-            self.put_render(change[1])  # type: ignore[arg-type]
+            self.put_render(change[1])
         elif kind == "unrender":
-            self.drop_render(change[1])  # type: ignore[arg-type]
+            self.drop_render(change[1])
         else:
             raise ValueError(f"unknown index change {kind!r}")
 

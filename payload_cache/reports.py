@@ -20,7 +20,3 @@ class VerifyReport:
     quarantined: tuple[str, ...] = ()  # blob ids that failed decryption or their id check
     missing: tuple[str, ...] = ()  # blob ids a render record names but no file holds
     by_key: dict[str, int] = field(default_factory=dict)  # key id hex -> readable blobs under it
-
-    @property
-    def healthy(self) -> bool:
-        return not self.quarantined and not self.missing

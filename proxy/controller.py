@@ -25,9 +25,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from payload_cache.fsio import atomic_write, make_dir
-
 from ignition_server.sources.kube.client import KubeClient, KubeError
+from payload_cache.fsio import atomic_write, make_dir
 
 from .endpoints import list_backends
 from .metrics import ProxyMetrics
@@ -94,11 +93,6 @@ class Controller:
     process: subprocess.Popen[bytes] | None = None
     current: Desired | None = None
     _structure: str = ""
-
-    @property
-    def config_file(self) -> Path:
-        assert self.current is not None
-        return self.current.table.state_dir / "haproxy.cfg"
 
     def _write_files(self, desired: Desired) -> None:
         """What HAProxy reads when it (re)starts: the config, the map copies, the certificates."""

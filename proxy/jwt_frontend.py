@@ -1,8 +1,9 @@
 """An HAProxy (2.6+) frontend that checks service-account JWTs at the edge.
 
 IBM's design puts a token-checking HAProxy in front of the payload server:
-``GET /config/<pool>?token=<base64(jwt)>``. This module renders that frontend (a reusable
-piece: a full SNI front proxy can embed the ``frontend`` section) so forged tokens are
+``GET /config/<pool>?token=<base64(jwt)>``. This module renders that check, the
+``http-request`` lines an HTTP frontend runs (:func:`token_check_lines`; ``proxy.render``
+puts them in the front proxy's TLS-terminating frontend), so forged tokens are
 answered ``403`` by HAProxy and never reach the server. The server verifies again with
 :class:`ignition_server.auth.jwt.ServiceAccountVerifier` (token Secret, cluster, cache);
 the edge checks what HAProxy can check without state:
@@ -27,7 +28,7 @@ signature fails is forged: ``403``. The held kids are written into the rules bes
 files (a key change takes a reload anyway, ``jwt_verify`` reads key files at start-up).
 Bodies never echo the token, and the optional log format logs the path without the query string.
 
-:func:`render_edge_config` is pure: re-render it when keys rotate (the set of key files
+:func:`token_check_lines` is pure: re-render when keys rotate (the set of key files
 changes) and reload HAProxy. :func:`write_key_files` writes the PEM public key files
 (HAProxy 2.6 ``jwt_verify`` reads a SubjectPublicKeyInfo PEM, loaded at start-up).
 """
@@ -39,11 +40,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ignition_server.auth.claims import DEFAULT_ALLOWED_ACCOUNTS, LEGACY_ISSUER
-# The server publishes its key files (ignition_server.reconcile.edge_publisher); the proxy reads them.
-from ignition_server.edge_publication import PublishedKey as EdgeKey
-from ignition_server.edge_publication import write_key_files
 
-__all__ = ["EdgeKey", "TokenCheck", "render_edge_config", "token_check_lines", "write_key_files"]
+# The server publishes its key files (ignition_server.reconcile.edge_publisher); the proxy reads them.
+from ignition_server.edge_publication import PublishedKey as EdgeKey, write_key_files
+
+__all__ = ["EdgeKey", "TokenCheck", "token_check_lines", "write_key_files"]
 
 EDGE_ALGORITHMS = ("RS256", "ES256")
 
@@ -59,13 +60,6 @@ def _word(value: str, what: str) -> str:
     if not isinstance(value, str) or not _SAFE_WORD.match(value):
         raise ValueError(f"{what} {value!r} cannot be written into the HAProxy config safely")
     return value
-
-
-def _port_ok(address: str) -> str:
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"address {address!r} must be host:port with a port in 1..65535")
-    return address
 
 
 def _keys(key_files: Sequence[str | EdgeKey], *, required: bool = True) -> list[EdgeKey]:
@@ -122,103 +116,6 @@ def _refuse(reason: str, condition: str) -> str:
         f'    http-request return status 403 content-type "text/plain" '
         f'string "{reason}\\n" hdr Cache-Control no-store {condition}'
     )
-
-
-def render_edge_config(
-    *,
-    bind: str,
-    backend_servers: list[str],
-    key_files: Sequence[str | EdgeKey],
-    issuers: Sequence[str] = (LEGACY_ISSUER,),
-    allowed_accounts: Iterable[tuple[str, str]] = DEFAULT_ALLOWED_ACCOUNTS,
-    token_param: str = "token",
-    bearer: bool = False,
-    open_paths: Sequence[str] = (),
-    leeway_seconds: int = 60,
-    name: str = "ignition_edge",
-    bind_options: str = "",
-    server_options: str = "",
-    log_target: str | None = None,
-    maxconn: int | None = None,
-    timeout_client: str = "30s",
-    timeout_server: str = "120s",
-    timeout_connect: str = "5s",
-    with_global: bool = True,
-    token_map: str | None = None,
-) -> str:
-    """A complete HAProxy config (or, with ``with_global=False``, only the frontend and
-    backend sections) that forwards to ``backend_servers`` (``host:port``) only requests
-    carrying a JWT that passes the checks in the module doc.
-
-    ``bind`` is ``addr:port`` (plus ``bind_options``, e.g. ``ssl crt /path/to.pem``).
-    ``key_files`` are absolute PEM public key paths (plain strings: alg from the header,
-    RS256 or ES256) or :class:`EdgeKey` (alg fixed by the key type: preferred, as returned
-    by :func:`write_key_files`). ``issuers``: accepted ``iss`` values (the legacy
-    ``kubernetes/serviceaccount`` and the cluster's bound-token issuer). ``open_paths``:
-    exact paths forwarded without a token (e.g. ``/healthz``). ``bearer``: also take the JWT
-    from ``Authorization: Bearer <base64(jwt)>`` when there is no ``token`` parameter (then
-    every request must carry a JWT: HyperShift's opaque Bearer tokens would be refused, so
-    leave it off when the edge also fronts the HyperShift shape on the same port).
-    The first ``token`` parameter is the one checked; the server must read the same one.
-    ``token_map``: the server's map of valid opaque tokens (``<sha256 hex> <nodepool>`` per
-    line, old and new during the overlap). With it, a token that is not a JWT is looked up
-    there: found, it is forwarded; well formed but not found, ``511`` (it may be newer than
-    the map, and the client retries a 5xx); malformed, ``403``. HAProxy reads the map at
-    start: keep it current with a reload or the runtime API (``add map``/``del map``).
-    """
-    if not backend_servers:
-        raise ValueError("at least one backend server is needed")
-    _port_ok(_word(bind, "bind address"))
-    servers = [_port_ok(_word(s, "backend server")) for s in backend_servers]
-    if not _SAFE_NAME.match(name):
-        raise ValueError("name must be a plain identifier")
-    for opt, what in ((bind_options, "bind options"), (server_options, "server options")):
-        if any(c in opt for c in "\n\r#\"'"):
-            raise ValueError(f"{what} must be a single plain line")
-    checks = token_check_lines(TokenCheck(
-        key_files=key_files, issuers=issuers, allowed_accounts=allowed_accounts, token_param=token_param,
-        bearer=bearer, open_paths=open_paths, leeway_seconds=leeway_seconds, token_map=token_map,
-    ))
-    keys = _keys(key_files)
-
-    out: list[str] = [
-        "# Generated by proxy/jwt_frontend.py: JWT checks in front of the Ignition payload server.",
-        f"# Key files: {len(keys)}. Re-render and reload when the signing keys rotate.",
-    ]
-    if with_global:
-        out.append("global")
-        if maxconn is not None:  # default: derived by HAProxy from the FD limit
-            out.append(f"    maxconn {int(maxconn)}")
-        if log_target:
-            out.append(f"    log {_word(log_target, 'log target')} format raw local0")
-        out += [
-            "",
-            "defaults",
-            "    mode http",
-            f"    timeout connect {_word(timeout_connect, 'timeout')}",
-            f"    timeout client {_word(timeout_client, 'timeout')}",
-            f"    timeout server {_word(timeout_server, 'timeout')}",
-            "    timeout http-request 10s",
-            "",
-        ]
-    out += [f"frontend {name}", f"    bind {bind}{(' ' + bind_options) if bind_options else ''}"]
-    if log_target:
-        # Never log the query string: it holds the token.
-        out += [
-            "    log global",
-            '    log-format "%ci:%cp [%tr] %ft %b/%s %TR/%Tw/%Tc/%Tr/%Ta %ST %B %tsc %HM %HPO"',
-        ]
-    out.append("    option forwardfor")
-    out += checks
-    out += [
-        f"    default_backend {name}_servers",
-        "",
-        f"backend {name}_servers",
-        "    balance roundrobin",
-    ]
-    for i, server in enumerate(servers):
-        out.append(f"    server s{i} {server}{(' ' + server_options) if server_options else ''}")
-    return "\n".join(out) + "\n"
 
 
 @dataclass(frozen=True)

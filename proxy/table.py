@@ -129,13 +129,18 @@ def _endpoints(value: Any, host: str) -> Endpoints | None:
         return None
     if not isinstance(value, dict) or set(value) - {"namespace", "service", "port"}:
         raise TableError(f"route {host}: endpoints takes namespace, service and port")
-    namespace, service, port = value.get("namespace"), value.get("service"), value.get("port")
-    for what, name in (("namespace", namespace), ("service", service)):
-        if not isinstance(name, str) or not re.match(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$", name):
-            raise TableError(f"route {host}: endpoints {what} {name!r} is not a Kubernetes name")
+    namespace = _kubernetes_name(host, "namespace", value.get("namespace"))
+    service = _kubernetes_name(host, "service", value.get("service"))
+    port = value.get("port")
     if not (isinstance(port, int) and 0 < port < 65536) and not (isinstance(port, str) and re.match(r"^[a-z0-9-]{1,15}$", port)):
         raise TableError(f"route {host}: endpoints port {port!r} must be a port number or name")
     return Endpoints(namespace, service, port)
+
+
+def _kubernetes_name(host: str, what: str, name: object) -> str:
+    if not isinstance(name, str) or not re.match(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$", name):
+        raise TableError(f"route {host}: endpoints {what} {name!r} is not a Kubernetes name")
+    return name
 
 
 def _route(item: Any, index: int) -> Route:

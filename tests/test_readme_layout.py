@@ -1,6 +1,7 @@
 """The README's layout table is complete and true: every production module is named in it, and
 every file or folder it names exists. A newcomer finds "where tokens are checked" from it, so a
-module added or moved without its row fails here, not months later in a reader's hands."""
+module added or moved without its row fails here, not months later in a reader's hands. The
+contents at the top list every section, each link the anchor GitHub gives its heading."""
 
 from __future__ import annotations
 
@@ -77,3 +78,25 @@ def test_every_production_module_is_in_the_layout_table() -> None:
 def test_the_top_level_folders_have_rows() -> None:
     firsts = {n for wheres, _ in layout_rows() for n in (w.relative_to(ROOT).as_posix() + "/" for w in wheres if w.is_dir())}
     assert set(TOP_LEVEL) - {"examples/"} <= firsts | {"ignition_server/"}, set(TOP_LEVEL) - firsts
+
+
+def github_anchor(heading: str) -> str:
+    """The id GitHub gives a heading: its text lower-cased, punctuation but '-' and '_' dropped,
+    each space a '-'."""
+    text = heading.replace("`", "").lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def test_the_contents_list_every_section_and_each_link_finds_its_heading() -> None:
+    text = (ROOT / "README.md").read_text()
+    headings, fenced = [], False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and (m := re.match(r"(##|###) (.+)", line)):
+            headings.append(m[2])
+    contents = text.split("\n**Contents**\n\n", 1)[1].split("\n\n", 1)[0]
+    links = re.findall(r"^ *- \[(.+)\]\(#([\w-]+)\)$", contents, re.M)
+    assert [title for title, _ in links] == headings, "the contents are not the README's sections, in order"
+    assert [anchor for _, anchor in links] == [github_anchor(h) for h in headings]
+    assert "layout" in {anchor for _, anchor in links}  # the "Where is what" link

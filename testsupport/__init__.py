@@ -6,7 +6,8 @@ is here.
 - the real server and proxy as processes, the real Ignition client, `python -m bench` (`harness.py`),
   the real tools CI must have (`realtools.py`)
 - objects as HyperShift and the API hand them over: token Secrets, Secrets, ConfigMaps (`manifests.py`),
-  service-account keys and JWTs (`service_accounts.py`), a served NodePool (`serving.py`)
+  service-account keys and JWTs (`service_accounts.py`), a served NodePool (`serving.py`), the edge's
+  token check alone in a plain HAProxy config (`edge_config.py`)
 - worlds to test in: a reconciler over a file source (`reconcile_world.py`), the strict test API
   server (`kubeapi/`), a real registry (`registry_world.py`), stand-in and real MCO releases
   (`mco_image.py`, `mco_base.py`, `real_release.py`), HyperShift's real ignition server and its

@@ -30,9 +30,13 @@ def _check(result: int, what: str) -> None:
         raise OSError(errno, f"{what}: {os.strerror(errno)}")
 
 
+def _enc(s: str | None) -> bytes | None:
+    """libc takes bytes, and NULL where Python has None."""
+    return s.encode() if s is not None else None
+
+
 def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-    enc = (lambda s: s.encode() if s is not None else None)
-    _check(LIBC.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)), f"mount {target}")
+    _check(LIBC.mount(_enc(source), _enc(target), _enc(fstype), ctypes.c_ulong(flags), _enc(data)), f"mount {target}")
 
 
 def bind(source: str, target: str, read_only: bool) -> None:
@@ -51,7 +55,10 @@ def lay_out(spec: dict) -> str:
     root = spec["mountpoint"]
     mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing done here reaches the host
     mount(spec["rootfs"], root, None, MS_BIND | MS_REC)
-    inside = (lambda path: os.path.join(root, path.lstrip("/")))
+
+    def inside(path: str) -> str:
+        return os.path.join(root, path.lstrip("/"))
+
     os.makedirs(inside("/proc"), exist_ok=True)
     mount("proc", inside("/proc"), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)  # this pid namespace's
     os.makedirs(inside("/sys"), exist_ok=True)

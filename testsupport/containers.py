@@ -304,9 +304,10 @@ class PodContainer:
     def pid(self) -> int:
         """The host's pid of the container's pid 1 (unshare's one child)."""
         assert self.proc is not None
+        unshare = self.proc.pid
 
         def child() -> int | None:
-            children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
+            children = Path(f"/proc/{unshare}/task/{unshare}/children")
             text = children.read_text().split() if children.exists() else []
             return int(text[0]) if text else None
 

@@ -59,7 +59,9 @@ def readme_rbac_table(heading: str) -> set[tuple[str, str, str]]:
     """(api group, resource, verb) rows of the verb|resource table in the README's section `heading`."""
     text = README.read_text()
     section = text[text.index(heading):]
-    section = section[: re.search(r"\n##+ ", section).start()]  # the next heading (a code block's `# ...` is not one)
+    next_heading = re.search(r"\n##+ ", section)  # (a code block's `# ...` is not one)
+    assert next_heading is not None, f"no section after {heading!r} in the README"
+    section = section[: next_heading.start()]
     table = set()
     for line in section.splitlines():
         cells = [c.strip().strip("`") for c in line.strip().strip("|").split("|")]

@@ -103,6 +103,7 @@ def ignition_files_stage(
 
     `prepare(root)` lays out what the node's image would already hold (users, say)."""
     import pytest
+
     from testsupport.realtools import require_tool
 
     require_tool(IGNITION, "apt-get install ignition")

@@ -7,6 +7,7 @@ The server only reads them (`ignition_server/model/token_secret.py` parses what 
 from __future__ import annotations
 
 import base64
+import gzip
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,16 @@ from ignition_server.model.token_secret import (
     ANNOTATION_NODEPOOL,
     ANNOTATION_TOKEN_GENERATION,
     TokenSecret,
-    encode_config,
     format_time,
     is_token_secret,
     parse_token_secret,
 )
+
+
+def encode_config(yaml_text: str) -> bytes:
+    """Inverse of decode_config: the Secret value the reference writes (mtime 0 keeps it deterministic)."""
+    return base64.b64encode(gzip.compress(yaml_text.encode(), mtime=0))
+
 
 # A hosted cluster's bootstrap kubeconfig and additional trust bundle, as its Secret and ConfigMap hold them.
 KUBECONFIG = """apiVersion: v1

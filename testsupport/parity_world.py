@@ -21,9 +21,9 @@ from typing import Any
 
 import yaml
 
+from ignition_server.reconcile.generated_bases import hash_simple
 from ignition_server.tls.certificates import make_ca
 from testsupport.manifests import build_token_secret
-from ignition_server.reconcile.generated_bases import hash_simple
 from testsupport.real_release import hypershift_mcs_config
 from testsupport.registry_world import Registry
 

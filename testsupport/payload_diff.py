@@ -126,7 +126,7 @@ def items_of(config: Config) -> dict[str, Fields]:
         items["kernelArguments"] = {"shouldExist": _canonical(arguments.get("shouldExist") or []),
                                     "shouldNotExist": _canonical(arguments.get("shouldNotExist") or [])}
     ignition = config.get("ignition") or {}
-    section = {
+    ignition_items = {
         "config.merge": [_resource(r) for r in (ignition.get("config") or {}).get("merge") or []],
         "config.replace": _resource((ignition.get("config") or {}).get("replace")),
         "security.tls.certificateAuthorities": [
@@ -134,7 +134,7 @@ def items_of(config: Config) -> dict[str, Fields]:
         "timeouts": _canonical({k: v for k, v in (ignition.get("timeouts") or {}).items() if v is not None}),
         "proxy": _canonical({k: v for k, v in (ignition.get("proxy") or {}).items() if v not in (None, [])}),
     }
-    items["ignition"] = section
+    items["ignition"] = ignition_items
     return items
 
 

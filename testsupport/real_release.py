@@ -146,7 +146,7 @@ class RealRelease:
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 # The release's CoreOS boot images, as the installer's manifest carries them (HyperShift's release
 # lookup reads it: "couldn't read image lookup data as serialized ConfigMap: EOF" without it).
-BOOTIMAGES = {"apiVersion": "v1", "kind": "ConfigMap",
+BOOTIMAGES: dict[str, Any] = {"apiVersion": "v1", "kind": "ConfigMap",
               "metadata": {"name": "coreos-bootimages", "namespace": "openshift-machine-config-operator"},
               "data": {"releaseVersion": "", "stream": json.dumps({
                   "stream": "rhcos-9.6", "metadata": {"last-modified": "2026-08-20T00:00:00Z", "generator": "tests"},
@@ -215,7 +215,7 @@ def hypershift_mcs_config(name: str, *, infra_id: str | None = None, platform: s
     `tls_profile` (Old, Intermediate, Modern) goes into cluster-apiserver-config.yaml, from
     where MCO writes it into the kubelet's and CRI-O's configuration."""
     meta = {"creationTimestamp": None, "name": "cluster"}
-    infra = {"apiVersion": "config.openshift.io/v1", "kind": "Infrastructure", "metadata": meta,
+    infra: dict[str, Any] = {"apiVersion": "config.openshift.io/v1", "kind": "Infrastructure", "metadata": meta,
              "spec": {"cloudConfig": {"name": ""}, "platformSpec": {"type": platform}},
              "status": {"apiServerInternalURI": f"https://api-int.{name}.example.com:6443",
                         "apiServerURL": f"https://api.{name}.example.com:6443", "controlPlaneTopology": "External",
@@ -290,8 +290,8 @@ def mcs_reference_payload(real: RealMCO, work: Path, *, cluster_files: dict[str,
     import subprocess
     import urllib.request
 
-    from testsupport.harness import free_port, wait_for
     from ignition_server.tls.certificates import ensure_self_signed
+    from testsupport.harness import free_port, wait_for
 
     config, mco, mcc, mcs, gates = (work / n for n in ("config", "mco", "mcc", "mcs", "cca"))
     for directory in (config, mco, mcc, mcs, gates / "input", gates / "output", gates / "manifests"):

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from testsupport.harness import bearer, free_port, wait_for
 from ignition_server.tls.certificates import ensure_self_signed
+from testsupport.harness import bearer, free_port, wait_for
 from testsupport.kubeapi import KubeAPI
 from testsupport.real_release import require_real_dir
 from testsupport.realtools import in_ci

@@ -29,15 +29,16 @@ import jwt
 import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
 with warnings.catch_warnings():  # bcrypt hashes for htpasswd from the system's libxcrypt (no extra package)
     warnings.simplefilter("ignore", DeprecationWarning)
     import crypt
 
+from ignition_server.tls.certificates import ensure_self_signed, make_ca
 from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, free_port, wait_for
 from testsupport.manifests import build_token_secret
 from testsupport.realtools import require_tool
-from ignition_server.tls.certificates import ensure_self_signed, make_ca
 
 REGISTRY = "/usr/bin/docker-registry"
 SERVICE, ISSUER = "test-registry", "test-token-issuer"
@@ -98,7 +99,9 @@ class TokenIssuer:
     def __post_init__(self) -> None:
         cert_pem, key_pem = make_ca()
         self.cert_pem = cert_pem
-        self._key = serialization.load_pem_private_key(key_pem, password=None)
+        key = serialization.load_pem_private_key(key_pem, password=None)
+        assert isinstance(key, ec.EllipticCurvePrivateKey)  # make_ca's: tokens are signed ES256
+        self._key = key
         self._x5c = base64.b64encode(x509.load_pem_x509_certificate(cert_pem).public_bytes(serialization.Encoding.DER)).decode()
 
     @property

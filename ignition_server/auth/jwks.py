@@ -184,7 +184,7 @@ def _from_mapping(doc: Mapping[str, Any]) -> list[TrustedKey]:
     return [one] if one is not None else []
 
 
-def load_public_keys(source: KeySource | Iterable[KeySource]) -> list[TrustedKey]:
+def load_public_keys(source: TrustedKey | KeySource | Iterable[TrustedKey | KeySource]) -> list[TrustedKey]:
     """Load public signing keys from one source or an iterable of sources (see module doc)."""
     if isinstance(source, (rsa.RSAPublicKey, ec.EllipticCurvePublicKey, rsa.RSAPrivateKey, ec.EllipticCurvePrivateKey)):
         return [_trusted(source)]

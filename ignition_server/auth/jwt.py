@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jwt as pyjwt
 from cachetools import LRUCache
@@ -45,6 +45,9 @@ from .claims import (
 )
 from .cluster_keys import Candidate, ClusterKeys, JwtUnknownKey
 from .jwks import PrivateKeyRefused, PublicKey
+
+if TYPE_CHECKING:  # the options' TypedDict: only the type checker needs it, and older PyJWTs lack jwt.types
+    from jwt.types import Options
 
 __all__ = [
     "ALGORITHMS",
@@ -61,7 +64,7 @@ MAX_TOKEN_BYTES = 16 * 1024
 
 # PyJWT checks only the signature (and the alg against the allowed list); every claim is
 # checked by the named checks of .claims so each one can be shown to matter on its own.
-_PYJWT_OPTIONS: dict[str, Any] = {
+_PYJWT_OPTIONS: Options = {
     "verify_signature": True,
     "verify_exp": False,
     "verify_nbf": False,

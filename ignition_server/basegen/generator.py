@@ -53,8 +53,17 @@ from ..render.machineconfig import parse_machineconfigs
 from .output import read_base
 from .run import Limits, StepFailed, run_step
 from .steps import (  # noqa: F401 (BaseJob: the generator's interface)
-    CONFIG_API_IMAGE, IMAGE_PATHS, MCO_IMAGE, RENDER_PATHS, BaseJob, controller_args, operator_args,
-    prepare_controller_input, prepare_feature_gate, render_args, write_config,
+    CONFIG_API_IMAGE,
+    IMAGE_PATHS,
+    MCO_IMAGE,
+    RENDER_PATHS,
+    BaseJob,
+    controller_args,
+    operator_args,
+    prepare_controller_input,
+    prepare_feature_gate,
+    render_args,
+    write_config,
 )
 
 log = logging.getLogger("ignition_server.basegen")
@@ -243,11 +252,11 @@ def secrets_of(pull_secret: str | None) -> list[str]:
     for entry in auths.values() if isinstance(auths, dict) else ():
         if not isinstance(entry, dict):
             continue
-        for field in ("auth", "password", "identitytoken", "registrytoken"):
-            value = entry.get(field)
+        for key in ("auth", "password", "identitytoken", "registrytoken"):
+            value = entry.get(key)
             if isinstance(value, str) and value:
                 found.append(value)
-                if field == "auth":
+                if key == "auth":
                     try:
                         found.append(base64.b64decode(value).decode().partition(":")[2])
                     except ValueError:

@@ -12,7 +12,11 @@ import yaml
 from .. import bounded_yaml
 from ..render.machineconfig import parse_machineconfigs
 from ..render.mco import (
-    ANNOTATION_CONTROLLER_VERSION, ANNOTATION_KUBELET_CA, ANNOTATION_MERGED_FROM, ANNOTATION_SERVED_POOL, GENERATED_BY_CONTROLLER,
+    ANNOTATION_CONTROLLER_VERSION,
+    ANNOTATION_KUBELET_CA,
+    ANNOTATION_MERGED_FROM,
+    ANNOTATION_SERVED_POOL,
+    GENERATED_BY_CONTROLLER,
 )
 from .steps import PROBE_POOL
 

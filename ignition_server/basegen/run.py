@@ -112,8 +112,10 @@ async def run_step(argv: Sequence[str], cwd: Path, limits: Limits, env: dict[str
     except asyncio.CancelledError:
         _kill(proc.pid)
         raise
-    if proc.returncode != 0:
-        how = f"was killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exited with {proc.returncode}"
+    code = proc.returncode
+    assert code is not None  # waited for above
+    if code != 0:
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with {code}"
         _log_tail(name, kept)
         raise StepFailed(f"{name} {how}; {error_lines(bytes(kept))}")
     return tail(bytes(kept))

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import __version__
 from ..config import RegistrySettings, ServeSettings
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 ENV_PREFIX = "IGNITION_SERVER_"
 FILE_MODE_SHARED = "ignition-server"  # the namespace deploy/ and examples/ use for the server's own objects
@@ -20,10 +23,11 @@ def _env(flag: str, default: Any = None) -> Any:
     return os.environ.get(ENV_PREFIX + flag.lstrip("-").upper().replace("-", "_"), default)
 
 
-def _default(settings: type, name: str) -> str:
+def _default(settings: type[DataclassInstance], name: str) -> str:
     """A field's default (config.py writes each once), spelled as its flag takes it."""
     value = settings.__dataclass_fields__[name].default
     if name.endswith("listen"):
+        assert value is None or isinstance(value, tuple), name  # (host, port), or None: not served
         return "off" if value is None else f"{value[0]}:{value[1]}"
     if isinstance(value, tuple):
         return ",".join(str(v) for v in value)

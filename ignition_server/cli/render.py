@@ -14,7 +14,13 @@ from ..reconcile.source_view import SourceView
 from ..reconcile.tenancy import Tenancy
 from ..render.payload import render_payload
 from ..render.spec import (
-    SUPPORTED_VERSIONS, UnsatisfiableVersion, accept_for, body_version, negotiate, unsatisfiable_reason, with_version,
+    SUPPORTED_VERSIONS,
+    UnsatisfiableVersion,
+    accept_for,
+    body_version,
+    negotiate,
+    unsatisfiable_reason,
+    with_version,
 )
 from ..sources.files import FileSource
 

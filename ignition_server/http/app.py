@@ -27,7 +27,6 @@ from .access_log import AccessLog
 from .limits import FailedAuthLimiter
 from .ready import DEFAULT_READY_BYTES, WRITE_PIECE, PiecewiseBody, ReadyBodies
 
-
 IGNITION_MEDIA_TYPE = "application/vnd.coreos.ignition+json"
 _REASONS = {511: "Network Authentication Required"}
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+-]{1,64}")

@@ -26,7 +26,7 @@ import logging
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 from aiohttp import web
 
@@ -87,22 +87,24 @@ class _Guarded(asyncio.Protocol):
         self.guard, self.inner = guard, inner
         self.bucket = bucket  # the source's bucket in the connection table once counted
         self.made = False
-        self.transport: asyncio.BaseTransport | None = None
+        self.transport: asyncio.Transport | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.tail = b""
         self.header_bytes = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A stream server's protocol is given a (read-write) Transport, whose abort() the guard uses.
+        stream = cast(asyncio.Transport, transport)
         guard = self.guard
         bucket = self.bucket
         if bucket < 0:  # not counted at accept (plain HTTP): counted now
-            peer = transport.get_extra_info("peername")
+            peer = stream.get_extra_info("peername")
             bucket = guard.admit(str(peer[0]) if peer else "")
             if bucket < 0:
-                transport.abort()  # before aiohttp sees it: nothing else to clean up
+                stream.abort()  # before aiohttp sees it: nothing else to clean up
                 return
         self.made = True
-        self.bucket, self.transport = bucket, transport
+        self.bucket, self.transport = bucket, stream
         self.timer = asyncio.get_running_loop().call_later(guard.header_timeout, self._too_slow)
         self.inner.connection_made(transport)
 
@@ -129,11 +131,11 @@ class _Guarded(asyncio.Protocol):
                 self.tail = b""
                 # From here the TLS layer hands data straight to aiohttp: the instance attribute
                 # wins over this method, so a kept-alive request costs no call through the guard.
-                self.data_received = self.inner.data_received  # type: ignore[attr-defined,method-assign]
-        self.inner.data_received(data)  # type: ignore[attr-defined]
+                self.data_received = self.inner.data_received  # type: ignore[method-assign]
+        self.inner.data_received(data)
 
     def eof_received(self) -> bool | None:
-        return self.inner.eof_received()  # type: ignore[attr-defined]
+        return self.inner.eof_received()
 
     def pause_writing(self) -> None:
         self.inner.pause_writing()
@@ -173,7 +175,13 @@ class _AcceptServer:
 
 class GuardedSite(web.TCPSite):
     """aiohttp's TCPSite with the guard between the listener and aiohttp's protocol, and with
-    PROXY headers read first on connections from `proxy_from`."""
+    PROXY headers read first on connections from `proxy_from`.
+
+    aiohttp has no public way to wrap a site's protocol factory or to accept connections itself,
+    so this reads TCPSite's private `_runner`, `_host`, `_port`, `_backlog`, `_reuse_port` and
+    `_ssl_context`, and sets `_server` (what BaseSite.stop closes and BaseRunner.addresses lists)
+    and `_bound_port` (behind TCPSite.port). That is why pyproject.toml allows one minor version
+    of aiohttp, the one this was built against."""
 
     def __init__(self, runner: web.BaseRunner, host: str, port: int, *, guard: ConnectionGuard,
                  proxy_from: Sequence[IPNetwork] = (), **kwargs: Any) -> None:

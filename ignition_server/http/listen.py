@@ -18,7 +18,9 @@ from .guard import ConnectionGuard, GuardedSite, IPNetwork
 KEEPALIVE_TIMEOUT = 5.0
 # aiohttp's parser keeps a request's headers until they end: 128 fields of 8 KiB by default,
 # ~1.8 MB for one incomplete request. A node sends fewer than ten.
-PARSER_LIMITS = {"max_headers": 32, "max_field_size": 8190, "max_line_size": 8190}
+MAX_HEADERS = 32
+MAX_FIELD_SIZE = 8190
+MAX_LINE_SIZE = 8190
 
 
 async def start_site(app: web.Application | Handler, listen: tuple[str, int], ssl_context: ssl.SSLContext | None, *,
@@ -29,20 +31,23 @@ async def start_site(app: web.Application | Handler, listen: tuple[str, int], ss
     runner: web.BaseRunner
     if isinstance(app, web.Application):
         runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=shutdown_timeout,
-                               keepalive_timeout=KEEPALIVE_TIMEOUT, **PARSER_LIMITS)
+                               keepalive_timeout=KEEPALIVE_TIMEOUT, max_headers=MAX_HEADERS,
+                               max_field_size=MAX_FIELD_SIZE, max_line_size=MAX_LINE_SIZE)
     else:  # the low-level server takes the connection options itself
-        runner = web.ServerRunner(web.Server(app, access_log=None, keepalive_timeout=KEEPALIVE_TIMEOUT, **PARSER_LIMITS),
+        runner = web.ServerRunner(web.Server(app, access_log=None, keepalive_timeout=KEEPALIVE_TIMEOUT,
+                                             max_headers=MAX_HEADERS, max_field_size=MAX_FIELD_SIZE,
+                                             max_line_size=MAX_LINE_SIZE),
                                   handle_signals=False, shutdown_timeout=shutdown_timeout)
     await runner.setup()
-    site_options = {"ssl_context": ssl_context, "reuse_address": True, "reuse_port": reuse_port or None}
-    site = (GuardedSite(runner, listen[0], listen[1], guard=guard, proxy_from=proxy_from, **site_options)
-            if guard is not None else web.TCPSite(runner, listen[0], listen[1], **site_options))
+    site: web.TCPSite
+    if guard is not None:
+        site = GuardedSite(runner, listen[0], listen[1], guard=guard, proxy_from=proxy_from, ssl_context=ssl_context,
+                           reuse_address=True, reuse_port=reuse_port or None)
+    else:
+        site = web.TCPSite(runner, listen[0], listen[1], ssl_context=ssl_context, reuse_address=True,
+                           reuse_port=reuse_port or None)
     await site.start()
-    server = site._server  # aiohttp exposes the bound port only here; needed for port 0
-    port = listen[1]
-    if server is not None and server.sockets:  # type: ignore[union-attr]
-        port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    return runner, port
+    return runner, site.port  # the bound port once started: the one the OS chose for port 0
 
 
 def reserve_port(listen: tuple[str, int]) -> socket.socket:

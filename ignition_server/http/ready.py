@@ -53,7 +53,7 @@ class PiecewiseBody(BytesPayload):
     """A bytes body that aiohttp writes in `piece`-sized slices (views, no copies)."""
 
     def __init__(self, value: bytes, *, piece: int = WRITE_PIECE, **kwargs: object) -> None:
-        super().__init__(value, **kwargs)  # type: ignore[arg-type]
+        super().__init__(value, **kwargs)
         self._piece = piece
 
     async def write(self, writer: AbstractStreamWriter) -> None:

@@ -4,8 +4,8 @@ Pure: parsing and decoding only. A file source and a Kubernetes source both prod
 objects as `oc get -o yaml` prints them; this module reads and writes their values.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: it binds the name `annotations`, which this module
+# still exports (below) for the modules that have not moved to annotations_of.
 import base64
 import binascii
 import hashlib
@@ -135,8 +135,14 @@ def value_digest(obj: Mapping[str, Any], key: str) -> str:
     return ""
 
 
-def annotations(obj: Mapping[str, Any]) -> Mapping[str, str]:
+def annotations_of(obj: Mapping[str, Any]) -> Mapping[str, str]:
+    """An object's annotations (empty if it has none)."""
     return (obj.get("metadata") or {}).get("annotations") or {}
+
+
+# The old name, for reconcile/, which imports it (a module that also has `from __future__ import
+# annotations` cannot call a function of that name as far as a type checker is concerned).
+annotations = annotations_of
 
 
 def digested(obj: dict[str, Any]) -> dict[str, Any]:

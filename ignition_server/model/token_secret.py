@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import base64
 import binascii
-import gzip
 import zlib
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterable, Mapping
 
 from ..bounded_yaml import OverBounds
-from .objects import ManifestError, ObjectKey, annotations, object_key, secret_value, value_digest
+from .objects import ManifestError, ObjectKey, annotations_of, object_key, secret_value, value_digest
 
 ANNOTATION_IGNITION_CONFIG = "hypershift.openshift.io/ignition-config"
 ANNOTATION_NODEPOOL = "hypershift.openshift.io/nodePool"
@@ -28,7 +27,7 @@ PRECONDITION_KEYS = ("pull-secret-hash", "hc-configuration-hash", "additional-tr
 
 
 def is_token_secret(obj: Mapping[str, Any]) -> bool:
-    return obj.get("kind") == "Secret" and str(annotations(obj).get(ANNOTATION_IGNITION_CONFIG, "")).lower() == "true"
+    return obj.get("kind") == "Secret" and str(annotations_of(obj).get(ANNOTATION_IGNITION_CONFIG, "")).lower() == "true"
 
 
 def is_user_data_secret(obj: Mapping[str, Any]) -> bool:
@@ -36,7 +35,7 @@ def is_user_data_secret(obj: Mapping[str, Any]) -> bool:
     meta = obj.get("metadata") or {}
     data = obj.get("data")
     return (obj.get("kind") == "Secret" and str(meta.get("name", "")).startswith("user-data-")
-            and ANNOTATION_NODEPOOL in annotations(obj) and isinstance(data, Mapping) and "value" in data)
+            and ANNOTATION_NODEPOOL in annotations_of(obj) and isinstance(data, Mapping) and "value" in data)
 
 
 def parse_time(value: str | None) -> float | None:
@@ -128,11 +127,6 @@ def _gunzip_bounded(raw: bytes, limit: int) -> bytes:
     return bytes(out)
 
 
-def encode_config(yaml_text: str) -> bytes:
-    """Inverse of decode_config: the Secret value the reference writes (mtime 0 keeps it deterministic)."""
-    return base64.b64encode(gzip.compress(yaml_text.encode(), mtime=0))
-
-
 @dataclass(frozen=True)
 class TokenSecret:
     """One NodePool generation: the token Secret of DESIGN §3, decoded."""
@@ -179,7 +173,7 @@ def parse_token_secret(obj: Mapping[str, Any]) -> TokenSecret:
     if key is None:
         raise ManifestError("a Secret without metadata.name")
     meta = obj.get("metadata") or {}
-    notes = annotations(obj)
+    notes = annotations_of(obj)
     def text(name: str) -> str:
         try:
             return (secret_value(obj, name) or b"").decode().strip()

@@ -208,7 +208,8 @@ class RegistryClient:
         token = answer.get("token") or answer.get("access_token")
         if not isinstance(token, str) or not token:
             raise Refused(f"the token service of {ref.host} answered without a token")
-        lifetime = answer.get("expires_in") if isinstance(answer.get("expires_in"), (int, float)) else 60
+        expires_in = answer.get("expires_in")
+        lifetime = expires_in if isinstance(expires_in, (int, float)) else 60
         authorization = "Bearer " + token
         self._tokens[key] = (authorization, self.clock() + max(10.0, float(lifetime) - 10.0))
         return authorization

@@ -60,7 +60,9 @@ def parse_overrides(text: str) -> tuple[MirrorRule, ...]:
 
 
 def is_mirror_set(obj: Mapping[str, Any] | None) -> bool:
-    return bool(obj) and obj.get("kind") in MIRROR_KINDS  # type: ignore[union-attr]
+    if not obj:
+        return False
+    return obj.get("kind") in MIRROR_KINDS
 
 
 def parse_mirror_set(obj: Mapping[str, Any]) -> tuple[MirrorRule, ...]:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from string import Template
 
 from .fragments import boot_step_unit, dropin_entry, file_entry, fragment, load_template, unit_entry
-from .haproxy import HEALTH_CHECK_LIVEZ, ApiServerAccess, Backend, parse_backends, render_haproxy_fragment
+from .haproxy import HEALTH_CHECK_LIVEZ, ApiServerAccess, Backend, parse_backends
 from .inputs import InvalidConfig
 
 __all__ = [
@@ -45,7 +45,6 @@ __all__ = [
     "render_sysctl_conf",
     "render_registry_conf",
     "render_ibmcloud_fragment",
-    "render_ibmcloud_node_fragments",
 ]
 
 IBM_PROXY_IP = "172.20.0.1"
@@ -290,8 +289,8 @@ def _secondary_storage_unit() -> str:
 
 
 def render_ibmcloud_fragment(settings: IBMCloudSettings) -> dict:
-    """Ignition fragment with the IBM Cloud VPC Gen 2 platform settings (not the haproxy:
-    see :func:`render_ibmcloud_node_fragments` for both)."""
+    """Ignition fragment with the IBM Cloud VPC Gen 2 platform settings (not the kube-apiserver
+    proxy: render.haproxy's fragment, which render.payload adds beside it)."""
     files = [
         file_entry(IBM_ENV_PATH, render_ibm_env(settings), 0o644),
         file_entry(PROVIDERID_SCRIPT_PATH, load_template("ibm-kubelet-providerid.sh"), 0o755),
@@ -309,13 +308,3 @@ def render_ibmcloud_fragment(settings: IBMCloudSettings) -> dict:
         files.append(file_entry(SECONDARY_STORAGE_SCRIPT_PATH, load_template("ibm-secondary-storage.sh"), 0o755))
         units.append(unit_entry(SECONDARY_STORAGE_UNIT, _secondary_storage_unit(), enabled=True))
     return fragment(files, units)
-
-
-def render_ibmcloud_node_fragments(
-    settings: IBMCloudSettings, haproxy_image: str, haproxy_template: str | None = None
-) -> list[dict]:
-    """Both fragments an IBM node needs: platform settings and the kube-apiserver proxy."""
-    return [
-        render_ibmcloud_fragment(settings),
-        render_haproxy_fragment(api_server_access(settings), haproxy_image, haproxy_template),
-    ]

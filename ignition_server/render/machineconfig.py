@@ -32,8 +32,8 @@ import yaml
 from .. import bounded_yaml
 from .inputs import InvalidConfig, refusal
 from .spec import SUPPORTED_VERSIONS, minimum_version
-from .validation import validate
 from .spec2 import is_spec2, translate
+from .validation import validate
 
 API_VERSION = "machineconfiguration.openshift.io/v1"
 KIND = "MachineConfig"

@@ -7,18 +7,29 @@ from __future__ import annotations
 
 import copy
 
+from .cluster_proxy import proxy_settings, render_proxy_fragment
 from .haproxy import ApiServerAccess, render_haproxy_fragment
 from .ibmcloud import api_server_access, render_ibmcloud_fragment
 from .inputs import InvalidConfig, NodePoolInputs, RenderedPayload
-from .join import JoinInputs, render_join_fragment
+from .join import JoinInputs, merge_ca_bundles, render_join_fragment
 from .machineconfig import merge_machineconfigs, parse_machineconfigs
-from .join import merge_ca_bundles
 from .mco import (
-    ANNOTATION_CONTROLLER_VERSION, ANNOTATION_KUBELET_CA, ANNOTATION_SERVED_POOL, CLOUD_CA_PATH, KUBELET_CA_PATH,
-    ReleaseImages, appender_files, check_spec, mcs_appender_files, mcs_machineconfig, migrate_kernel_arguments,
-    placed_otherwise, rendered_machineconfig, served_by_mcs, set_file,
+    ANNOTATION_CONTROLLER_VERSION,
+    ANNOTATION_KUBELET_CA,
+    ANNOTATION_SERVED_POOL,
+    CLOUD_CA_PATH,
+    KUBELET_CA_PATH,
+    ReleaseImages,
+    appender_files,
+    check_spec,
+    mcs_appender_files,
+    mcs_machineconfig,
+    migrate_kernel_arguments,
+    placed_otherwise,
+    rendered_machineconfig,
+    served_by_mcs,
+    set_file,
 )
-from .cluster_proxy import render_proxy_fragment, proxy_settings
 from .settings import HAPROXY_TEMPLATE_KEY, apiserver_access, ibmcloud_settings
 from .spec import encode, minimum_version_reason
 from .validation import validate

@@ -299,7 +299,7 @@ def _parse_version(text: str) -> tuple[int, int, int] | None:
 
 def client_maximum(accept: str | None) -> tuple[int, int, int] | None:
     """The highest `version=` of an acceptable (q > 0) Ignition media type in Accept, if any."""
-    best = None
+    best: tuple[int, int, int] | None = None
     for media_range in (accept or "").split(","):
         parts = [p.strip() for p in media_range.split(";")]
         if parts[0].lower() != IGNITION_MEDIA_TYPE:
@@ -314,9 +314,9 @@ def client_maximum(accept: str | None) -> tuple[int, int, int] | None:
                 continue
         except ValueError:
             continue
-        v = _parse_version(params.get("version", ""))
-        if v is not None and (best is None or v > best):
-            best = v
+        offered = _parse_version(params.get("version", ""))
+        if offered is not None and (best is None or offered > best):
+            best = offered
     return best
 
 

@@ -21,7 +21,15 @@ from urllib.parse import unquote_to_bytes, urlsplit
 
 from .inputs import InvalidConfig
 from .spec import (
-    SUPPORTED_VERSIONS, at_least, dig, field_path, list_at, resources, storage_nodes, url_scheme, version_problems,
+    SUPPORTED_VERSIONS,
+    at_least,
+    dig,
+    field_path,
+    list_at,
+    resources,
+    storage_nodes,
+    url_scheme,
+    version_problems,
 )
 
 _UNIT_SUFFIXES = frozenset(
@@ -94,11 +102,11 @@ def _problems_of_source(path: tuple, res: dict, version: str) -> Iterator[tuple[
         if not src:
             yield hp, "a source is needed when verification is set"
         func, sep, digest = h.partition("-")
-        allowed = ("sha512", "sha256") if at_least(version, "3.1.0") else ("sha512",)
+        functions = ("sha512", "sha256") if at_least(version, "3.1.0") else ("sha512",)
         if not sep:
             yield hp, "malformed hash (want <function>-<hex digest>)"
-        elif func not in allowed:
-            yield hp, f"unrecognized hash function {func!r} (spec {version} allows {', '.join(allowed)})"
+        elif func not in functions:
+            yield hp, f"unrecognized hash function {func!r} (spec {version} allows {', '.join(functions)})"
         elif not re.fullmatch(r"[0-9a-fA-F]{%d}" % _HASH_HEX_LEN[func], digest):
             yield hp, f"{func} digest must be {_HASH_HEX_LEN[func]} hex characters"
 

@@ -21,8 +21,8 @@ import yaml
 from payload_cache.fsio import atomic_write, fsync_dir, temp_path_for, write_exclusive
 
 from .. import bounded_yaml
-from .events import Mutation
 from ..model.objects import ObjectKey, object_key, slim
+from .events import Mutation
 
 _Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 _DOC_SEPARATOR = re.compile(r"(?m)^---[ \t]*(?:#.*)?\n?")

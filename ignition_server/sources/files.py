@@ -21,10 +21,10 @@ from typing import Any, Callable
 import yaml
 
 from .. import bounded_yaml
+from ..model.objects import ObjectKey, digested, has_large_values, object_key, slim
 from . import file_writes, listing
 from .events import Change, ChangeHandler, Mutation
 from .listing import ListingStore
-from ..model.objects import ObjectKey, digested, has_large_values, object_key, slim
 
 log = logging.getLogger("ignition_server.sources.files")
 

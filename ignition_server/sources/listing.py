@@ -56,7 +56,7 @@ def decode_record(raw: bytes) -> Record:
     """A record as `encode_record` made it; ValueError when it is not one."""
     try:
         fields = json.loads(zlib.decompress(raw))
-        return Record(tuple(fields["stamp"]), fields["digest"], fields["read_at"],  # type: ignore[arg-type]
+        return Record(tuple(fields["stamp"]), fields["digest"], fields["read_at"],
                       [(ObjectKey(kind, namespace, name), _revive(obj)) for kind, namespace, name, obj in fields["objects"]])
     except (zlib.error, KeyError, TypeError) as exc:
         raise ValueError(f"not a listing record: {exc}") from None

@@ -200,7 +200,8 @@ async def reload_on_change(context: ssl.SSLContext, files: TLSFiles, *, loaded: 
     while the process was starting (after the load, before this task's first look) is a change
     too. Stamped here instead, such a process served the old pair until the next change on
     disk, while the others served the new one."""
-    seen = failed = loaded
+    seen = loaded
+    failed: tuple[int, int] | None = loaded  # None: the files could not be read at all
     while True:
         await asyncio.sleep(interval)
         current = None

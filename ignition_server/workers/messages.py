@@ -106,7 +106,7 @@ class Ask:
 @dataclass(frozen=True)
 class Report:
     """Counters since the last report, the NodePools served, the payload bytes held."""
-    deltas: dict[str, dict[str, int]]
+    deltas: dict[str, dict[str | int, int]]  # label (a NodePool, a status code, a cache counter) -> count
     served: list[str]
     held: dict[str, int]
 

@@ -29,11 +29,25 @@ from ..auth.tokens import Refusal, TokenAuthenticator
 from ..config import ServeSettings
 from ..http.connection_table import ConnectionTable
 from ..http.limits import FailedAuthLimiter
-from ..tls.certificates import TLSFiles
 from ..metrics import ServerMetrics
+from ..tls.certificates import TLSFiles
 from .channel import Channel
-from .messages import (Ask, Behind, Changes, Drain, Granted, Hello, Hold, Missing, Ready, Refused, Report, Reported,
-                       ReportNow, WorkerSpec)
+from .messages import (
+    Ask,
+    Behind,
+    Changes,
+    Drain,
+    Granted,
+    Hello,
+    Hold,
+    Missing,
+    Ready,
+    Refused,
+    Report,
+    Reported,
+    ReportNow,
+    WorkerSpec,
+)
 from .worker import process_name
 
 log = logging.getLogger("ignition_server.workers")
@@ -249,19 +263,19 @@ class WorkerPool:
         except Refusal as refusal:
             was_held = self._limiter.retry_after(remote) is not None
             answer = self._limiter.answer_failed(refusal, remote)
-            if answer is not refusal and not was_held:
+            if answer is not refusal and not was_held and answer.retry_after is not None:  # a new hold
                 for worker in self._workers.values():
                     worker.channel.send(Hold(remote, answer.retry_after))
             return Refused(ask_id, answer.status, answer.reason, answer.retry_after)
 
-    def _take_report(self, number: int, deltas: dict[str, dict[str, int]], served: list[str],
+    def _take_report(self, number: int, deltas: dict[str, dict[str | int, int]], served: list[str],
                      held: dict[str, int]) -> None:
         self._metrics.worker_held[number] = Counter(held)
         for nodepool, count in deltas.get("nodepools", {}).items():
             self._metrics.get_requests.inc(nodepool, count)
         for code, count in deltas.get("codes", {}).items():
             self._metrics.responses.inc(code, count)
-        self._metrics.worker_cache.update(deltas.get("cache", {}))
+        self._metrics.worker_cache.update({str(name): count for name, count in deltas.get("cache", {}).items()})
         for secret in served:
             self._on_served(secret)
 

@@ -25,17 +25,31 @@ from payload_cache import CacheConfig, PayloadCache
 from .. import logs, memory
 from ..auth.presented import Presented
 from ..auth.tokens import Grant, Refusal, TokenAuthenticator
-from ..http.connection_table import ConnectionTable
-from ..http.app import IgnitionHandlers, ServingState, build_dispatch
 from ..http.access_log import AccessLog
+from ..http.app import IgnitionHandlers, ServingState, build_dispatch
+from ..http.connection_table import ConnectionTable
 from ..http.guard import ConnectionGuard
 from ..http.limits import FailedAuthLimiter
 from ..http.listen import start_site
-from ..tls.certificates import reload_on_change, serving_context
 from ..metrics import ServerMetrics
+from ..tls.certificates import reload_on_change, serving_context
 from .channel import Channel
-from .messages import (Ask, Behind, Changes, Drain, Granted, Hello, Hold, Missing, Ready, Refused, Report, Reported,
-                       ReportNow, WorkerSpec)
+from .messages import (
+    Ask,
+    Behind,
+    Changes,
+    Drain,
+    Granted,
+    Hello,
+    Hold,
+    Missing,
+    Ready,
+    Refused,
+    Report,
+    Reported,
+    ReportNow,
+    WorkerSpec,
+)
 
 log = logging.getLogger("ignition_server.worker")
 REPORT_INTERVAL = 1.0  # served NodePools and counters go to the owner this often
@@ -65,7 +79,7 @@ class Worker:
         self._ids = itertools.count(1)
         self._served: set[str] = set()
         self._owner_gone = False
-        self._reported: dict[str, Counter[str]] = {}  # what the last report counted, by kind
+        self._reported: dict[str, Counter[str | int]] = {}  # what the last report counted, by kind
         self._held: dict[str, int] = {}  # payload bytes held, as last reported
         self.limiter = FailedAuthLimiter(settings.auth_failure_burst, settings.auth_failure_window)
         self.handlers = IgnitionHandlers(
@@ -187,9 +201,9 @@ class Worker:
         nodepools = Counter(self.metrics.get_requests.counts())
         codes = Counter(self.metrics.responses.counts())
         stats = self.cache.stats()
-        cache = Counter({"memory_hits": stats.memory_hits, "disk_hits": stats.disk_hits, "misses": stats.misses,
+        cache: Counter[str | int] = Counter({"memory_hits": stats.memory_hits, "disk_hits": stats.disk_hits, "misses": stats.misses,
                          "quarantined": stats.quarantined})
-        deltas = {}
+        deltas: dict[str, dict[str | int, int]] = {}
         for name, now in (("nodepools", nodepools), ("codes", codes), ("cache", cache)):
             before = self._reported.get(name, Counter())
             delta = now - before

@@ -12,12 +12,12 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from testsupport.clock import T0, Clock
-from testsupport.service_accounts import secret_ref_for
-from ignition_server.auth.jwks import PrivateKeyRefused, kube_key_id, load_public_keys, public_key_pem
 from ignition_server.auth.claims import DEFAULT_CHECKS, LEGACY_ISSUER, JwtRefused, TokenSecretRef
+from ignition_server.auth.jwks import PrivateKeyRefused, kube_key_id, load_public_keys, public_key_pem
 from ignition_server.auth.jwt import JwtUnknownKey, ServiceAccountVerifier, VerifiedToken
 from ignition_server.auth.tokens import decode_transport_token, is_transport_jwt
+from testsupport.clock import T0, Clock
+from testsupport.service_accounts import secret_ref_for
 
 BOUND_ISSUER = "https://kubernetes.default.svc"
 CLUSTER = "clusters-foo"
@@ -577,7 +577,7 @@ def test_decode_transport_token(keys):
     assert is_transport_jwt(std) and not is_transport_jwt(base64.b64encode(b"5f1e8c1a-opaque").decode())
     assert decode_transport_token(std) == token
     assert decode_transport_token(std.rstrip("=")) == token
-    assert decode_transport_token(std.replace("+", " ")) == token  # form-decoded '+' 
+    assert decode_transport_token(std.replace("+", " ")) == token  # form-decoded '+'
     assert decode_transport_token(base64.urlsafe_b64encode(token.encode()).decode()) == token
     for bad in ["", token, "%%%", base64.b64encode(b"hello").decode(), "A" * 70000]:
         with pytest.raises(JwtRefused) as err:

@@ -10,12 +10,12 @@ import jwt as pyjwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
+from ignition_server.auth.jwks import kube_key_id
+from ignition_server.render.userdata import pointer_config
 from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, bearer, wait_for, write_manifests
 from testsupport.ignition_client import files_in, finish_fetch, ignition_fetch, require_ignition
-from ignition_server.render.userdata import pointer_config
 from testsupport.manifests import build_token_secret
 from testsupport.service_accounts import keys_configmap, legacy_jwt, public_pem, url_token
-from ignition_server.auth.jwks import kube_key_id
 
 OVERLAP = 3.0
 

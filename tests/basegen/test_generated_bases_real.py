@@ -18,12 +18,18 @@ from urllib.parse import unquote
 
 import pytest
 
-from testsupport.harness import ServerProcess, bearer, wait_for, write_manifests
-from testsupport.real_release import RealMCO, RealRelease, hypershift_mcs_config, mcs_reference_payload, push_real_release, real_mco  # noqa: F401
-from testsupport.registry_world import Registry
 from ignition_server.tls.certificates import make_ca
+from testsupport.harness import ServerProcess, bearer, wait_for, write_manifests
 from testsupport.manifests import KUBECONFIG, build_token_secret, kube_object, token_status
-
+from testsupport.real_release import (  # noqa: F401
+    RealMCO,
+    RealRelease,
+    hypershift_mcs_config,
+    mcs_reference_payload,
+    push_real_release,
+    real_mco,
+)
+from testsupport.registry_world import Registry
 
 
 @pytest.fixture(scope="module")
@@ -193,8 +199,8 @@ def test_generated_bases_equal_the_bootstrap_mcs_payload_item_by_item(real_world
 def test_azure_cloud_config_waits_for_its_hash_and_an_os_stream_is_its_own_run(real_world, real_mco: RealMCO, tmp_path: Path) -> None:  # noqa: F811
     import yaml
 
-    from testsupport.real_release import azure_cloud_config
     from ignition_server.reconcile.generated_bases import hash_simple
+    from testsupport.real_release import azure_cloud_config
 
     registry, release = real_world
     ca = make_ca()[0].decode()

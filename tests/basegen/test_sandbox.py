@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from testsupport.harness import Listener
 from ignition_server.basegen.run import Limits, StepFailed, redact, run_step
 from ignition_server.basegen.sandbox import Sandbox, SandboxUnavailable
+from testsupport.harness import Listener
 
 PROBE = r'''#!/usr/bin/python3
 import json, os, socket, sys

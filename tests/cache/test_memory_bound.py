@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from ignition_server.config import payload_memory
 from testsupport import fleet
 from testsupport.harness import ServerProcess, bearer, wait_for
-from ignition_server.config import payload_memory
 
 
 def test_the_budget_is_split_among_the_serving_processes() -> None:

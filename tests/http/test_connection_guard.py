@@ -14,6 +14,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from aiohttp import web
+
 from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for, worker_pids, write_manifests
 from testsupport.manifests import build_token_secret
 
@@ -330,3 +332,22 @@ def test_a_kept_alive_connection_left_idle_or_dribbling_closes_soon(tmp_path: Pa
             conn.close()
     finally:
         proc.kill()
+
+
+async def test_the_aiohttp_attributes_the_guarded_site_uses_are_there() -> None:
+    """GuardedSite extends TCPSite through private attributes (pyproject.toml allows one minor
+    version of aiohttp for it): a new aiohttp that renamed one fails here, by name."""
+
+    async def handler(request: web.BaseRequest) -> web.Response:
+        return web.Response()
+
+    runner = web.ServerRunner(web.Server(handler), handle_signals=False)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        used = ("_runner", "_host", "_port", "_backlog", "_reuse_port", "_ssl_context", "_server", "_bound_port")
+        assert [name for name in used if not hasattr(site, name)] == []
+        assert site.port != 0 and site._bound_port == site.port
+    finally:
+        await runner.cleanup()

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from ignition_server.render.userdata import pointer_config
+from proxy.runtime import Runtime
 from testsupport.harness import EXAMPLE_MACHINECONFIG, ProxyProcess, ServerProcess, wait_for, write_manifests
 from testsupport.ignition_client import files_in, finish_fetch, ignition_fetch, require_ignition
-from ignition_server.render.userdata import pointer_config
 from testsupport.manifests import build_token_secret
-from proxy.runtime import Runtime
 from testsupport.realtools import require_tool
 
 pytestmark = [pytest.mark.haproxy, pytest.mark.ignition]

@@ -25,10 +25,11 @@ from aiohttp import web
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from ignition_server.auth.jwks import PrivateKeyRefused, kube_key_id, public_key_pem
 from ignition_server.auth.claims import LEGACY_ISSUER, JwtRefused
+from ignition_server.auth.jwks import PrivateKeyRefused, kube_key_id, public_key_pem
 from ignition_server.auth.jwt import ServiceAccountVerifier
-from proxy.jwt_frontend import EdgeKey, render_edge_config, write_key_files
+from proxy.jwt_frontend import EdgeKey, write_key_files
+from testsupport.edge_config import render_edge_config
 from testsupport.harness import raw_status
 from testsupport.realtools import require_tool
 

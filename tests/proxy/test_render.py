@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from testsupport.harness import ServerProcess, wait_for, write_manifests
-from ignition_server.http.proxy_protocol import ProxyHeaderError, parse_v1, parse_v2, V2_SIGNATURE
-from testsupport.manifests import build_token_secret
+from ignition_server.http.proxy_protocol import V2_SIGNATURE, ProxyHeaderError, parse_v1, parse_v2
 from proxy.publication import parse_token_map
 from proxy.table import TableError, load_table, parse_backend
+from testsupport.harness import ServerProcess, wait_for, write_manifests
+from testsupport.manifests import build_token_secret
 from testsupport.realtools import require_tool
 
 TABLE = """
@@ -190,8 +190,8 @@ async def test_the_controllers_metrics_on_any_address_answer_ipv4_and_ipv6() -> 
 
     import aiohttp
 
-    from testsupport.harness import free_port
     from proxy.cli import _serve_metrics
+    from testsupport.harness import free_port
 
     port = free_port()
     controller = SimpleNamespace(metrics=SimpleNamespace(text=lambda: b"ign_proxy_reloads_total 0\n"))

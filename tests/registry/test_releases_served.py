@@ -10,8 +10,8 @@ import yaml
 
 from testsupport.harness import Listener, ServerProcess, Started, bearer, free_port, wait_for, write_manifests
 from testsupport.ignition_client import payload_text
-from testsupport.registry_world import ART, HAPROXY, Registry, pool, registry_requests
 from testsupport.manifests import join_objects, token_status
+from testsupport.registry_world import ART, HAPROXY, Registry, pool, registry_requests
 
 
 @pytest.fixture

@@ -9,12 +9,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from testsupport.registry_world import Registry
 from ignition_server.registry.auth import credentials_for
 from ignition_server.registry.client import RegistryClient
 from ignition_server.registry.mirrors import Mirrors, parse_overrides
 from ignition_server.registry.reference import parse
 from ignition_server.registry.resolver import Failure, ReleaseResolver, ReleaseStore
+from testsupport.registry_world import Registry
 
 REPO = "openshift-release-dev/ocp-release"
 AMD64 = {"haproxy-router": "quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:" + "a" * 64,
@@ -184,7 +184,8 @@ async def test_user_ca_bundle_is_trusted_for_registry_tls(tmp_path: Path) -> Non
 
 
 def test_pull_secret_matching_follows_the_container_tools() -> None:
-    import base64, json
+    import base64
+    import json
     def entry(user: str) -> dict:
         return {"auth": base64.b64encode(f"{user}:pw".encode()).decode()}
     secret = json.dumps({"auths": {

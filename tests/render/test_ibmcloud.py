@@ -16,8 +16,12 @@ from urllib.parse import unquote
 
 import pytest
 
-from testsupport import REPO
-from ignition_server.render.haproxy import HAPROXY_CFG_PATH, STATIC_POD_PATH, render_haproxy_cfg
+from ignition_server.render.haproxy import (
+    HAPROXY_CFG_PATH,
+    STATIC_POD_PATH,
+    render_haproxy_cfg,
+    render_haproxy_fragment,
+)
 from ignition_server.render.ibmcloud import (
     IBM_ENV_PATH,
     KUBELET_ENV_PATH,
@@ -29,13 +33,13 @@ from ignition_server.render.ibmcloud import (
     render_chrony_conf,
     render_ibm_env,
     render_ibmcloud_fragment,
-    render_ibmcloud_node_fragments,
     render_registry_conf,
 )
 from ignition_server.render.inputs import InvalidConfig
+from ignition_server.render.join import JoinInputs, render_join_fragment
+from testsupport import REPO
 from testsupport.ignition_client import ignition_files_stage
 from testsupport.realtools import require_tool
-from ignition_server.render.join import JoinInputs, render_join_fragment
 
 HAPROXY_IMAGE = "quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:" + "a" * 64
 
@@ -313,7 +317,8 @@ JOIN = JoinInputs(
 
 def node_config(**kw) -> dict:
     s = settings(secondary_storage="luks", **kw)
-    return merge(*render_ibmcloud_node_fragments(s, HAPROXY_IMAGE), render_join_fragment(JOIN))
+    return merge(render_ibmcloud_fragment(s), render_haproxy_fragment(api_server_access(s), HAPROXY_IMAGE),
+                 render_join_fragment(JOIN))
 
 
 def test_full_config_passes_ignition_validate(tmp_path):

@@ -9,10 +9,10 @@ import json
 import pytest
 import yaml
 
-from testsupport import REPO
 from ignition_server.render.inputs import InvalidConfig, NodePoolInputs
 from ignition_server.render.machineconfig import MergedConfig, merge_machineconfigs, parse_machineconfigs
 from ignition_server.render.payload import render_payload
+from testsupport import REPO
 
 EXAMPLE = REPO / "examples" / "token-secret.yaml"
 

@@ -19,18 +19,18 @@ from urllib.parse import unquote
 import pytest
 import yaml
 
-from testsupport import mco_base
-from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for, write_manifests
-from testsupport.ignition_client import core_user, ignition_files_stage
-from testsupport.realtools import require_tool
+from ignition_server.model.token_secret import parse_token_secret
+from ignition_server.reconcile.releases import ANNOTATION_RELEASE_CATALOG
 from ignition_server.render.inputs import InvalidConfig, NodePoolInputs
 from ignition_server.render.mco import rendered_name
 from ignition_server.render.payload import render_payload
-from ignition_server.model.token_secret import parse_token_secret
-from testsupport.manifests import CA_PEM, KUBECONFIG, build_token_secret, kube_object
+from testsupport import mco_base
 from testsupport.clock import T0
+from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for, write_manifests
+from testsupport.ignition_client import core_user, ignition_files_stage
+from testsupport.manifests import CA_PEM, KUBECONFIG, build_token_secret, kube_object
+from testsupport.realtools import require_tool
 from testsupport.reconcile_world import inputs_world, renders, settle
-from ignition_server.reconcile.releases import ANNOTATION_RELEASE_CATALOG
 
 LAYERED = "registry.example.com/custom/rhcos-layered@sha256:" + "d" * 64
 RELEASE_2 = "quay.io/openshift-release-dev/ocp-release@sha256:" + "2" * 64
@@ -454,9 +454,9 @@ def _routable_address() -> str:
 def test_the_real_client_fetches_the_payload_through_the_pointer_configs_proxy(tmp_path: Path) -> None:
     """A real forward proxy (tinyproxy) between the real Ignition client and the server: the
     pointer's ignition.proxy is what makes the client go through it."""
+    from ignition_server.render.userdata import pointer_config
     from testsupport.harness import free_port, wait_for_port
     from testsupport.ignition_client import ignition_fetch, require_ignition
-    from ignition_server.render.userdata import pointer_config
 
     require_ignition()
     tinyproxy = require_tool("tinyproxy", "apt-get install tinyproxy")

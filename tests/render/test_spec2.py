@@ -9,10 +9,10 @@ import subprocess
 import pytest
 import yaml
 
-from testsupport.ignition_client import core_user, ignition_files_stage
 from ignition_server.render.inputs import InvalidConfig
 from ignition_server.render.machineconfig import merge_machineconfigs, parse_machineconfigs
 from ignition_server.render.spec2 import translate
+from testsupport.ignition_client import core_user, ignition_files_stage
 from testsupport.realtools import require_tool
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIG7c3Q5c1b9YQ4Jb0v8m3hQ2m5n6o7p8q9r0s1t2u3v4 admin@example"

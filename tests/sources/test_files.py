@@ -10,14 +10,20 @@ from pathlib import Path
 import pytest
 import yaml
 
-from testsupport import REPO
 from ignition_server.auth.rotation_policy import RotationPolicy, rotation_mutation
 from ignition_server.config import parse_duration, parse_hostport
+from ignition_server.model.objects import ManifestError, ObjectKey
+from ignition_server.model.token_secret import (
+    decode_config,
+    format_time,
+    parse_time,
+    parse_token_secret,
+    token_secret_config,
+)
 from ignition_server.sources.events import Change
 from ignition_server.sources.files import FileSource
-from ignition_server.model.objects import ManifestError, ObjectKey
-from ignition_server.model.token_secret import decode_config, encode_config, format_time, parse_time, parse_token_secret, token_secret_config
-from testsupport.manifests import build_token_secret
+from testsupport import REPO
+from testsupport.manifests import build_token_secret, encode_config
 
 EXAMPLE = REPO / "examples" / "token-secret.yaml"
 CONFIGMAP = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm", "namespace": "ns"}, "data": {"a": "1"}}
@@ -251,9 +257,8 @@ async def test_a_restart_parses_only_files_changed_since_the_snapshot(tmp_path: 
 async def test_a_damaged_snapshot_costs_only_a_parse_of_the_files_it_cannot_restore(tmp_path: Path) -> None:
     import os
 
-    from payload_cache import CacheConfig, PayloadCache
-
     from ignition_server.sources import listing
+    from payload_cache import CacheConfig, PayloadCache
 
     source_dir = tmp_path / "source"
     source_dir.mkdir()

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from testsupport import REPO
-from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for, write_manifests
 from ignition_server.bounded_yaml import UnsafeYAML, load_all
-from ignition_server.render.inputs import RefusedInput
-from ignition_server.render.machineconfig import parse_machineconfigs
 from ignition_server.model.objects import ManifestError
 from ignition_server.model.token_secret import MAX_CONFIG_BYTES, decode_config
+from ignition_server.render.inputs import RefusedInput
+from ignition_server.render.machineconfig import parse_machineconfigs
+from testsupport import REPO
+from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for, write_manifests
 from testsupport.manifests import build_token_secret
 
 # "Billion laughs" in a ConfigMap: nine levels of nine aliases, 9^9 nodes once expanded.

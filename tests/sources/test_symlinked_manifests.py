@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from testsupport.harness import write_manifests
 from ignition_server.auth.tokens import TokenAuthenticator
-from ignition_server.sources import file_writes
 from ignition_server.model.token_secret import parse_token_secret
+from ignition_server.sources import file_writes
 from testsupport.clock import T0
+from testsupport.harness import write_manifests
 from testsupport.reconcile_world import pool_secret, reopenable_world, settle
 
 

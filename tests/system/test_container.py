@@ -20,14 +20,23 @@ from typing import Iterator
 import pytest
 import yaml
 
+from ignition_server.render.userdata import pointer_config
 from testsupport.containers import (
-    Buildah, PodContainer, Workload, base_images, bounding_set, build_volumes, cache_key, make_stand_in, qualified, remap,
+    Buildah,
+    PodContainer,
+    Workload,
+    base_images,
+    bounding_set,
+    build_volumes,
+    cache_key,
+    make_stand_in,
+    qualified,
+    remap,
     storage_root,
 )
 from testsupport.deploy import DOCKERFILE, final_stage, named_stage
 from testsupport.harness import free_port
 from testsupport.ignition_client import files_in, ignition_fetch, require_ignition
-from ignition_server.render.userdata import pointer_config
 from testsupport.realtools import in_ci, require_tool
 
 # The images users run: the server (final stage) and the proxy.

@@ -14,7 +14,6 @@ from testsupport.deploy import DEPLOY, check_unprivileged_pod, documents, one, r
 from testsupport.realtools import require_tool
 
 
-
 def kustomize(directory: Path, *flags: str) -> list[dict]:
     kubectl = require_tool("kubectl", "apt-get install kubernetes-client")
     out = subprocess.run([kubectl, "kustomize", *flags, str(directory)], capture_output=True, text=True, timeout=60)

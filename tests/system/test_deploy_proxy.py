@@ -16,13 +16,12 @@ from typing import Any
 
 import pytest
 import yaml
-from testsupport.harness import ProxyProcess, ServerProcess, free_port, wait_for, write_manifests
-from testsupport.realtools import require_tool
-from testsupport.deploy import DEPLOY, check_unprivileged_pod, named_stage, readme_rbac_table
-from testsupport.deploy import one as server_object
 
-from testsupport.manifests import build_token_secret
 from proxy.table import Table, load_table
+from testsupport.deploy import DEPLOY, check_unprivileged_pod, named_stage, one as server_object, readme_rbac_table
+from testsupport.harness import ProxyProcess, ServerProcess, free_port, wait_for, write_manifests
+from testsupport.manifests import build_token_secret
+from testsupport.realtools import require_tool
 
 PROXY = DEPLOY / "proxy"
 

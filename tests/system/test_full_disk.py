@@ -13,8 +13,8 @@ from typing import Iterator
 import pytest
 import yaml
 
-from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, bearer, wait_for, write_manifests
 from ignition_server.model.token_secret import parse_token_secret
+from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, bearer, wait_for, write_manifests
 from testsupport.manifests import build_token_secret
 from testsupport.realtools import in_ci
 

@@ -11,15 +11,14 @@ from urllib.parse import quote
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
-from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, write_manifests
 from ignition_server.auth.tokens import Refusal, credential
 from ignition_server.bounded_yaml import load_all
 from ignition_server.render.inputs import InvalidConfig
 from ignition_server.render.machineconfig import parse_machineconfigs
 from ignition_server.render.spec import SUPPORTED_VERSIONS, UnsatisfiableVersion, negotiate
+from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, write_manifests
 from testsupport.manifests import build_token_secret
 
 QUICK = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

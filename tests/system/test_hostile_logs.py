@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from testsupport.harness import ServerProcess, wait_for
 from ignition_server.logs import JsonFormatter, RepeatFilter, TextFormatter, redact
+from testsupport.harness import ServerProcess, wait_for
 
 SPELLINGS = [  # (what a line may hold, the secret in it)
     ("b'GET /config/w?tok%65n=sec-a1 HTTP/1.1\\x01'", "sec-a1"),

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, bearer, wait_for
-from testsupport.manifests import build_token_secret
 from testsupport.deploy import rbac_rules
+from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, bearer, wait_for
 from testsupport.kubeapi import KubeAPI
+from testsupport.manifests import build_token_secret
 
 NAMESPACE = "clusters-a"
 
@@ -353,8 +353,8 @@ def test_a_render_failure_is_an_event_on_the_token_secret(api: KubeAPI, replicas
 
 
 def test_the_real_client_boots_from_a_replica_that_lags_a_rotation(api: KubeAPI, replicas, tmp_path: Path) -> None:
-    from testsupport.ignition_client import finish_fetch, ignition_fetch, require_ignition
     from ignition_server.render.userdata import pointer_config
+    from testsupport.ignition_client import finish_fetch, ignition_fetch, require_ignition
 
     require_ignition()
     name = api.create(token_secret("workers", "tok-0"))["metadata"]["name"]

@@ -29,14 +29,23 @@ import pytest
 
 from testsupport.harness import ServerProcess, bearer, wait_for, write_manifests
 from testsupport.kubeapi import KubeAPI
-from testsupport.parity_world import CLIENT_VERSIONS, CLUSTERS, NODEPOOLS, NodePool, accept, cluster_inputs, cluster_objects, \
-    pointer_headers, token_secret, token_secret_name
+from testsupport.manifests import token_status
+from testsupport.parity_world import (
+    CLIENT_VERSIONS,
+    CLUSTERS,
+    NODEPOOLS,
+    NodePool,
+    accept,
+    cluster_inputs,
+    cluster_objects,
+    pointer_headers,
+    token_secret,
+    token_secret_name,
+)
 from testsupport.payload_diff import diff_payloads, item_counts, report
 from testsupport.real_release import RealMCO, push_real_release, real_mco  # noqa: F401 (fixture)
 from testsupport.reference_server import ReferenceServer, reference_binary  # noqa: F401 (fixture)
 from testsupport.registry_world import Registry
-from testsupport.manifests import token_status
-
 
 IGNITION_REACHED = "hypershift.openshift.io/ignition-reached"
 SOURCES = ("kubernetes", "files")  # our server on the same API server, and on the same objects as manifests

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import yaml
 
-from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, bearer, wait_for, write_manifests
 from ignition_server.model.token_secret import parse_token_secret
+from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, bearer, wait_for, write_manifests
 from testsupport.manifests import build_token_secret
 
 PAYLOAD_MARKER = "payload-marker-5c1f"

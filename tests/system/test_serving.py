@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from ignition_server.model.token_secret import parse_token_secret
+from ignition_server.render.userdata import pointer_config
 from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, bearer, wait_for, write_manifests
 from testsupport.ignition_client import files_in, finish_fetch, ignition_fetch, require_ignition
-from ignition_server.render.userdata import pointer_config
-from ignition_server.model.token_secret import parse_token_secret
 from testsupport.manifests import build_token_secret
 from testsupport.serving import current_secret, token_secret, wait_rendered
 

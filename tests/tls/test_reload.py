@@ -10,11 +10,14 @@ import socket
 import ssl
 from pathlib import Path
 
-from testsupport.harness import ServerProcess, wait_for, write_manifests
 from ignition_server.tls.certificates import (
-    TLSFiles, ensure_self_signed, reload_on_change, serving_context,
+    TLSFiles,
+    ensure_self_signed,
+    reload_on_change,
+    serving_context,
 )
 from ignition_server.tls.profiles import profile as tls_profile
+from testsupport.harness import ServerProcess, wait_for, write_manifests
 from testsupport.manifests import build_token_secret
 
 

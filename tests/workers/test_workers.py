@@ -17,15 +17,15 @@ from pathlib import Path
 
 import yaml
 
-from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, bearer, wait_for, worker_pids, write_manifests
 from ignition_server.auth.presented import Presented
 from ignition_server.auth.tokens import Grant, Refusal, TokenAuthenticator
 from ignition_server.http.app import IgnitionHandlers, ServingState
 from ignition_server.metrics import ServerMetrics
-from ignition_server.render.spec import encode
 from ignition_server.model.token_secret import parse_token_secret
-from testsupport.manifests import build_token_secret
+from ignition_server.render.spec import encode
 from payload_cache import CacheConfig, PayloadCache, RenderRecord, TokenRecord, TokenState
+from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, bearer, wait_for, worker_pids, write_manifests
+from testsupport.manifests import build_token_secret
 
 
 def token_secret(pool: str, token: str) -> dict:

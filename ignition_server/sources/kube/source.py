@@ -24,8 +24,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
-from ..events import Change, ChangeHandler, Mutation
 from ...model.objects import ObjectKey, object_key
+from ..events import Change, ChangeHandler, Mutation
 from .client import MERGE_PATCH, KubeClient, KubeError, collection_path, item_path
 from .informer import Informer
 
@@ -286,7 +286,7 @@ class KubeSource:
         current = self._objects.get(key)
         for _ in range(WRITE_ATTEMPTS):
             fetched = current is None
-            if fetched:
+            if current is None:
                 current = await self._fetch(key)
                 if current is None:
                     raise KeyError(f"{key} is not in the API server")
@@ -364,7 +364,7 @@ class KubeSource:
 
     async def delete(self, key: ObjectKey, *, resource_version: str | None = None) -> bool:
         """Delete an object (only at `resource_version`, when given). False when already gone."""
-        body = {"kind": "DeleteOptions", "apiVersion": "v1"}
+        body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1"}
         if resource_version:
             body["preconditions"] = {"resourceVersion": resource_version}
         try:
