@@ -34,9 +34,9 @@ from .http.listen import reserve_port, start_site
 from .metrics import ServerMetrics
 from .model.token_secret import is_token_secret, is_user_data_secret
 from .reconcile.edge_publisher import EdgePublisher
+from .reconcile.nodepools import Renderer
 from .reconcile.outputs import PointerSettings, TokenOutputs
 from .reconcile.reconciler import Reconciler
-from .reconcile.nodepools import Renderer
 from .reconcile.trust import TrustWatcher
 from .reconcile.wiring import Watcher, watcher_for
 from .render.payload import render_payload

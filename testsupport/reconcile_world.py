@@ -14,9 +14,9 @@ from ignition_server.metrics import ServerMetrics
 from ignition_server.model.token_secret import is_token_secret
 from ignition_server.reconcile.outputs import PointerSettings, TokenOutputs
 from ignition_server.reconcile.reconciler import Reconciler
-from ignition_server.reconcile.wiring import Watcher, build_watcher
 from ignition_server.reconcile.tenancy import Tenancy
 from ignition_server.reconcile.trust import TrustWatcher
+from ignition_server.reconcile.wiring import Watcher, build_watcher
 from ignition_server.render.payload import render_payload
 from ignition_server.sources.files import FileSource
 from payload_cache import CacheConfig, PayloadCache

@@ -4,8 +4,8 @@ Pure: parsing and decoding only. A file source and a Kubernetes source both prod
 objects as `oc get -o yaml` prints them; this module reads and writes their values.
 """
 
-# No `from __future__ import annotations` here: it binds the name `annotations`, which this module
-# still exports (below) for the modules that have not moved to annotations_of.
+from __future__ import annotations
+
 import base64
 import binascii
 import hashlib
@@ -139,10 +139,6 @@ def annotations_of(obj: Mapping[str, Any]) -> Mapping[str, str]:
     """An object's annotations (empty if it has none)."""
     return (obj.get("metadata") or {}).get("annotations") or {}
 
-
-# The old name, for reconcile/, which imports it (a module that also has `from __future__ import
-# annotations` cannot call a function of that name as far as a type checker is concerned).
-annotations = annotations_of
 
 
 def digested(obj: dict[str, Any]) -> dict[str, Any]:

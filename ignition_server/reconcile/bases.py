@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..model.mco_base import ANNOTATION_MCO_BASE, RELEASE_KEY, VERSION_KEY
-from ..model.objects import ObjectKey, annotations, data_text
+from ..model.objects import ObjectKey, annotations_of, data_text
 
 log = logging.getLogger("ignition_server.reconcile.bases")
 
@@ -37,8 +37,8 @@ RHCOS_EXTENSIONS_IMAGE = "rhel-coreos-extensions"
 
 
 def is_base(obj: Mapping[str, Any] | None) -> bool:
-    return bool(obj) and obj.get("kind") == "ConfigMap" and \
-        str(annotations(obj).get(ANNOTATION_MCO_BASE, "")).lower() == "true"  # type: ignore[union-attr]
+    return obj is not None and obj.get("kind") == "ConfigMap" and \
+        str(annotations_of(obj).get(ANNOTATION_MCO_BASE, "")).lower() == "true"
 
 
 def base_key(namespace: str, release: str) -> ObjectKey:

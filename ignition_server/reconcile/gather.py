@@ -71,9 +71,9 @@ def gather(
             if not base_yaml:
                 raise ManifestError(f"MCO base {base.namespace}/{base.name} has no {BASE_KEY}")
         elif generated is not None and secret.release:
-            key, more = generated_key(secret, notes, lookup, releases, tenancy)
+            pair, more = generated_key(secret, notes, lookup, releases, tenancy)
             deps |= more
-            base_yaml = generated(key) if key is not None else None
+            base_yaml = generated(pair) if pair is not None else None
     for wanted in MCS_INPUTS if base_yaml is not None else ():
         key = input_key(secret, wanted, notes, tenancy)
         deps.add(key)

@@ -25,10 +25,10 @@ from typing import Any, Callable, Mapping
 
 from ..basegen.generator import BaseGenerator, BaseJob, cluster_key
 from ..basegen.steps import platform
-from ..render.inputs import NodePoolInputs
-from ..model.objects import LargeValue, ObjectKey, annotations, config_map, data_text, has_large_values
-from ..model.token_secret import TokenSecret
 from ..model.mco_base import BASE_KEY
+from ..model.objects import LargeValue, ObjectKey, annotations_of, config_map, data_text, has_large_values
+from ..model.token_secret import TokenSecret
+from ..render.inputs import NodePoolInputs
 from .bases import BaseIndex, base_key
 from .inputs import JOIN_INPUTS, InputObject, Lookup, input_key
 from .releases import Releases, release_key
@@ -90,7 +90,7 @@ ANNOTATION_GENERATED_BASE = "ignition-server.openshift.io/generated-base"  # its
 
 
 def is_generated_base(obj: Mapping[str, Any] | None) -> bool:
-    return bool(obj) and obj.get("kind") == "ConfigMap" and bool(annotations(obj).get(ANNOTATION_GENERATED_BASE))  # type: ignore[union-attr]
+    return obj is not None and obj.get("kind") == "ConfigMap" and bool(annotations_of(obj).get(ANNOTATION_GENERATED_BASE))
 
 
 def fingerprint(obj: Mapping[str, Any] | None) -> str:
@@ -177,7 +177,7 @@ class GeneratedBaseWaits:
     def published(self, obj: Mapping[str, Any]) -> None:
         """A base the writer generated and published: kept like one generated here."""
         generator = self.generator
-        key = str(annotations(obj).get(ANNOTATION_GENERATED_BASE, ""))
+        key = str(annotations_of(obj).get(ANNOTATION_GENERATED_BASE, ""))
         text = data_text(obj).get(BASE_KEY)
         if generator is None or not key or not text or generator.known(key) is not None:
             return

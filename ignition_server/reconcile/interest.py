@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-from ..model.objects import ManifestError, ObjectKey, annotations
+from ..model.objects import ManifestError, ObjectKey, annotations_of
 from ..model.token_secret import is_token_secret, parse_token_secret
 from .inputs import JOIN_INPUTS, SETTINGS_INPUTS, input_key
 from .tenancy import OutsideTenancy, Tenancy
@@ -32,7 +32,7 @@ def secrets_referenced(obj: Mapping[str, Any], tenancy: Tenancy | None = None) -
         return ()
     try:
         secret = parse_token_secret(obj)
-        notes = annotations(obj)
+        notes = annotations_of(obj)
     except (ManifestError, ValueError, KeyError):
         return ()
     keys = []

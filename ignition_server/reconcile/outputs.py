@@ -18,10 +18,10 @@ from typing import Any, Callable
 
 from payload_cache.fsio import atomic_write, make_dir
 
-from ..render.userdata import pointer_user_data, user_data_secret
-from ..sources.events import Source
 from ..model.objects import ObjectKey, object_key, value_digest
 from ..model.token_secret import TokenSecret
+from ..render.userdata import pointer_user_data, user_data_secret
+from ..sources.events import Source
 from .faults import Faults
 
 log = logging.getLogger("ignition_server.reconcile.outputs")

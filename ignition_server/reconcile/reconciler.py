@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from payload_cache import PayloadCache
@@ -38,9 +39,9 @@ from .bases import BaseIndex, is_base
 from .faults import Faults, ObjectWork
 from .generated_bases import GeneratedBaseWaits, is_generated_base
 from .input_graph import InputGraph
+from .nodepools import NodePools
 from .release_waits import ReleaseWaits
 from .releases import Releases, is_catalog, release_key
-from .nodepools import NodePools
 from .rotation import Rotation
 from .status import Status
 from .tenancy import Tenancy, generation_group, oldest_first
@@ -87,7 +88,7 @@ class Reconciler:
                 nodepool = await self._handle_one(change)
             except Exception as exc:
                 delay = self.faults.failed("parse", change.key.ref, exc)
-                self.work.retry(change.key.ref, "parse", lambda change=change: self._handle_again(change), delay)
+                self.work.retry(change.key.ref, "parse", partial(self._handle_again, change), delay)
                 continue
             self.faults.succeeded("parse", change.key.ref)
             if nodepool is not None:

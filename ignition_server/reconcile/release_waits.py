@@ -22,9 +22,9 @@ from typing import Any, Callable, Mapping
 
 import yaml
 
-from ..render.inputs import NodePoolInputs
 from ..model.objects import ObjectKey, config_map, data_text
 from ..model.token_secret import TokenSecret
+from ..render.inputs import NodePoolInputs
 from .input_graph import InputGraph
 from .inputs import JOIN_INPUTS, input_key
 from .releases import ANNOTATION_RELEASE_CATALOG, CATALOG_KEY, HAPROXY_IMAGE, Releases, release_key

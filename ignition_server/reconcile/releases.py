@@ -22,9 +22,9 @@ from typing import Any, Mapping
 import yaml
 
 from .. import bounded_yaml
+from ..model.objects import ObjectKey, annotations_of
 from ..registry.mirrors import Mirrors
 from ..registry.resolver import ReleaseResolver
-from ..model.objects import ObjectKey, annotations
 
 log = logging.getLogger("ignition_server.reconcile.releases")
 
@@ -39,7 +39,7 @@ def release_key(pull_spec: str) -> ObjectKey:
 
 
 def is_catalog(obj: Mapping[str, Any]) -> bool:
-    return obj.get("kind") == "ConfigMap" and str(annotations(obj).get(ANNOTATION_RELEASE_CATALOG, "")).lower() == "true"
+    return obj.get("kind") == "ConfigMap" and str(annotations_of(obj).get(ANNOTATION_RELEASE_CATALOG, "")).lower() == "true"
 
 
 @dataclass(frozen=True)

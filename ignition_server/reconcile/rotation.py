@@ -20,6 +20,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, Awaitable, Callable
 
 from payload_cache import PayloadCache
@@ -117,14 +118,15 @@ class Rotation:
         return rotated
 
     def _rotate_in_cache(self, key: ObjectKey, secret: TokenSecret, now: float, token: str | None = None) -> None:
+        token = token or new_token()
         state = {
             "base": self.tokens.source_token(key),
-            "token": token or new_token(),
+            "token": token,
             "old_token": secret.token,
             "generation_time": now,
         }
         self.cache.seal(rotation_name(secret.ref), json.dumps(state).encode())
-        self.tokens.rotated(replace(secret, token=state["token"], old_token=secret.token, generation_time=now))
+        self.tokens.rotated(replace(secret, token=token, old_token=secret.token, generation_time=now))
 
     async def _rotate_at_source(self, key: ObjectKey, secret: TokenSecret, token: str, now: float) -> bool:
         """Write one rotation back; True when the source took it.
@@ -181,7 +183,4 @@ class Rotation:
             log.info("%s is outdated by a newer token Secret of %s: expires at %s", outdated.ref, outdated.nodepool, stamp)
             # Queued per object, not awaited: the write-back re-enters the handler, and
             # a failure to write this one (a manifest broken by hand) must reach no other.
-            self.work.submit(
-                outdated.key.ref, "expiry",
-                lambda key=outdated.key, mutate=mutate: self.write_backs.write(key, mutate, "expiration"),
-            )
+            self.work.submit(outdated.key.ref, "expiry", partial(self.write_backs.write, outdated.key, mutate, "expiration"))

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..sources.events import Change
 from ..model.objects import ManifestError
 from ..model.token_secret import TokenSecret
+from ..sources.events import Change
 
 
 class OutsideTenancy(ManifestError):

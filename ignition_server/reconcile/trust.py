@@ -22,8 +22,8 @@ from typing import Any, Callable, Mapping
 from ..auth.claims import TokenSecretRef
 from ..auth.cluster_keys import ClusterKeys
 from ..auth.jwks import load_public_keys
+from ..model.objects import ManifestError, ObjectKey, annotations_of, data_text
 from ..sources.events import Change
-from ..model.objects import ManifestError, ObjectKey, annotations, data_text
 
 log = logging.getLogger("ignition_server.reconcile.trust")
 
@@ -33,7 +33,7 @@ _KEY_SUFFIXES = (".pub", ".pem")
 
 def is_trust_object(obj: Mapping[str, Any]) -> bool:
     return obj.get("kind") in ("ConfigMap", "Secret") and str(
-        annotations(obj).get(ANNOTATION_SERVICE_ACCOUNT_KEYS, "")
+        annotations_of(obj).get(ANNOTATION_SERVICE_ACCOUNT_KEYS, "")
     ).lower() == "true"
 
 

@@ -39,11 +39,11 @@ from .generated_bases import GeneratedBaseWaits
 from .housekeeping import Housekeeping
 from .index_flush import IndexFlush
 from .input_graph import InputGraph
+from .nodepools import NodePools, Renderer
 from .outputs import TokenOutputs
 from .reconciler import Reconciler
 from .release_waits import ReleaseWaits
 from .releases import Releases
-from .nodepools import NodePools, Renderer
 from .rotation import Rotation
 from .tenancy import Tenancy
 from .token_index import TokenIndex

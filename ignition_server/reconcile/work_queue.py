@@ -196,7 +196,9 @@ class WorkQueue(Generic[K]):
         finally:
             # Gone from the count in the same step as it found nothing to do: a key added
             # right after starts a new worker rather than waiting for this one.
-            self._workers.discard(asyncio.current_task())  # type: ignore[arg-type]
+            me = asyncio.current_task()
+            if me is not None:
+                self._workers.discard(me)
 
     async def _work_until_idle(self) -> None:
         while not self._holds:

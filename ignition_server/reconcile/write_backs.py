@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Awaitable, Callable
 
 from ..model.objects import ObjectKey, set_annotation
@@ -105,7 +106,7 @@ class WriteBacks:
         key = user_data_key(secret)
         if self.source.get(key) is None:
             return
-        self.work.submit(key.ref, "prune", lambda: self.source.delete(key))  # type: ignore[attr-defined]
+        self.work.submit(key.ref, "prune", partial(self.source.delete, key))
         log.info("deleting %s: its token Secret %s is gone", key.ref, secret.ref)
 
     async def prune_expired(self, secrets: Mapping[ObjectKey, TokenSecret]) -> int:

@@ -10,14 +10,14 @@ from typing import Any, Callable
 
 import pytest
 
-from ignition_server.auth.tokens import TokenAuthenticator
-from ignition_server.reconcile.reconciler import Reconciler
-from ignition_server.reconcile.releases import ANNOTATION_RELEASE_CATALOG
-from ignition_server.reconcile.wiring import build_watcher
-from ignition_server.reconcile.tenancy import Tenancy
 from ignition_server.auth.rotation_policy import RotationPolicy
+from ignition_server.auth.tokens import TokenAuthenticator
 from ignition_server.metrics import ServerMetrics
 from ignition_server.model.token_secret import is_token_secret
+from ignition_server.reconcile.reconciler import Reconciler
+from ignition_server.reconcile.releases import ANNOTATION_RELEASE_CATALOG
+from ignition_server.reconcile.tenancy import Tenancy
+from ignition_server.reconcile.wiring import build_watcher
 from ignition_server.render.inputs import NodePoolInputs, RenderedPayload
 from ignition_server.render.payload import render_payload
 from ignition_server.sources.files import FileSource

@@ -18,20 +18,20 @@ from typing import Any
 import pytest
 import yaml
 
-from testsupport.harness import write_manifests
 from ignition_server.auth.rotation_policy import RotationPolicy
 from ignition_server.auth.tokens import TokenAuthenticator
 from ignition_server.metrics import ServerMetrics
-from ignition_server.render.payload import render_payload
-from ignition_server.sources.files import FileSource
 from ignition_server.model.objects import ObjectKey
 from ignition_server.model.token_secret import is_token_secret
 from ignition_server.reconcile import reconciler as reconciler_module
 from ignition_server.reconcile.outputs import PointerSettings, TokenOutputs
-from ignition_server.reconcile.wiring import build_watcher
 from ignition_server.reconcile.status import written_status
+from ignition_server.reconcile.wiring import build_watcher
+from ignition_server.render.payload import render_payload
+from ignition_server.sources.files import FileSource
 from payload_cache import CacheConfig, PayloadCache
 from testsupport.clock import T0, Clock
+from testsupport.harness import write_manifests
 from testsupport.reconcile_world import open_watcher, pool_secret, reopenable_world, settle
 
 

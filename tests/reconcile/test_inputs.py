@@ -14,15 +14,15 @@ from urllib.parse import unquote
 import pytest
 import yaml
 
-from testsupport.harness import EXAMPLE_MACHINECONFIG, write_manifests
-from testsupport.ignition_client import ignition_files_stage
-from testsupport.realtools import require_tool
 from ignition_server.model.token_secret import parse_token_secret
-from testsupport.manifests import CA_PEM, KUBECONFIG, build_token_secret, kube_object
-from testsupport.clock import T0, Clock
-from testsupport.reconcile_world import file_reconciler, inputs_world, renders, settle
 from ignition_server.reconcile.releases import ANNOTATION_RELEASE_CATALOG
 from payload_cache import PayloadCache
+from testsupport.clock import T0, Clock
+from testsupport.harness import EXAMPLE_MACHINECONFIG, write_manifests
+from testsupport.ignition_client import ignition_files_stage
+from testsupport.manifests import CA_PEM, KUBECONFIG, build_token_secret, kube_object
+from testsupport.realtools import require_tool
+from testsupport.reconcile_world import file_reconciler, inputs_world, renders, settle
 
 RELEASE = "quay.io/openshift-release-dev/ocp-release@sha256:" + "1" * 64
 HAPROXY_IMAGE = "quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:" + "2" * 64
@@ -146,7 +146,9 @@ async def test_unknown_release_is_invalid_until_the_catalog_knows_it(world) -> N
     write_manifests(source_dir / "c.yaml", full_cluster("clusters-c")[3], token_secret("clusters-c", "workers", "tok"))
     write_manifests(source_dir / "plain.yaml", token_secret("clusters-p", "plain", "tok-p"))
     await settle(reconciler, source, outputs)
-    docs = lambda: [d for d in yaml.safe_load_all((source_dir / "c.yaml").read_text()) if d["kind"] == "Secret"]
+    def docs() -> list[dict]:
+        return [d for d in yaml.safe_load_all((source_dir / "c.yaml").read_text()) if d["kind"] == "Secret"]
+
     failing = parse_token_secret(docs()[0])
     assert failing.reason == "InvalidConfig" and RELEASE in failing.message and "release catalog" in failing.message
     assert cache.get_render("clusters-c/token-workers-00000000") is None

@@ -11,19 +11,25 @@ from pathlib import Path
 import pytest
 import yaml
 
-from testsupport.harness import EXAMPLE_MACHINECONFIG, write_manifests
 from ignition_server.auth.rotation_policy import RotationPolicy
 from ignition_server.auth.tokens import Refusal, TokenAuthenticator
 from ignition_server.metrics import ServerMetrics
+from ignition_server.model.token_secret import (
+    ANNOTATION_TOKEN_EXPIRATION,
+    format_time,
+    is_token_secret,
+    parse_token_secret,
+)
+from ignition_server.reconcile.wiring import build_watcher
 from ignition_server.render.payload import render_payload
 from ignition_server.sources.files import FileSource
-from ignition_server.model.token_secret import ANNOTATION_TOKEN_EXPIRATION, format_time, is_token_secret, parse_token_secret
-from testsupport.manifests import build_token_secret, token_status
-from testsupport.clock import T0
-from testsupport.reconcile_world import pool_secret, renders, reopenable_world, settle
-from ignition_server.reconcile.wiring import build_watcher
-from testsupport.watcher import wait_idle
 from payload_cache import TokenState
+from testsupport.clock import T0
+from testsupport.harness import EXAMPLE_MACHINECONFIG, write_manifests
+from testsupport.manifests import build_token_secret, token_status
+from testsupport.reconcile_world import pool_secret, renders, reopenable_world, settle
+from testsupport.watcher import wait_idle
+
 
 @pytest.fixture
 def world(tmp_path: Path):

@@ -19,9 +19,9 @@ from ignition_server.reconcile.token_index import TokenIndex
 from ignition_server.reconcile.write_backs import WriteBacks
 from ignition_server.sources.files import FileSource
 from payload_cache import CacheConfig, PayloadCache, TokenState
+from testsupport.clock import T0, Clock
 from testsupport.harness import write_manifests
 from testsupport.manifests import build_token_secret, token_status
-from testsupport.clock import T0, Clock
 
 TTL = 100.0
 

@@ -16,20 +16,20 @@ import pytest
 import yaml
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from testsupport.harness import EXAMPLE_MACHINECONFIG, write_manifests
 from ignition_server.auth.jwt import ServiceAccountVerifier
 from ignition_server.model.token_secret import ANNOTATION_TOKEN_EXPIRATION, parse_token_secret
-from testsupport.manifests import build_token_secret, kube_object
-from testsupport.service_accounts import keys_configmap
-from testsupport.clock import T0, Clock
-from testsupport.reconcile_world import file_reconciler, renders, settle
 from ignition_server.reconcile.reconciler import Reconciler
+from ignition_server.reconcile.releases import ANNOTATION_RELEASE_CATALOG
 from ignition_server.reconcile.source_view import SourceView
 from ignition_server.reconcile.tenancy import Tenancy
 from ignition_server.render.payload import render_payload
 from ignition_server.sources.files import FileSource
-from ignition_server.reconcile.releases import ANNOTATION_RELEASE_CATALOG
 from payload_cache import PayloadCache, TokenState
+from testsupport.clock import T0, Clock
+from testsupport.harness import EXAMPLE_MACHINECONFIG, write_manifests
+from testsupport.manifests import build_token_secret, kube_object
+from testsupport.reconcile_world import file_reconciler, renders, settle
+from testsupport.service_accounts import keys_configmap
 
 RELEASE = "quay.io/openshift-release-dev/ocp-release@sha256:" + "1" * 64
 GOOD_HAPROXY = "quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:" + "2" * 64

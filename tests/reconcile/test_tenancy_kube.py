@@ -13,11 +13,11 @@ from urllib.parse import unquote
 
 import pytest
 
+from ignition_server.model.token_secret import ANNOTATION_TOKEN_EXPIRATION
 from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, bearer, wait_for
 from testsupport.ignition_client import files_in
-from ignition_server.model.token_secret import ANNOTATION_TOKEN_EXPIRATION
-from testsupport.manifests import build_token_secret
 from testsupport.kubeapi import KubeAPI
+from testsupport.manifests import build_token_secret
 
 VICTIM, EVIL = "clusters-victim", "clusters-evil"
 

@@ -10,8 +10,8 @@ from ignition_server.model.token_secret import ANNOTATION_TOKEN_EXPIRATION, Toke
 from ignition_server.reconcile.tenancy import generation_group
 from ignition_server.reconcile.token_index import TokenIndex
 from payload_cache import CacheConfig, PayloadCache, TokenState
-from testsupport.manifests import build_token_secret
 from testsupport.clock import T0, Clock
+from testsupport.manifests import build_token_secret
 
 TTL = 100.0
 

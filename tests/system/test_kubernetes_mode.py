@@ -471,8 +471,8 @@ def test_a_restart_renders_nothing_though_the_catalog_is_listed_after_the_token_
     """The first listing meets objects in creation order: here every token Secret before the
     release catalog that its payload (the node's API server proxy) reads. Applied whole before
     any NodePool is reconciled, a restart finds every payload current (issue 33)."""
-    from testsupport.manifests import CA_PEM, join_objects, kube_object
     from ignition_server.reconcile.releases import ANNOTATION_RELEASE_CATALOG
+    from testsupport.manifests import CA_PEM, join_objects, kube_object
 
     release = "quay.io/openshift-release-dev/ocp-release@sha256:" + "1" * 64
     haproxy = "quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:" + "2" * 64
