@@ -1,0 +1,14 @@
+"""Taking over from HyperShift's ignition server: what the control-plane-operator stops writing
+for a HostedControlPlane annotated `hypershift.openshift.io/disable-ignition-server`, computed
+from the HCP and the objects it names, as the CPO's own code computes it. Pure: objects in,
+objects out; the Kubernetes side (watching HCPs, writing these) is wired elsewhere.
+
+- `mcs_config.py`: the `machine-config-server` ConfigMap and its `configuration-hash`;
+- `core_ignition.py`: the core ignition ConfigMaps the NodePool controller counts;
+- `cluster_config.py`: the config.openshift.io objects the CPO derives from the HCP;
+- `owned.py`: the HCP as owner, the annotation, the named inputs;
+- `go_json.py`, `go_yaml.py`: Go's encoding/json through the Go types' shape, and the YAML
+  HyperShift's serializer prints, so that every key is byte for byte the CPO's.
+  `go_types.json` is that shape, printed by `go_types.go` run inside a HyperShift checkout
+  (its header says how); regenerate it when HyperShift's vendored openshift/api moves.
+"""
