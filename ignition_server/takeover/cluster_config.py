@@ -37,10 +37,19 @@ def _object(kind: str, **fields: Any) -> dict[str, Any]:
     return {"apiVersion": CONFIG_V1, "kind": kind, "metadata": {"name": "cluster"}, **fields}
 
 
+def _parse_cidr(text: str) -> tuple[str, bool]:
+    """A CIDR as HyperShift's ipnet.IPNet prints it (the address as written, not masked, in Go's
+    form), and whether Go takes it for IPv4: an IPv4-mapped IPv6 address is, its mask cut to the
+    last 32 bits (`::ffff:10.0.0.0/104` prints `10.0.0.0/8`)."""
+    interface = ipaddress.ip_interface(text)
+    prefix = interface.network.prefixlen
+    if isinstance(interface, ipaddress.IPv6Interface) and interface.ip.ipv4_mapped is not None:
+        return f"{interface.ip.ipv4_mapped}/{max(prefix - 96, 0)}", True
+    return f"{interface.ip}/{prefix}", interface.version == 4
+
+
 def cidr(text: str) -> str:
-    """A CIDR as HyperShift's ipnet.IPNet prints it: the address as written (not masked), in Go's form."""
-    interface = ipaddress.ip_interface(text.strip())
-    return f"{interface.ip}/{interface.network.prefixlen}"
+    return _parse_cidr(text)[0]
 
 
 def _cidrs(hcp: dict[str, Any], which: str) -> list[str]:
@@ -129,7 +138,7 @@ def network(hcp: dict[str, Any]) -> dict[str, Any]:
     for entry in (_spec(hcp).get("networking") or {}).get("clusterNetwork") or []:
         prefix = int(entry.get("hostPrefix") or 0)
         if prefix == 0:
-            prefix = 23 if ipaddress.ip_network(entry["cidr"], strict=False).version == 4 else 64
+            prefix = 23 if _parse_cidr(entry["cidr"])[1] else 64
         entries.append({"cidr": cidr(entry["cidr"]), "hostPrefix": prefix})
     spec: dict[str, Any] = {"clusterNetwork": entries or None,
                             "networkType": (_spec(hcp).get("networking") or {}).get("networkType", ""),

@@ -102,6 +102,13 @@ CASES: dict[str, dict[str, Any]] = {
                                                              "resourceGroup": "rg", "accountID": "a", "subnet": {"id": "s"},
                                                              "vpc": {"name": "v", "region": "us-south"}}}},
     "openstack": {"platform": {"type": "OpenStack", "openstack": {"identityRef": {"name": "cloud", "cloudName": "openstack"}}}},
+    "none-cidrs-as-go-prints-them": {
+        "networking": {"networkType": "OVNKubernetes",
+                       "clusterNetwork": [{"cidr": "10.132.0.7/14"}, {"cidr": "::ffff:10.0.0.0/104"}, {"cidr": "::ffff:10.0.0.0/64"}],
+                       "serviceNetwork": [{"cidr": "172.31.0.0/16"}, {"cidr": "::1.2.3.0/120"}],
+                       "machineNetwork": [{"cidr": "2001:DB8:0:0:1::/80"}, {"cidr": "::/0"}, {"cidr": "0.0.0.0/0"}]},
+        "configuration": {"proxy": {"httpProxy": "http://p.example:1"}}},
+    "none-empty-proxy-and-network": {"configuration": {"proxy": {}, "network": {}}},
     "ssh-key-folded-no-newline": {"ssh_key": "ssh-rsa " + "A" * 60 + " a comment that runs past eighty columns " * 2},
 }
 
