@@ -37,7 +37,17 @@ def as_documents(objects: list[dict[str, Any]]) -> str:
     """The objects as one multi-document YAML file, each document JSON: every string quoted, so
     go-yaml reads exactly what PyYAML holds (PyYAML writes `0o17` plain, which go-yaml reads as 15),
     and no literal block ends at a '---' that the reader's split could trim."""
-    return "".join(f"---\n{json.dumps(obj)}\n" for obj in objects)
+    return "".join(f"---\n{_UNREADABLE.sub(_escape, json.dumps(obj, ensure_ascii=False))}\n" for obj in objects)
+
+
+# What go-yaml's reader refuses raw (DEL, C1 controls, U+FFFE/FFFF) or reads as a line break (NEL,
+# U+2028/2029), and the BOM, go escaped; the rest raw (an escaped astral character would be a
+# surrogate pair, which go-yaml refuses).
+_UNREADABLE = re.compile("[\x7f-\x9f\u2028\u2029\ufeff\ufffe\uffff]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    return f"\\u{ord(match.group()):04x}"
 
 
 @dataclass

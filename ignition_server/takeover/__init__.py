@@ -7,8 +7,10 @@ objects out; the Kubernetes side (watching HCPs, writing these) is wired elsewhe
 - `core_ignition.py`: the core ignition ConfigMaps the NodePool controller counts;
 - `cluster_config.py`: the config.openshift.io objects the CPO derives from the HCP;
 - `owned.py`: the HCP as owner, the annotation, the named inputs;
-- `go_json.py`, `go_yaml.py`: Go's encoding/json through the Go types' shape, and the YAML
-  HyperShift's serializer prints, so that every key is byte for byte the CPO's.
+- `go_json.py`, `go_yaml.py`, `go_emitter.py`: Go's encoding/json through the Go types' shape,
+  and the YAML HyperShift's serializer prints (go-yaml's scalar rules on PyYAML's emitter), so
+  that every key is byte for byte the CPO's; what the CPO's serializer refuses, we refuse
+  (`go_yaml.NotSerializable`: the CPO then writes nothing).
   `go_types.json` is that shape, printed by `go_types.go` run inside a HyperShift checkout
   (its header says how); regenerate it when HyperShift's vendored openshift/api moves.
 """

@@ -41,7 +41,7 @@ def ssh_key(hcp: dict[str, Any], named: Named) -> str:
     value = secret_value(named.ssh_key, SSH_KEY)
     if value is None:
         raise MissingInput(f"SSH key secret {name} is missing the {SSH_KEY} key")
-    return value.decode(errors="surrogateescape")
+    return value.decode(errors="replace")
 
 
 def _machine_config(name: str, spec: dict[str, Any]) -> str:

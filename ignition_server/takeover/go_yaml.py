@@ -4,19 +4,23 @@ The CPO's YAML is JSON read back into plain maps and written by go-yaml v2: keys
 natural order (digit runs compared as numbers), a string plain unless go-yaml would read it back
 as something else (then double-quoted), a string with a line break as a literal block, lines
 folded at 80 columns. go-yaml's emitter is libyaml's, as PyYAML's is: this module makes the
-style choices go-yaml's encoder makes and hands the events to PyYAML's emitter.
+style choices go-yaml's encoder makes and hands the events to PyYAML's emitter, its scalars
+written as go-yaml writes them (`go_emitter.py`).
 """
 
 from __future__ import annotations
 
 import datetime
 import functools
+import io
 import re
 from typing import Any
 
-import yaml
 from yaml.events import (DocumentEndEvent, DocumentStartEvent, Event, MappingEndEvent, MappingStartEvent, ScalarEvent,
                          SequenceEndEvent, SequenceStartEvent, StreamEndEvent, StreamStartEvent)
+
+from ignition_server.takeover import go_json
+from ignition_server.takeover.go_emitter import GoEmitter
 
 _WORDS = {"y", "Y", "yes", "Yes", "YES", "true", "True", "TRUE", "on", "On", "ON", "n", "N", "no", "No", "NO",
           "false", "False", "FALSE", "off", "Off", "OFF", "", "~", "null", "Null", "NULL",
@@ -27,6 +31,15 @@ _DATE = re.compile(r"(\d{4})-(\d\d?)-(\d\d?)")
 _CLOCK = re.compile(r"(\d\d?):(\d\d?):(\d\d?)(\.\d+)?")
 _ZONE = re.compile(r"Z|[+-]\d\d:\d\d")
 _INT = {"0x": 16, "0X": 16, "0o": 8, "0O": 8, "0b": 2, "0B": 2}
+
+
+# Characters Go's json.Marshal leaves raw and go-yaml's reader then refuses ("control characters are
+# not allowed"): the CPO's serialization of an object holding one fails, and it writes nothing.
+_REFUSED = re.compile("[\x7f-\x84\x86-\x9f\ud800-\udfff\ufffe\uffff]")
+
+
+class NotSerializable(ValueError):
+    """A string the CPO's serializer refuses: the CPO writes nothing for the object that holds it."""
 
 
 def plain_is_string(text: str) -> bool:
@@ -128,6 +141,8 @@ def sorted_keys(keys: Any) -> list[str]:
 
 
 def _scalar(text: str) -> ScalarEvent:
+    if _REFUSED.search(text):
+        raise NotSerializable(f"yaml: control characters are not allowed (in {text[:40]!r})")
     if "\n" in text:
         style: str | None = "|"
     elif plain_is_string(text):
@@ -137,10 +152,40 @@ def _scalar(text: str) -> ScalarEvent:
     return ScalarEvent(None, None, (True, True), text, style=style)
 
 
+def _read_back(text: str) -> str:
+    """A string value as go-yaml reads it back from Go's JSON, where NEL is left raw: a line break in
+    a double-quoted scalar, folded with the spaces around it (one NEL: a space; n of them: n-1 newlines)."""
+    if "\x85" not in text:
+        return text
+    out: list[str] = []
+    at = 0
+    for run in _BLANKS.finditer(text):
+        out.append(text[at:run.start()])
+        nels = run.group().count("\x85")
+        out.append(run.group() if not nels else (" " if nels == 1 else "\n" * (nels - 1)))
+        at = run.end()
+        if run.group().endswith("\x85") and text.startswith(("---", "..."), at) and text[at + 3:at + 4] in (" ", "\x85") \
+                and at + 3 < len(text):
+            raise NotSerializable("yaml: found unexpected document indicator")
+    out.append(text[at:])
+    return "".join(out)
+
+
+_BLANKS = re.compile("[ \x85]+")
+
+
+def _check_key(key: str) -> None:
+    """go-yaml reads the CPO's JSON back as YAML: a key must be a simple key there, on one line (NEL,
+    which Go's JSON leaves raw, breaks it) and at most 1024 characters as JSON prints it."""
+    if "\x85" in key or len(go_json.dumps(key)) > 1024:
+        raise NotSerializable(f"yaml: did not find expected ',' or '}}' (key {key[:40]!r})")
+
+
 def _events(value: Any, out: list[Event]) -> None:
     if isinstance(value, dict):
         out.append(MappingStartEvent(None, None, True, flow_style=False))
         for key in sorted_keys(value):
+            _check_key(key)
             out.append(_scalar(key))
             _events(value[key], out)
         out.append(MappingEndEvent())
@@ -150,7 +195,7 @@ def _events(value: Any, out: list[Event]) -> None:
             _events(item, out)
         out.append(SequenceEndEvent())
     elif isinstance(value, str):
-        out.append(_scalar(value))
+        out.append(_scalar(_read_back(value)))
     elif value is None or isinstance(value, (bool, int)):
         text = "null" if value is None else ("true" if value is True else "false" if value is False else str(value))
         out.append(ScalarEvent(None, None, (True, True), text, style=None))
@@ -163,5 +208,8 @@ def dump(value: Any) -> str:
     events: list[Event] = [StreamStartEvent(encoding=None), DocumentStartEvent(explicit=False)]
     _events(value, events)
     events += [DocumentEndEvent(explicit=False), StreamEndEvent()]
-    text: str = yaml.emit(events, allow_unicode=True, width=80, indent=2)
-    return text
+    out = io.StringIO()
+    emitter = GoEmitter(out, allow_unicode=True, width=80, indent=2)
+    for event in events:
+        emitter.emit(event)
+    return out.getvalue()

@@ -76,7 +76,7 @@ def mcs_data(hcp: dict[str, Any], named: Named) -> dict[str, str]:
     if trusted is not None and trusted.get("data"):
         # The whole ConfigMap as the CPO read it, metadata (resourceVersion, managedFields) included.
         data[USER_CA_KEY] = serialize({**trusted, "apiVersion": "v1", "kind": "ConfigMap"}, "ConfigMap")
-    data["root-ca.crt"] = (secret_value(root_ca, CA_KEY) or b"").decode(errors="surrogateescape")
+    data["root-ca.crt"] = (secret_value(root_ca, CA_KEY) or b"").decode(errors="replace")
     data["signer-ca.crt"] = str((kubelet_ca.get("data") or {}).get(CA_KEY) or "")
     data["cluster-dns-02-config.yaml"] = serialize(cluster_config.dns(hcp), "DNS")
     data["cluster-infrastructure-02-config.yaml"] = serialize(cluster_config.infrastructure(hcp), "Infrastructure")
