@@ -11,6 +11,7 @@ plain object through that shape, and `dumps` prints the result as `json.Marshal`
 from __future__ import annotations
 
 import base64
+import datetime
 import json
 import re
 from dataclasses import dataclass
@@ -110,7 +111,7 @@ def _struct(value: dict[str, Any], name: str) -> GoValue:
 
 def _custom(value: Any, name: str) -> GoValue:
     if name == TIME:
-        return GoValue(value or None, False, not value)
+        return GoValue(format_time(value) if value else None, False, not value)
     if name == DURATION:
         text = format_duration(parse_duration(value or "0s"))
         return GoValue(text, False, text == "0s")
@@ -119,6 +120,12 @@ def _custom(value: Any, name: str) -> GoValue:
     if name in RAW:
         return GoValue(value, False, value is None)
     raise ValueError(f"no marshaller for {name}")
+
+
+def format_time(text: str) -> str:
+    """metav1.Time as it marshals: RFC 3339 in UTC, whole seconds."""
+    moment = datetime.datetime.fromisoformat(text.replace("z", "Z"))
+    return moment.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 _UNITS = {"ns": 1, "us": 1_000, "µs": 1_000, "μs": 1_000, "ms": 1_000_000, "s": 1_000_000_000,

@@ -163,6 +163,7 @@ def test_the_trusted_bundle_is_serialized_as_read(hcp_inputs: HcpInputs, tmp_pat
     world.trusted_bundle["metadata"]["resourceVersion"] = "48214"
     world.trusted_bundle["metadata"]["labels"].update({"a10": "x", "a9": "y", "a09": "z", "B": "upper"})
     world.trusted_bundle["binaryData"] = {"blob": "AAEC"}
+    world.trusted_bundle["metadata"]["managedFields"][0]["time"] = "2026-11-02T10:15:00.75+02:00"  # Go prints UTC, seconds
     cpo = hcp_inputs.run(world.objects(), tmp_path / "changed")
     assert_same(cpo.config_maps["machine-config-server"], ours(world)["machine-config-server"])
     world.trusted_bundle.pop("binaryData")
