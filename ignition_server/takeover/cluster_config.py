@@ -109,8 +109,8 @@ def infrastructure(hcp: dict[str, Any]) -> dict[str, Any]:
     platform_status = status["platformStatus"]
     if kind == "AWS":
         spec["platformSpec"]["aws"] = {}
-        tags = [{"key": t["key"], "value": t.get("value", "")} for t in platform.get("resourceTags") or []
-                if not t["key"].startswith("kubernetes.io")]
+        tags = [{"key": t.get("key", ""), "value": t.get("value", "")} for t in platform.get("resourceTags") or []
+                if not t.get("key", "").startswith("kubernetes.io")]
         platform_status["aws"] = {"region": platform.get("region", ""), "resourceTags": tags}
     elif kind == "Azure":
         spec["cloudConfig"]["name"] = "cloud.conf"
@@ -126,8 +126,8 @@ def infrastructure(hcp: dict[str, Any]) -> dict[str, Any]:
         platform_status["openstack"] = {"cloudName": "openstack", "loadBalancer": {"type": "UserManaged"},
                                         "apiServerInternalIPs": [], "ingressIPs": []}
     elif kind == "GCP":
-        labels = [{"key": label["key"], "value": label.get("value") or ""} for label in platform.get("resourceLabels") or []
-                  if not label["key"].startswith("kubernetes-io")]
+        labels = [{"key": label.get("key", ""), "value": label.get("value") or ""}
+                  for label in platform.get("resourceLabels") or [] if not label.get("key", "").startswith("kubernetes-io")]
         platform_status["gcp"] = {"projectID": platform.get("project", ""), "region": platform.get("region", ""),
                                   "resourceLabels": labels or None}
     return _object("Infrastructure", spec=spec, status=status)

@@ -162,6 +162,10 @@ def test_the_trusted_bundle_is_serialized_as_read(hcp_inputs: HcpInputs, tmp_pat
     assert world.trusted_bundle is not None
     world.trusted_bundle["metadata"]["resourceVersion"] = "48214"
     world.trusted_bundle["metadata"]["labels"].update({"a10": "x", "a9": "y", "a09": "z", "B": "upper"})
+    # keys over 128 bytes are complex keys (`? key`) for go-yaml; é counts twice
+    world.trusted_bundle["metadata"]["labels"].update({"y" * 128: "simple", "q" * 129: "complex", "é" * 64: "simple",
+                                                       "é" * 65: "complex"})
+    world.trusted_bundle["metadata"]["annotations"] = {"note": "two\nlines", "long": "x" * 300}
     world.trusted_bundle["binaryData"] = {"blob": "AAEC"}
     world.trusted_bundle["metadata"]["managedFields"][0]["time"] = "2026-11-02T10:15:00.75+02:00"  # Go prints UTC, seconds
     cpo = hcp_inputs.run(world.objects(), tmp_path / "changed")
