@@ -5,6 +5,8 @@ objects out; the Kubernetes side (watching HCPs, writing these) is wired elsewhe
 
 - `mcs_config.py`: the `machine-config-server` ConfigMap and its `configuration-hash`;
 - `core_ignition.py`: the core ignition ConfigMaps the NodePool controller counts;
+- `plan.py`: what to create, update or delete for one HCP given its namespace's ConfigMaps
+  (the CPO's createOrUpdate merge; nothing when nothing changed);
 - `cluster_config.py`: the config.openshift.io objects the CPO derives from the HCP;
 - `owned.py`: the HCP as owner, the annotation, the named inputs;
 - `go_json.py`, `go_yaml.py`, `go_emitter.py`: Go's encoding/json through the Go types' shape,

@@ -19,6 +19,7 @@ LABELS = {CORE_LABEL: "true"}
 FIPS = "ignition-config-fips"
 WORKER_SSH = "ignition-config-worker-ssh"
 IMAGE_CONTENT_SOURCE = "ignition-config-40-image-content-source"
+CORE_NAMES = (FIPS, WORKER_SSH, IMAGE_CONTENT_SOURCE)  # every core ConfigMap the CPO keeps or deletes
 CONFIG_KEY = "config"
 SSH_KEY = "id_rsa.pub"
 _WORKER = {"machineconfiguration.openshift.io/role": "worker"}
