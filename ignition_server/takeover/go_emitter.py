@@ -10,6 +10,7 @@ style choice, the plain, single- and double-quoted writers; literal blocks are t
 from __future__ import annotations
 
 from yaml.emitter import Emitter, ScalarAnalysis
+from yaml.events import ScalarEvent
 
 _BREAKS = "\r\n\x85\u2028\u2029"
 _ESCAPES = {"\x00": "0", "\x07": "a", "\x08": "b", "\t": "t", "\n": "n", "\x0b": "v", "\x0c": "f", "\r": "r",
@@ -81,22 +82,27 @@ def analyze(value: str) -> ScalarAnalysis:
     return ScalarAnalysis(value, False, line_breaks, flow_plain, block_plain, single, True, block_ok)
 
 
-class GoEmitter(Emitter):  # type: ignore[misc]  # PyYAML ships no types
+class GoEmitter(Emitter):
     """Scalars as go-yaml v2 writes them (go.yaml.in/yaml/v2 emitterc.go)."""
 
     def analyze_scalar(self, scalar: str) -> ScalarAnalysis:
         return analyze(scalar)
 
     def check_simple_key(self) -> bool:
-        # go-yaml counts a key's bytes (at most 128); PyYAML its characters (under 128)
+        # go-yaml: a scalar key of at most 128 bytes, empty or not; PyYAML: under 128 characters, not empty
+        event = self.event
+        if not isinstance(event, ScalarEvent):
+            return bool(super().check_simple_key())
         if self.analysis is None:
-            self.analysis = self.analyze_scalar(self.event.value)
-        return not self.analysis.multiline and len(self.event.value.encode()) <= 128
+            self.analysis = self.analyze_scalar(event.value)
+        return not self.analysis.multiline and len(event.value.encode()) <= 128
 
     def choose_scalar_style(self) -> str:
+        event = self.event
+        assert isinstance(event, ScalarEvent)
         if self.analysis is None:
-            self.analysis = self.analyze_scalar(self.event.value)
-        a, style = self.analysis, self.event.style or ""
+            self.analysis = self.analyze_scalar(event.value)
+        a, style = self.analysis, event.style or ""
         if self.simple_key_context and a.multiline:
             style = '"'
         if style == "":

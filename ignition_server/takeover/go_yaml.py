@@ -14,6 +14,7 @@ import datetime
 import functools
 import io
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from yaml.events import (DocumentEndEvent, DocumentStartEvent, Event, MappingEndEvent, MappingStartEvent, ScalarEvent,
@@ -136,8 +137,12 @@ def _less(a: str, b: str) -> bool:
     return len(a) < len(b)
 
 
-def sorted_keys(keys: Any) -> list[str]:
-    return sorted(keys, key=functools.cmp_to_key(lambda a, b: -1 if _less(a, b) else (1 if _less(b, a) else 0)))
+def _compare(a: str, b: str) -> int:
+    return -1 if _less(a, b) else (1 if _less(b, a) else 0)
+
+
+def sorted_keys(keys: Iterable[str]) -> list[str]:
+    return sorted(keys, key=functools.cmp_to_key(_compare))
 
 
 def _scalar(text: str) -> ScalarEvent:
