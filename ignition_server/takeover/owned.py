@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ignition_server.model.objects import config_map
+from ignition_server.model.objects import config_map, has_large_values
 
 HCP_API_VERSION = "hypershift.openshift.io/v1beta1"
 HCP_KIND = "HostedControlPlane"
@@ -47,6 +47,12 @@ class Named:
     kubelet_client_ca: dict[str, Any] | None = None  # ConfigMap kubelet-client-ca
     trusted_ca_bundle: dict[str, Any] | None = None  # ConfigMap trusted-ca-bundle-managed, optional
     ssh_key: dict[str, Any] | None = None            # the Secret spec.sshKey.name names, if it names one
+
+    def __post_init__(self) -> None:
+        for obj in (self.root_ca, self.pull_secret, self.kubelet_client_ca, self.trusted_ca_bundle, self.ssh_key):
+            if obj is not None and has_large_values(obj):
+                name = (obj.get("metadata") or {}).get("name")
+                raise ValueError(f"{obj.get('kind')} {name} is a slim copy (large values as digests): read the full object")
 
     ROOT_CA = "root-ca"
     PULL_SECRET = "pull-secret"

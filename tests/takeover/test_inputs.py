@@ -111,3 +111,14 @@ def test_the_objects_handed_to_hcp_inputs_read_back_as_given() -> None:
     import yaml
     objects = hcp_world(trusted=True).objects()
     assert list(yaml.safe_load_all(as_documents(objects))) == objects
+
+
+def test_a_slim_copy_is_refused_not_serialized_as_its_digest() -> None:
+    """The CPO serializes trusted-ca-bundle-managed whole: a source's slim copy (values over 4 KiB
+    held as digests) would put "sha256:..." where the bundle goes."""
+    from ignition_server.model.objects import slim
+    world = hcp_world(trusted=True)
+    assert world.trusted_bundle is not None
+    world.trusted_bundle["data"]["ca-bundle.crt"] = "x" * 5000
+    with pytest.raises(ValueError, match="trusted-ca-bundle-managed is a slim copy"):
+        replace(world.named(), trusted_ca_bundle=slim(world.trusted_bundle))
