@@ -35,8 +35,8 @@ from testsupport.parity_world import (
     token_secret,
     token_secret_name,
 )
-from testsupport.real_release import push_real_release, real_dir, unpack
-from testsupport.reference_server import ReferenceServer, unpack_reference
+from testsupport.real_release import push_real_release, real_dir, unpack, unpack_binary
+from testsupport.reference_server import ReferenceServer
 from testsupport.registry_world import Registry
 
 _REPO = Path(__file__).resolve().parent.parent
@@ -142,7 +142,7 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-parity-") as temporary:
         work = args.work or Path(temporary)
         work.mkdir(parents=True, exist_ok=True)
-        binary = unpack_reference(root / "hypershift-ignition-server.xz", work)
+        binary = unpack_binary(root / "hypershift-ignition-server.xz", work)
         results = run(work, args.pools, binary, root)
     out = _REPO / "bench" / "results" / "parity.json"
     out.write_text(json.dumps({"pools": args.pools, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -31,8 +31,9 @@ LAYERS: tuple[tuple[tuple[str, ...], str], ...] = (
      "process-wide helpers with no knowledge of the domain: bounded YAML, log setup, sockets, TLS (profiles, certificates and the self-made CA, its rotation, FIPS)"),
     (("ignition_server.model",),
      "the domain model (Kubernetes objects, the token Secret, the MCO base ConfigMap): everyone reads it"),
-    (("ignition_server.render", "ignition_server.config", "ignition_server.metrics"),
-     "pure renderers (inputs -> bytes), the settings object, the metrics registry: used by all that runs"),
+    (("ignition_server.render", "ignition_server.takeover", "ignition_server.config", "ignition_server.metrics"),
+     "pure renderers (inputs -> bytes; the takeover's HostedControlPlane -> the CPO's ConfigMaps), the settings "
+     "object, the metrics registry: used by all that runs"),
     (("ignition_server.auth", "ignition_server.sources", "ignition_server.registry", "ignition_server.edge_publication"),
      "where tokens are checked, where objects come from (files, Kubernetes), releases from registries, "
      "and the edge directory's format (the contract the server and the front proxy share)"),

@@ -11,7 +11,8 @@ is here.
 - worlds to test in: a reconciler over a file source (`reconcile_world.py`), the strict test API
   server (`kubeapi/`), a real registry (`registry_world.py`), stand-in and real MCO releases
   (`mco_image.py`, `mco_base.py`, `real_release.py`), HyperShift's real ignition server and its
-  objects (`reference_server.py`, `parity_world.py`, `payload_diff.py`), container images
+  objects (`reference_server.py`, `parity_world.py`, `payload_diff.py`), HostedControlPlanes and
+  the control-plane-operator's own code run on them (`hcp_inputs.py`), container images
   (`containers.py`, `container_launch.py`), the deploy/ manifests and the Dockerfile (`deploy.py`),
   spec-validation cases (`invalid_configs.py`)
 - the benchmarks' fleets (`fleet.py`, `shared_input_fleet.py`)

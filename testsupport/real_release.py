@@ -69,6 +69,27 @@ def require_real_dir() -> Path:
     pytest.skip(message)
 
 
+def require_packed(name: str) -> Path:
+    """`NAME.xz` in the real directory (../shared/real/README.md lists them): fails in CI, skips
+    elsewhere, when it is not there."""
+    packed = require_real_dir() / f"{name}.xz"
+    if not packed.is_file():
+        message = f"{packed.name} is not in {packed.parent} (../shared/real/README.md)"
+        if in_ci():
+            pytest.fail(f"CI needs the real binaries: {message}", pytrace=False)
+        pytest.skip(message)
+    return packed
+
+
+def unpack_binary(packed: Path, into: Path) -> Path:
+    """A real binary (`NAME.xz`) decompressed into `into` as NAME, executable."""
+    target = into / packed.name.removesuffix(".xz")
+    with lzma.open(packed) as source, open(target, "wb") as out:
+        shutil.copyfileobj(source, out, 1 << 20)
+    target.chmod(0o755)
+    return target
+
+
 @dataclass(frozen=True)
 class RealMCO:
     """The unpacked real binaries and the two images' layers (gzip tar), made once per session."""
@@ -85,10 +106,7 @@ def unpack(source: Path, dest: Path) -> RealMCO:
     root = dest / "root"
     (root / "usr" / "bin").mkdir(parents=True)
     for name in BINARIES:
-        target = root / "usr" / "bin" / name
-        with lzma.open(source / f"{name}.xz") as packed, open(target, "wb") as out:
-            shutil.copyfileobj(packed, out, 1 << 20)
-        target.chmod(0o755)
+        unpack_binary(source / f"{name}.xz", root / "usr" / "bin")
     with tarfile.open(source / IMAGE_FILES, "r:xz") as tar:
         tar.extractall(dest / "files", filter="data")
     (root / "etc" / "mcc").mkdir(parents=True)

@@ -15,8 +15,6 @@ servers generating at once would read each other's payloads, so a test runs one 
 
 from __future__ import annotations
 
-import lzma
-import shutil
 import signal
 import ssl
 import subprocess
@@ -31,8 +29,7 @@ import pytest
 from ignition_server.tls.certificates import ensure_self_signed
 from testsupport.harness import bearer, free_port, wait_for
 from testsupport.kubeapi import KubeAPI
-from testsupport.real_release import require_real_dir
-from testsupport.realtools import in_ci
+from testsupport.real_release import require_packed, unpack_binary
 
 # The FeatureGate HyperShift's ignition-server deployment renders in its init container
 # (`fetch-feature-gate`, FEATURE_GATE_YAML): the reference copies it into `render`'s input.
@@ -50,26 +47,11 @@ SYSTEM_CAS = Path("/etc/ssl/certs/ca-certificates.crt")
 MCS_PORTS = (22625, 22626)  # hard-coded in HyperShift's local_ignitionprovider.go
 
 
-def unpack_reference(packed_path: Path, into: Path) -> Path:
-    """`hypershift-ignition-server.xz` decompressed into `into`, executable."""
-    target = into / "hypershift-ignition-server"
-    with lzma.open(packed_path) as packed, open(target, "wb") as out:
-        shutil.copyfileobj(packed, out, 1 << 20)
-    target.chmod(0o755)
-    return target
-
-
 @pytest.fixture(scope="session")
 def reference_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The reference server's binary, decompressed once per test session (from where
     real_release finds the MCO binaries: it is the same directory)."""
-    packed_path = require_real_dir() / "hypershift-ignition-server.xz"
-    if not packed_path.is_file():
-        message = f"HyperShift's ignition server is not at {packed_path} (../shared/real/README.md)"
-        if in_ci():
-            pytest.fail(f"CI needs the real binaries: {message}", pytrace=False)
-        pytest.skip(message)
-    return unpack_reference(packed_path, tmp_path_factory.mktemp("reference"))
+    return unpack_binary(require_packed("hypershift-ignition-server"), tmp_path_factory.mktemp("reference"))
 
 
 @dataclass
