@@ -8,6 +8,7 @@ from typing import Any, Iterable, Mapping
 
 from ..model.objects import ManifestError, ObjectKey, annotations_of
 from ..model.token_secret import is_token_secret, parse_token_secret
+from .claims import is_claims_object
 from .inputs import JOIN_INPUTS, SETTINGS_INPUTS, input_key
 from .tenancy import OutsideTenancy, Tenancy
 from .trust import is_trust_object
@@ -20,7 +21,8 @@ def secret_wanted(obj: Mapping[str, Any]) -> bool:
     """Judged on metadata alone (kind, name, annotations)."""
     name = str((obj.get("metadata") or {}).get("name") or "")
     return (
-        is_token_secret(obj) or is_trust_object(obj) or name in _INPUT_SECRET_NAMES or name.startswith(USER_DATA_PREFIX)
+        is_token_secret(obj) or is_trust_object(obj) or is_claims_object(obj) or name in _INPUT_SECRET_NAMES
+        or name.startswith(USER_DATA_PREFIX)
     )
 
 

@@ -145,3 +145,32 @@ def test_a_tenants_catalog_and_a_copied_service_account_key_change_nothing(api: 
     body = contents(server.get("/ignition", bearer("tok-victim"))[2])
     assert good in body and evil not in body
     assert server.get(f"/config/workers?token={jwt}")[0] == 200
+
+
+def test_a_new_replica_with_an_empty_cache_keeps_a_contested_token_with_its_first_holder(
+        api: KubeAPI, server, tmp_path: Path) -> None:
+    """Issue 31: the tenant's Secret is the older one, edited to hold the victim's leaked token
+    once the victim's exists. The writer refuses it and records the contest in its own
+    namespace; a replica started afterwards with an empty cache, which lists the tenant's
+    Secret first (oldest first), reaches the same answer: the victim's payload for its token."""
+    api.create(token_secret(EVIL, "clusters/evil", "tok-evil", "token-evil-1"))
+    api.create(token_secret(VICTIM, "clusters/workers", "tok-victim", "token-workers-1"))
+    server.start()
+    wait_for(lambda: server.get("/ignition", bearer("tok-victim"))[0] == 200, timeout=30, what="the victim served")
+    api.patch("secrets", EVIL, "token-evil-1", {"data": {"token": base64.b64encode(b"tok-victim").decode()}})
+    wait_for(lambda: reason(api, EVIL, "token-evil-1") == "InvalidConfig", timeout=30, what="the newcomer refused")
+    wait_for(lambda: api.get("secrets", "ignition", "ignition-server-claims") is not None, timeout=30,
+             what="the contest published for the other replicas")
+
+    fresh = ServerProcess(tmp_path / "empty", tmp_path / "cache-r2", extra=[
+        "--kubernetes", "--kubeconfig", str(api.kubeconfig), "--pod-namespace", "ignition", "--replica-id", "r2",
+        "--lease-duration", "3s"])
+    try:
+        fresh.start()
+        wait_for(lambda: fresh.get("/ignition", bearer("tok-victim"))[0] == 200, timeout=30, what="r2 serves the token")
+        status, _, body = fresh.get("/ignition", bearer("tok-victim"))
+        assert status == 200 and "/etc/clustersvictim.conf" in files_in(json.loads(body))
+        assert "/etc/clustersevil.conf" not in files_in(json.loads(body))
+        assert reason(api, VICTIM, "token-workers-1") == "AsExpected"
+    finally:
+        fresh.kill()
