@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .config import ServeSettings
 from .metrics import ServerMetrics
-from .reconcile.interest import secret_wanted, secrets_referenced
+from .reconcile.interest import inputs_referenced, object_wanted
 from .reconcile.tenancy import Tenancy
 from .sources.kube import KubeClient, KubeError, KubeSource, LeaderElector
 from .sources.kube.client import MERGE_PATCH, collection_path, item_path
@@ -49,8 +49,9 @@ async def connect(settings: ServeSettings, metrics: ServerMetrics, on_watch: "Wa
     tenancy = Tenancy(frozenset(settings.shared_namespaces))
     source = KubeSource(
         # A reference past the wall is never fetched: only those the tenancy allows are named.
-        api, wanted=secret_wanted, references=lambda obj: secrets_referenced(obj, tenancy), namespaces=settings.namespaces,
-        watch_timeout=settings.watch_timeout, on_health=on_watch,
+        api, wanted=object_wanted, references=lambda obj: inputs_referenced(obj, tenancy), namespaces=settings.namespaces,
+        watch_timeout=settings.watch_timeout, on_health=on_watch, namespace_budget=settings.namespace_budget,
+        on_over_budget=lambda namespace: metrics.tenancy_refusals.labels(what="namespace-budget").inc(),
     )
     elector = LeaderElector(
         api, namespace=settings.pod_namespace, identity=settings.replica_id,
