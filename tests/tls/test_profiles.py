@@ -88,6 +88,20 @@ def test_fips_mode_refuses_chacha20_and_says_what_it_runs_on(serve) -> None:
     assert "FIPS mode: OpenSSL" in fips.logs()
 
 
+def test_fips_mode_writes_no_file_and_its_workers_run_under_it(serve, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # The configuration it re-executes under was a temporary file per start, left in /tmp for good.
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))  # the server's, and the temp files' of anything it starts
+    fips = serve("--fips", "--workers", "2")  # every serving process reads the configuration
+    for _ in range(8):  # connections spread over both workers by the kernel: each must refuse
+        assert not s_client(fips, "-tls1_3", "-ciphersuites", "TLS_CHACHA20_POLY1305_SHA256")
+    assert s_client(fips, "-tls1_3", "-ciphersuites", "TLS_AES_128_GCM_SHA256")
+    assert fips.stop() == 0
+    assert list(scratch.iterdir()) == []
+
+
 def weak_handshake(proc: ServerProcess, *, version: ssl.TLSVersion, ciphers: str) -> str | None:
     """What a client that offers old versions and NULL ciphers (OpenSSL's security level 0) gets."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
