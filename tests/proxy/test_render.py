@@ -96,6 +96,14 @@ def test_render_cli_output_passes_haproxy_check(tmp_path: Path) -> None:
     cfg.write_text(rendered.replace("replica-b.example.com", "127.0.0.1"))  # no DNS in the check
     check = subprocess.run([haproxy, "-c", "-f", str(cfg)], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
+    # A server older than tls.json: the bind offers the server's defaults, which HAProxy takes too.
+    (pub / "tls.json").unlink()
+    older = subprocess.run([sys.executable, "-m", "proxy", "render", "--config", str(table)],
+                           capture_output=True, text=True, check=True).stdout
+    assert "ciphers ECDHE+AESGCM:ECDHE+CHACHA20:!aNULL" in older and "no-tls-tickets" in older
+    cfg.write_text(older.replace("replica-b.example.com", "127.0.0.1"))
+    check = subprocess.run([haproxy, "-c", "-f", str(cfg)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
 
 
 def test_bad_table_gives_a_clear_error(tmp_path: Path) -> None:
