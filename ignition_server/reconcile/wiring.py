@@ -24,7 +24,7 @@ from payload_cache import CacheConfig, PayloadCache
 from ..auth.rotation_policy import RotationPolicy
 from ..basegen.generator import BaseGenerator, GeneratorSettings
 from ..basegen.run import Limits
-from ..basegen.sandbox import Sandbox, SandboxUnavailable
+from ..basegen.sandbox import Sandbox, SandboxUnavailable, hide_list
 from ..config import ServeSettings
 from ..metrics import ServerMetrics
 from ..registry.allowed import parse_allowed
@@ -188,7 +188,7 @@ def _base_sandbox(settings: ServeSettings, work_dir: Path) -> Sandbox | None:
     hidden += [p for p in (settings.kubeconfig, settings.tls.cert_file, settings.tls.key_file) if p is not None]
     if not settings.kubernetes:
         hidden.append(settings.source_dir)
-    sandbox = Sandbox(hide=tuple(p.resolve() for p in hidden if p.exists()), uid=settings.registry.base_uid)
+    sandbox = Sandbox(hide=hide_list(hidden, directories=[settings.edge_dir]), uid=settings.registry.base_uid)
     try:
         sandbox.check(work_dir / "sandbox-check")
     except SandboxUnavailable as exc:
