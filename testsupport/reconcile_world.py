@@ -46,7 +46,7 @@ def file_reconciler(tmp_path: Path, clock: Clock, *, shared: Iterable[str], ca_p
     reconciler = build_watcher(source=source, cache=cache, renderer=render_payload, policy=RotationPolicy(100.0),
                                metrics=metrics, clock=clock, outputs=outputs, debounce=0.0,
                                tenancy=Tenancy(frozenset(shared)), trust=trust).reconciler
-    source._handler = reconciler.handle
+    source.attach(reconciler.handle)
     return reconciler, source, cache, source_dir, outputs
 
 
@@ -66,7 +66,7 @@ def open_watcher(source_dir: Path, clock: Clock, *, read_only: bool = False) -> 
     source = FileSource(source_dir, read_only=read_only, retain=lambda obj: not is_token_secret(obj))
     watcher = build_watcher(source=source, cache=cache, renderer=render_payload, policy=RotationPolicy(ttl=100.0),
                             metrics=ServerMetrics(), clock=clock)
-    source._handler = watcher.reconciler.handle
+    source.attach(watcher.reconciler.handle)
     return watcher, source, cache
 
 

@@ -103,12 +103,16 @@ class FileSource:
             return None
         return next((obj for found, obj in parsed if found == key), None)
 
+    def attach(self, handler: ChangeHandler) -> None:
+        """Hand every later batch of changes (`poll_once`, a write-back's own change) to `handler`."""
+        self._handler = handler
+
     async def run(self, handler: ChangeHandler, *, iterations: int | None = None) -> None:
         """List, hand the listing over as ADDED changes, then poll until cancelled.
 
         `iterations` bounds the poll loop for tests (as kopf's watcher does).
         """
-        self._handler = handler
+        self.attach(handler)
         if not self.root.is_dir():
             raise FileNotFoundError(f"source directory {self.root} does not exist")
         started = time.monotonic()

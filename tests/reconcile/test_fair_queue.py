@@ -69,7 +69,7 @@ def open_world(root: Path, clock: Clock, renderer: Callable[[NodePoolInputs], Re
     reconciler = build_watcher(source=source, cache=cache, renderer=renderer, policy=RotationPolicy(ttl=100.0),
                                metrics=ServerMetrics(), clock=clock, tenancy=Tenancy(frozenset({SHARED})),
                                debounce=0.0).reconciler
-    source._handler = reconciler.handle
+    source.attach(reconciler.handle)
     return reconciler, source, cache
 
 

@@ -332,7 +332,7 @@ async def test_a_rotation_changes_what_is_served_only_once_its_write_is_accepted
     source = StalledSource(source_dir, retain=lambda obj: not is_token_secret(obj))
     reconciler = build_watcher(source=source, cache=cache, renderer=render_payload, policy=RotationPolicy(ttl=100.0),
                                metrics=ServerMetrics(), clock=clock).reconciler
-    source._handler = reconciler.handle
+    source.attach(reconciler.handle)
     path = write_manifests(source_dir / "p.yaml", pool_secret("p", "tok-1", old_token="tok-0"))
     await settle(reconciler, source)
     auth = TokenAuthenticator(cache, clock)
