@@ -2,7 +2,7 @@
 from its settings) and the tests' (`build_watcher`, from parts).
 
 Who calls whom, so a reader can follow it: the source calls `Reconciler.handle`, which
-updates the indexes (TokenIndex, the catalogs, bases, mirror sets, trusted keys) and queues
+updates the indexes (TokenSecrets, the catalogs, bases, mirror sets, trusted keys) and queues
 NodePool keys on `NodePools`' work queue, which runs `NodePools.reconcile` for each
 (reconciler.py and nodepools.py tell the story); Housekeeping runs rotation and expiry on the
 clock. The waits for releases and generated bases queue their NodePools again through
@@ -46,7 +46,7 @@ from .release_waits import ReleaseWaits
 from .releases import Releases
 from .rotation import Rotation
 from .tenancy import Tenancy
-from .token_index import TokenIndex
+from .token_secrets import TokenSecrets
 from .trust import TrustWatcher
 from .write_backs import WriteBacks
 
@@ -80,7 +80,7 @@ def build_watcher(
     if outputs is not None:
         outputs.faults = faults
         outputs.writer = writer
-    tokens = TokenIndex(cache=cache, ttl=policy.ttl, clock=clock, outputs=outputs,
+    tokens = TokenSecrets(cache=cache, ttl=policy.ttl, clock=clock, outputs=outputs,
                         on_refused=metrics.tenancy_refusals.labels(what="duplicate-token").inc)
     input_graph = InputGraph()
     write_backs = WriteBacks(source=source, work=work, faults=faults, secret_of=tokens.get, writer=writer,
