@@ -25,6 +25,7 @@ from .auth.cluster_keys import ClusterKeys
 from .auth.jwt import ServiceAccountVerifier
 from .auth.tokens import TokenAuthenticator
 from .config import ServeSettings
+from .edge_publisher import EdgePublisher
 from .http.access_log import AccessLog
 from .http.app import Handler, IgnitionHandlers, ServingState, build_dispatch, build_metrics_app
 from .http.connection_table import ConnectionTable
@@ -33,7 +34,6 @@ from .http.limits import FailedAuthLimiter
 from .http.listen import reserve_port, start_site
 from .metrics import ServerMetrics
 from .model.token_secret import is_token_secret, is_user_data_secret
-from .reconcile.edge_publisher import EdgePublisher
 from .reconcile.nodepools import Renderer
 from .reconcile.outputs import PointerSettings, TokenOutputs
 from .reconcile.reconciler import Reconciler
