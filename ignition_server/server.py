@@ -38,7 +38,7 @@ from .reconcile.nodepools import Renderer
 from .reconcile.outputs import PointerSettings, TokenOutputs
 from .reconcile.reconciler import Reconciler
 from .reconcile.trust import TrustWatcher
-from .reconcile.wiring import Watcher, watcher_for
+from .reconcile.wiring import Reconciliation, reconciliation_for
 from .render.payload import render_payload
 from .sources.events import Source
 from .sources.files import FileSource
@@ -79,7 +79,7 @@ class _Running:
     cache: PayloadCache
     source: Source
     cluster: Cluster | None
-    watcher: Watcher
+    reconciliation: Reconciliation
     writer: Callable[[], bool]  # whether this replica writes (with several replicas: the Lease holder)
     outputs: TokenOutputs
     ssl_context: ssl.SSLContext
@@ -118,7 +118,7 @@ class IgnitionServer:
         finally:
             await self._shut_down(running)
 
-    # Start-up: the cache, the source, the watcher, then the sockets (metrics first).
+    # Start-up: the cache, the source, the reconciler, then the sockets (metrics first).
 
     async def _start_up(self) -> _Running:
         settings = self.settings
@@ -134,13 +134,13 @@ class IgnitionServer:
         trust = TrustWatcher(verifier.keys, self._edge_writer(verifier.keys),
                              on_refused=self.metrics.tenancy_refusals.labels(what="service-account-key").inc)
         writer = cluster.is_writer if cluster is not None else (lambda: True)
-        watcher, registry_session = watcher_for(
+        reconciliation, registry_session = reconciliation_for(
             settings, source=source, cache=cache, renderer=self.renderer, metrics=self.metrics, clock=self.clock,
             writer=writer, trust=trust, outputs=outputs)
-        running = _Running(cache=cache, source=source, cluster=cluster, watcher=watcher, writer=writer,
+        running = _Running(cache=cache, source=source, cluster=cluster, reconciliation=reconciliation, writer=writer,
                            outputs=outputs, ssl_context=ssl_context, tls_loaded=tls_loaded,
                            registry_session=registry_session)
-        directory = watcher.reconciler.tokens  # service-account tokens: which NodePool's payload
+        directory = reconciliation.reconciler.tokens  # service-account tokens: which NodePool's payload
         await self._start_serving(running, TokenAuthenticator(cache, self.clock, verifier=verifier, directory=directory))
         return running
 
@@ -159,7 +159,7 @@ class IgnitionServer:
             return cluster.source, cluster
         return FileSource(
             settings.source_dir, poll_interval=settings.poll_interval, read_only=settings.source_read_only,
-            # The watcher keeps what it needs of token Secrets; the source need not keep them too.
+            # The reconciler keeps what it needs of token Secrets; the source need not keep them too.
             retain=lambda obj: not is_token_secret(obj),
             digest_values=is_user_data_secret,  # only ever compared with what would be written
             state=cache,
@@ -167,7 +167,7 @@ class IgnitionServer:
 
     async def _start_serving(self, running: _Running, authenticator: TokenAuthenticator) -> None:
         """The worker processes on a reserved port, or the owner's own serving site."""
-        settings, reconciler = self.settings, running.watcher.reconciler
+        settings, reconciler = self.settings, running.reconciliation.reconciler
         if settings.workers:
             assert self.tls_files is not None
             running.reserved = reserve_port(settings.listen)
@@ -212,10 +212,10 @@ class IgnitionServer:
     # Serving: what runs beside the sockets until the stop.
 
     def _background_tasks(self, running: _Running) -> list[asyncio.Task[None]]:
-        settings, watcher, cluster, pool = self.settings, running.watcher, running.cluster, running.pool
+        settings, reconciliation, cluster, pool = self.settings, running.reconciliation, running.cluster, running.pool
         tasks = [
-            asyncio.create_task(self._run_source(running.source, watcher.reconciler), name="source"),
-            asyncio.create_task(watcher.housekeeping.run(), name="housekeeping"),
+            asyncio.create_task(self._run_source(running.source, reconciliation.reconciler), name="source"),
+            asyncio.create_task(reconciliation.housekeeping.run(), name="housekeeping"),
         ]
         if pool is None and self.tls_files is not None:  # workers reload their own
             tasks.append(asyncio.create_task(reload_on_change(running.ssl_context, self.tls_files,
@@ -235,7 +235,7 @@ class IgnitionServer:
             tasks.append(asyncio.create_task(rotation.run(), name="ca-rotation"))
         return tasks
 
-    # Shutdown: the workers drain, then the owner's sockets and tasks, the watcher, the cache.
+    # Shutdown: the workers drain, then the owner's sockets and tasks, the reconciler, the cache.
 
     async def _shut_down(self, running: _Running) -> None:
         if running.pool is not None:
@@ -247,7 +247,7 @@ class IgnitionServer:
         await self._stop_serving(running.runners, running.guards, running.tasks, running.cache)
         if running.cluster is not None:
             await running.cluster.close()
-        await running.watcher.reconciler.drain(self.settings.shutdown_timeout)
+        await running.reconciliation.reconciler.drain(self.settings.shutdown_timeout)
         await asyncio.to_thread(running.cache.flush)
         await running.source.flush()
         if running.handlers is not None:

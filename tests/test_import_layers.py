@@ -40,7 +40,7 @@ LAYERS: tuple[tuple[tuple[str, ...], str], ...] = (
      "the edge directory's format (the contract the server and the front proxy share) and its writer"),
     (("proxy",),
      "the front proxy, its own program: it shares the contract, auth's checks and the Kubernetes client, "
-     "nothing of the server's watcher or HTTP app"),
+     "nothing of the server's reconciler or HTTP app"),
     (("ignition_server.basegen", "ignition_server.base_import"),
      "MCO bases: generated with MCO's binaries, or imported from a bootstrap's output"),
     (("ignition_server.reconcile",),

@@ -1,4 +1,4 @@
-"""The watcher's clock: what happens on a tick rather than on a source change.
+"""The reconciler's clock: what happens on a tick rather than on a source change.
 
 Rotation of due Secrets (rotation.py), deleting expired ones (write_backs.py), releases
 asked for again by a new writer (release_waits.py),

@@ -1,4 +1,4 @@
-"""Which Secrets the watcher reads: what a source that sees only Secrets' metadata (the
+"""Which Secrets the reconciler reads: what a source that sees only Secrets' metadata (the
 Kubernetes source) fetches in full, and no others (a namespace also holds keys this server
 has no business keeping, such as a service-account signing key)."""
 
@@ -27,7 +27,7 @@ def secret_wanted(obj: Mapping[str, Any]) -> bool:
 def secrets_referenced(obj: Mapping[str, Any], tenancy: Tenancy | None = None) -> Iterable[ObjectKey]:
     """The input Secrets a token Secret names by annotation (in a shared namespace, say).
 
-    A reference the tenancy refuses is left out: never fetched (the watcher refuses the NodePool)."""
+    A reference the tenancy refuses is left out: never fetched (the reconciler refuses the NodePool)."""
     if not is_token_secret(obj):
         return ()
     try:

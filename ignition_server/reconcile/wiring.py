@@ -1,5 +1,5 @@
-"""The watcher's objects, built once and handed to each other: the server's (`watcher_for`,
-from its settings) and the tests' (`build_watcher`, from parts).
+"""The reconciler's objects, built once and handed to each other: the server's (`reconciliation_for`,
+from its settings) and the tests' (`build_reconciliation`, from parts).
 
 Who calls whom, so a reader can follow it: the source calls `Reconciler.handle`, which
 updates the indexes (TokenSecrets, the catalogs, bases, mirror sets, trusted keys) and queues
@@ -54,12 +54,12 @@ log = logging.getLogger("ignition_server.reconcile")
 
 
 @dataclass(frozen=True)
-class Watcher:
+class Reconciliation:
     reconciler: Reconciler  # source changes in (the source calls `reconciler.handle`)
     housekeeping: Housekeeping  # the clock (`housekeeping.run`)
 
 
-def build_watcher(
+def build_reconciliation(
     *, source: Source, cache: PayloadCache, renderer: Renderer, policy: RotationPolicy, metrics: ServerMetrics,
     clock: Callable[[], float] = time.time, trust: TrustWatcher | None = None, outputs: TokenOutputs | None = None,
     # Whether this replica writes (rotation, expiry, status, user-data, ignition-reached):
@@ -70,7 +70,7 @@ def build_watcher(
     share_namespace: str | None = None,  # several replicas: the writer publishes releases and generated bases here
     debounce: float = NodePools.debounce, render_concurrency: int = NodePools.render_concurrency,
     prune_grace: float = WriteBacks.prune_grace,
-) -> Watcher:
+) -> Reconciliation:
     releases = releases if releases is not None else Releases()
     tenancy = tenancy if tenancy is not None else Tenancy()
     bases = bases if bases is not None else BaseIndex()
@@ -107,26 +107,26 @@ def build_watcher(
     housekeeping = Housekeeping(
         tokens=tokens, rotation=rotation, write_backs=write_backs, release_waits=release_waits,
         cache=cache, faults=faults, metrics=metrics, persist_index=persist_index, clock=clock)
-    return Watcher(reconciler, housekeeping)
+    return Reconciliation(reconciler, housekeeping)
 
 
-def watcher_for(
+def reconciliation_for(
     settings: ServeSettings, *, source: Source, cache: PayloadCache, renderer: Renderer, metrics: ServerMetrics,
     clock: Callable[[], float], writer: Callable[[], bool], trust: TrustWatcher, outputs: TokenOutputs,
-) -> tuple[Watcher, Any]:
-    """The server's watcher, and the registry session to close at shutdown (None without --release-resolve)."""
-    watcher: Watcher | None = None  # the resolver and the generator call back into it once it exists
+) -> tuple[Reconciliation, Any]:
+    """The server's reconciliation, and the registry session to close at shutdown (None without --release-resolve)."""
+    reconciliation: Reconciliation | None = None  # the resolver and the generator call back into it once it exists
 
     def resolved(pull_spec: str) -> None:
-        if watcher is not None:
-            watcher.reconciler.release_waits.resolved(pull_spec)
+        if reconciliation is not None:
+            reconciliation.reconciler.release_waits.resolved(pull_spec)
 
     def generated(key: str) -> None:
-        if watcher is not None:
-            watcher.reconciler.base_waits.generated(key)
+        if reconciliation is not None:
+            reconciliation.reconciler.base_waits.generated(key)
 
     releases, session = _releases(settings, cache, metrics, resolved)
-    watcher = build_watcher(
+    reconciliation = build_reconciliation(
         source=source, cache=cache, renderer=renderer, policy=RotationPolicy(settings.token_ttl), metrics=metrics,
         clock=clock, trust=trust, outputs=outputs, writer=writer, releases=releases,
         tenancy=Tenancy(frozenset(settings.shared_namespaces)),
@@ -134,7 +134,7 @@ def watcher_for(
         share_namespace=settings.pod_namespace if settings.kubernetes else None,
         render_concurrency=settings.render_concurrency, prune_grace=settings.prune_grace,
     )
-    return watcher, session
+    return reconciliation, session
 
 
 def _releases(settings: ServeSettings, cache: PayloadCache, metrics: ServerMetrics,

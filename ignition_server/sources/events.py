@@ -1,4 +1,4 @@
-"""What every source (files today, Kubernetes later) hands to the watcher."""
+"""What every source (files today, Kubernetes later) hands to the reconciler."""
 
 from __future__ import annotations
 

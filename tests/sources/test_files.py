@@ -315,7 +315,7 @@ async def test_user_data_secrets_are_kept_as_digests_and_read_in_full_when_asked
     key = ObjectKey("Secret", "ns", secret["metadata"]["name"])
     kept = source.get(key)
     assert kept is not None and all(isinstance(v, LargeValue) for v in kept["data"].values())
-    assert all(value_digest(kept, k) == value_digest(secret, k) for k in secret["data"])  # what the watcher compares
+    assert all(value_digest(kept, k) == value_digest(secret, k) for k in secret["data"])  # what the reconciler compares
     assert source.get_full(key) == secret
     pull = source.get(ObjectKey("Secret", "ns", "pull-secret"))
     assert pull is not None and pull["data"] == other["data"]  # other Secrets keep their values

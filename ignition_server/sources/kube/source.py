@@ -2,7 +2,7 @@
 
 ConfigMaps are listed and watched whole. Secrets are listed and watched as metadata only
 (`PartialObjectMetadata`): a namespace also holds keys this server has no business keeping
-(a service-account signing key), so only the Secrets the watcher reads (`wanted`: token
+(a service-account signing key), so only the Secrets the reconciler reads (`wanted`: token
 Secrets, service-account keys, join inputs, user-data) are fetched, one GET each when their
 metadata says they changed. Events are applied once: a version already seen (the echo of our
 own write, a replay after a reconnect) changes nothing.
@@ -122,7 +122,7 @@ class KubeSource:
         self._handler = handler
 
     async def run(self, handler: ChangeHandler, *, iterations: int | None = None) -> None:
-        """List every kind, hand the whole listing over at once (it tells the watcher what is
+        """List every kind, hand the whole listing over at once (it tells the reconciler what is
         gone), then follow the watches until cancelled."""
         self.attach(handler)
         scopes: list[str | None] = list(self.namespaces) or [None]
