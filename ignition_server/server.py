@@ -36,7 +36,6 @@ from .metrics import ServerMetrics
 from .model.token_secret import is_token_secret, is_user_data_secret
 from .reconcile.nodepools import Renderer
 from .reconcile.outputs import PointerSettings, TokenOutputs
-from .reconcile.reconciler import Reconciler
 from .reconcile.trust import TrustWatcher
 from .reconcile.wiring import Reconciliation, reconciliation_for
 from .render.payload import render_payload
@@ -140,8 +139,8 @@ class IgnitionServer:
         running = _Running(cache=cache, source=source, cluster=cluster, reconciliation=reconciliation, writer=writer,
                            outputs=outputs, ssl_context=ssl_context, tls_loaded=tls_loaded,
                            registry_session=registry_session)
-        directory = reconciliation.reconciler.tokens  # service-account tokens: which NodePool's payload
-        await self._start_serving(running, TokenAuthenticator(cache, self.clock, verifier=verifier, directory=directory))
+        authenticator = TokenAuthenticator(cache, self.clock, verifier=verifier, directory=reconciliation.directory)
+        await self._start_serving(running, authenticator)
         return running
 
     async def _open_source(self, cache: PayloadCache) -> tuple[Source, Cluster | None]:
@@ -167,15 +166,15 @@ class IgnitionServer:
 
     async def _start_serving(self, running: _Running, authenticator: TokenAuthenticator) -> None:
         """The worker processes on a reserved port, or the owner's own serving site."""
-        settings, reconciler = self.settings, running.reconciliation.reconciler
+        settings, reconciliation = self.settings, running.reconciliation
         if settings.workers:
             assert self.tls_files is not None
             running.reserved = reserve_port(settings.listen)
             self.ports["serving"] = running.reserved.getsockname()[1]
             running.pool = WorkerPool(settings=settings, count=settings.workers, port=self.ports["serving"],
                                       tls_files=self.tls_files, cache=running.cache, authenticator=authenticator,
-                                      metrics=self.metrics, on_served=reconciler.note_served,
-                                      on_missing=reconciler.payload_missing, behind=self.state.behind)
+                                      metrics=self.metrics, on_served=reconciliation.note_served,
+                                      on_missing=reconciliation.payload_missing, behind=self.state.behind)
         pool = running.pool
         # Metrics first: once a worker answers /readyz, everything of this server answers.
         if settings.metrics_listen is not None:
@@ -185,7 +184,7 @@ class IgnitionServer:
             await pool.start()
             return
         # One process: the owner serves too.
-        running.handlers = handlers = self._handlers(authenticator, reconciler)
+        running.handlers = handlers = self._handlers(authenticator, running.cache, reconciliation)
         self.metrics.ready_held = handlers.ready_held
         running.connections = connections = ConnectionTable.create(1, shared=False)
         self.metrics.watch_connections(connections.counts, ["main"])
@@ -214,8 +213,8 @@ class IgnitionServer:
     def _background_tasks(self, running: _Running) -> list[asyncio.Task[None]]:
         settings, reconciliation, cluster, pool = self.settings, running.reconciliation, running.cluster, running.pool
         tasks = [
-            asyncio.create_task(self._run_source(running.source, reconciliation.reconciler), name="source"),
-            asyncio.create_task(reconciliation.housekeeping.run(), name="housekeeping"),
+            asyncio.create_task(self._run_source(running.source, reconciliation), name="source"),
+            asyncio.create_task(reconciliation.run_housekeeping(), name="housekeeping"),
         ]
         if pool is None and self.tls_files is not None:  # workers reload their own
             tasks.append(asyncio.create_task(reload_on_change(running.ssl_context, self.tls_files,
@@ -247,7 +246,7 @@ class IgnitionServer:
         await self._stop_serving(running.runners, running.guards, running.tasks, running.cache)
         if running.cluster is not None:
             await running.cluster.close()
-        await running.reconciliation.reconciler.drain(self.settings.shutdown_timeout)
+        await running.reconciliation.drain(self.settings.shutdown_timeout)
         await asyncio.to_thread(running.cache.flush)
         await running.source.flush()
         if running.handlers is not None:
@@ -257,15 +256,16 @@ class IgnitionServer:
         if running.registry_session is not None:
             await running.registry_session.close()
 
-    def _handlers(self, authenticator: TokenAuthenticator, reconciler: Reconciler) -> IgnitionHandlers:
+    def _handlers(self, authenticator: TokenAuthenticator, cache: PayloadCache,
+                  reconciliation: Reconciliation) -> IgnitionHandlers:
         settings = self.settings
         return IgnitionHandlers(
-            cache=reconciler.cache,
+            cache=cache,
             authenticator=authenticator,
             metrics=self.metrics,
             state=self.state,
-            on_served=reconciler.note_served,
-            on_missing=reconciler.payload_missing,
+            on_served=reconciliation.note_served,
+            on_missing=reconciliation.payload_missing,
             max_in_flight=settings.max_in_flight,
             limiter=FailedAuthLimiter(settings.auth_failure_burst, settings.auth_failure_window),
             access=AccessLog(settings.log_format),
@@ -318,11 +318,11 @@ class IgnitionServer:
                                                     proxy_from=self.settings.proxy_protocol_from)
         return runner
 
-    async def _run_source(self, source: Source, reconciler: Reconciler) -> None:
+    async def _run_source(self, source: Source, reconciliation: Reconciliation) -> None:
         delay = 1.0
         while True:
             try:
-                await source.run(reconciler.handle)
+                await source.run(reconciliation.handle)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

@@ -205,7 +205,7 @@ class Reconciler:
                 namespace, _, name = record.secret.partition("/")
                 self._forget_secret(ObjectKey("Secret", namespace, name), "deleted while the server was down")
 
-    # -- what the server asks ------------------------------------------------------------
+    # -- what the server asks (through wiring.Reconciliation) --------------------------
 
     def payload_missing(self, secret_ref: str) -> None:
         """A request found no usable payload for a Secret the index serves: render it, first."""

@@ -22,6 +22,7 @@ from typing import Any, Callable
 from payload_cache import CacheConfig, PayloadCache
 
 from ..auth.rotation_policy import RotationPolicy
+from ..auth.tokens import NodePoolDirectory
 from ..basegen.generator import BaseGenerator, GeneratorSettings
 from ..basegen.run import Limits
 from ..basegen.sandbox import Sandbox, SandboxUnavailable
@@ -32,7 +33,7 @@ from ..registry.image_files import ImageFiles
 from ..registry.mirrors import Mirrors, parse_overrides
 from ..registry.resolver import ReleaseStore
 from ..registry.setup import open_resolver
-from ..sources.events import Source
+from ..sources.events import Change, Source
 from .bases import BaseIndex
 from .faults import Faults, ObjectWork
 from .generated_bases import GeneratedBaseWaits
@@ -55,8 +56,37 @@ log = logging.getLogger("ignition_server.reconcile")
 
 @dataclass(frozen=True)
 class Reconciliation:
+    """The reconciler and its clock, as `build_reconciliation` ties them. The server uses only
+    the methods below: changes in, the clock, the JWT directory, what was served or found
+    missing, drain. Tests may reach the parts."""
+
     reconciler: Reconciler  # source changes in (the source calls `reconciler.handle`)
     housekeeping: Housekeeping  # the clock (`housekeeping.run`)
+
+    async def handle(self, changes: list[Change]) -> None:
+        """A source's batch of changes, oldest first (the handler a source is attached to)."""
+        await self.reconciler.handle(changes)
+
+    async def run_housekeeping(self) -> None:
+        """Rotation and expiry on the clock, until cancelled."""
+        await self.housekeeping.run()
+
+    @property
+    def directory(self) -> NodePoolDirectory:
+        """For service-account JWTs, which name a cluster and a NodePool: the token Secret whose payload they open."""
+        return self.reconciler.tokens
+
+    def payload_missing(self, secret_ref: str) -> None:
+        """A request found no usable payload for a Secret the index serves: render it, first."""
+        self.reconciler.payload_missing(secret_ref)
+
+    def note_served(self, secret_ref: str) -> None:
+        """A node got its payload (`ignition-reached`, written once, off the request path)."""
+        self.reconciler.note_served(secret_ref)
+
+    async def drain(self, timeout: float) -> None:
+        """Let write-backs in flight finish before the process exits (a draining shutdown)."""
+        await self.reconciler.drain(timeout)
 
 
 def build_reconciliation(
