@@ -111,7 +111,7 @@ def build_reconciliation(
         outputs.faults = faults
         outputs.writer = writer
     tokens = TokenSecrets(cache=cache, ttl=policy.ttl, clock=clock, outputs=outputs,
-                        on_refused=metrics.tenancy_refusals.labels(what="duplicate-token").inc)
+                          on_refused=metrics.tenancy_refusals.labels(what="duplicate-token").inc)
     input_graph = InputGraph()
     write_backs = WriteBacks(source=source, work=work, faults=faults, secret_of=tokens.get, writer=writer,
                              clock=clock, prune_grace=prune_grace)
