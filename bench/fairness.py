@@ -28,7 +28,6 @@ from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, bearer, wr
 from testsupport.manifests import CA_PEM, build_token_secret, join_objects
 
 PULL = '{"auths":{"quay.io":{"auth":"dTpw"}}}'
-PER_FILE = 100  # token Secrets per manifest file
 
 
 def tenant_inputs(namespace: str, pull_secret: str = PULL) -> list[dict[str, Any]]:
@@ -41,14 +40,15 @@ def nodepool(namespace: str, name: str) -> dict[str, Any]:
                               generation_time=time.time())
 
 
-def write_tenant(source: Path, namespace: str, count: int) -> None:
-    """The tenant's inputs and `count` token Secrets, PER_FILE to a file, each file renamed into place whole."""
+def write_tenant(source: Path, namespace: str, count: int, per_file: int) -> None:
+    """The tenant's inputs and `count` token Secrets, `per_file` to a file (1: as `oc get -o yaml`
+    prints each), each file renamed into place whole."""
     write_manifests(source / f"{namespace}-inputs.yaml", *tenant_inputs(namespace))
     staging = source.parent / "staging"
     staging.mkdir(exist_ok=True)
-    for first in range(0, count, PER_FILE):
+    for first in range(0, count, per_file):
         path = write_manifests(staging / f"{namespace}-{first:05d}.yaml",
-                               *(nodepool(namespace, f"np-{i}") for i in range(first, min(count, first + PER_FILE))))
+                               *(nodepool(namespace, f"np-{i}") for i in range(first, min(count, first + per_file))))
         path.rename(source / path.name)
 
 
@@ -77,10 +77,10 @@ def start(work: Path, workers: int) -> tuple[ServerProcess, Path]:
     return server, source
 
 
-def flood(work: Path, count: int, workers: int, timeout: float) -> dict[str, Any]:
+def flood(work: Path, count: int, workers: int, timeout: float, per_file: int) -> dict[str, Any]:
     server, source = start(work, workers)
     try:
-        write_tenant(source, "clusters-flood", count)
+        write_tenant(source, "clusters-flood", count, per_file)
         result = victim_wait(server, source, timeout)
         result["flood_rendered_by_then"] = int(metric(server, "ign_server_payload_cache_miss_total"))
         return result
@@ -88,10 +88,10 @@ def flood(work: Path, count: int, workers: int, timeout: float) -> dict[str, Any
         server.kill()
 
 
-def churn(work: Path, pools: int, edits: int, workers: int, timeout: float) -> dict[str, Any]:
+def churn(work: Path, pools: int, edits: int, workers: int, timeout: float, per_file: int) -> dict[str, Any]:
     server, source = start(work, workers)
     try:
-        write_tenant(source, "clusters-churn", pools)
+        write_tenant(source, "clusters-churn", pools, per_file)
         deadline = time.monotonic() + timeout
         while metric(server, "ign_server_payload_cache_total") < pools and time.monotonic() < deadline:
             time.sleep(0.5)
@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--floods", default="0,2000,5000,10000", help="the flooding tenant's token Secrets, per run")
     parser.add_argument("--churn", default="2000x30", help="NodePools x pull-secret edits ('' to skip)")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--per-file", type=int, default=1, help="token Secrets per manifest file")
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--work", type=Path, default=None, help="scratch directory (default: a temporary one)")
     add_server_tree_argument(parser)
@@ -121,13 +122,13 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-fairness-") as scratch:
         work = args.work or Path(scratch)
         for count in (int(c) for c in args.floods.split(",") if c.strip()):
-            result = flood(work / f"flood-{count}", count, args.workers, args.timeout)
+            result = flood(work / f"flood-{count}", count, args.workers, args.timeout, args.per_file)
             summary["flood"][count] = result
             say(f"flood of {count:>6} token Secrets: the other tenant's first payload after {result['seconds']} s "
                 f"(answers {result['answers']}; {result['flood_rendered_by_then']} flood payloads rendered by then)")
         if args.churn:
             pools, edits = (int(x) for x in args.churn.split("x"))
-            result = churn(work / "churn", pools, edits, args.workers, args.timeout)
+            result = churn(work / "churn", pools, edits, args.workers, args.timeout, args.per_file)
             alone = summary["flood"].get(0, {}).get("seconds")
             result["over_alone"] = None if alone is None or result["seconds"] is None else round(result["seconds"] - alone, 2)
             summary["churn"] = result

@@ -54,7 +54,7 @@ def main() -> None:
                     input_key(s, wanted, s.annotations, wall)
             timings[name] = time.perf_counter() - started
         started = time.perf_counter()
-        for s in secrets:  # what TokenIndex.holds_anothers_token does per Secret
+        for s in secrets:  # what TokenSecrets.holds_anothers_token does per Secret
             for token in (s.token, s.old_token):
                 record = cache.lookup_token_key(cache.token_key(token)) if token else None
                 assert record is None or record.secret == s.ref

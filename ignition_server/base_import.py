@@ -1,4 +1,4 @@
-"""`ignition-server base import`: an MCO worker base configuration → the ConfigMap the watcher reads.
+"""`ignition-server base import`: an MCO worker base configuration → the ConfigMap the reconciler reads.
 
 Two forms in (pure: texts in, a ConfigMap dict out; the CLI reads the files):
 

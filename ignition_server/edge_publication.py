@@ -1,6 +1,6 @@
 """The contract between the server and a front proxy (`proxy/`): the edge directory's files.
 
-The server writes them (`reconcile/edge_publisher.py`'s EdgePublisher), the proxy reads them
+The server writes them (`edge_publisher.py`'s EdgePublisher, beside this module), the proxy reads them
 (`proxy/publication.py`, `proxy/jwt_frontend.py`); both import this module and nothing of each other.
 `<dir>/publication.json` (PUBLICATION) names the public key files with their algs and key ids
 (the edge answers an unknown kid 511, a known kid's bad signature 403), the accepted

@@ -26,6 +26,7 @@ from .auth.jwt import ServiceAccountVerifier
 from .auth.tokens import TokenAuthenticator
 from .config import ServeSettings
 from .edge_publication import EdgeTLS, write_tls_settings
+from .edge_publisher import EdgePublisher
 from .http.access_log import AccessLog
 from .http.app import Handler, IgnitionHandlers, ServingState, build_dispatch, build_metrics_app
 from .http.connection_table import ConnectionTable
@@ -34,12 +35,10 @@ from .http.limits import FailedAuthLimiter
 from .http.listen import reserve_port, start_site
 from .metrics import ServerMetrics
 from .model.token_secret import is_token_secret, is_user_data_secret
-from .reconcile.edge_publisher import EdgePublisher
 from .reconcile.nodepools import Renderer
 from .reconcile.outputs import PointerSettings, TokenOutputs
-from .reconcile.reconciler import Reconciler
 from .reconcile.trust import TrustWatcher
-from .reconcile.wiring import Watcher, watcher_for
+from .reconcile.wiring import Reconciliation, reconciliation_for
 from .render.payload import render_payload
 from .sources.events import Source
 from .sources.files import FileSource
@@ -80,7 +79,7 @@ class _Running:
     cache: PayloadCache
     source: Source
     cluster: Cluster | None
-    watcher: Watcher
+    reconciliation: Reconciliation
     writer: Callable[[], bool]  # whether this replica writes (with several replicas: the Lease holder)
     outputs: TokenOutputs
     ssl_context: ssl.SSLContext
@@ -119,7 +118,7 @@ class IgnitionServer:
         finally:
             await self._shut_down(running)
 
-    # Start-up: the cache, the source, the watcher, then the sockets (metrics first).
+    # Start-up: the cache, the source, the reconciler, then the sockets (metrics first).
 
     async def _start_up(self) -> _Running:
         settings = self.settings
@@ -135,14 +134,14 @@ class IgnitionServer:
         trust = TrustWatcher(verifier.keys, self._edge_writer(verifier.keys, ssl_context),
                              on_refused=self.metrics.tenancy_refusals.labels(what="service-account-key").inc)
         writer = cluster.is_writer if cluster is not None else (lambda: True)
-        watcher, registry_session = watcher_for(
+        reconciliation, registry_session = reconciliation_for(
             settings, source=source, cache=cache, renderer=self.renderer, metrics=self.metrics, clock=self.clock,
             writer=writer, trust=trust, outputs=outputs)
-        running = _Running(cache=cache, source=source, cluster=cluster, watcher=watcher, writer=writer,
+        running = _Running(cache=cache, source=source, cluster=cluster, reconciliation=reconciliation, writer=writer,
                            outputs=outputs, ssl_context=ssl_context, tls_loaded=tls_loaded,
                            registry_session=registry_session)
-        directory = watcher.reconciler.tokens  # service-account tokens: which NodePool's payload
-        await self._start_serving(running, TokenAuthenticator(cache, self.clock, verifier=verifier, directory=directory))
+        authenticator = TokenAuthenticator(cache, self.clock, verifier=verifier, directory=reconciliation.directory)
+        await self._start_serving(running, authenticator)
         return running
 
     async def _open_source(self, cache: PayloadCache) -> tuple[Source, Cluster | None]:
@@ -160,7 +159,7 @@ class IgnitionServer:
             return cluster.source, cluster
         return FileSource(
             settings.source_dir, poll_interval=settings.poll_interval, read_only=settings.source_read_only,
-            # The watcher keeps what it needs of token Secrets; the source need not keep them too.
+            # The reconciler keeps what it needs of token Secrets; the source need not keep them too.
             retain=lambda obj: not is_token_secret(obj),
             digest_values=is_user_data_secret,  # only ever compared with what would be written
             state=cache,
@@ -168,15 +167,15 @@ class IgnitionServer:
 
     async def _start_serving(self, running: _Running, authenticator: TokenAuthenticator) -> None:
         """The worker processes on a reserved port, or the owner's own serving site."""
-        settings, reconciler = self.settings, running.watcher.reconciler
+        settings, reconciliation = self.settings, running.reconciliation
         if settings.workers:
             assert self.tls_files is not None
             running.reserved = reserve_port(settings.listen)
             self.ports["serving"] = running.reserved.getsockname()[1]
             running.pool = WorkerPool(settings=settings, count=settings.workers, port=self.ports["serving"],
                                       tls_files=self.tls_files, cache=running.cache, authenticator=authenticator,
-                                      metrics=self.metrics, on_served=reconciler.note_served,
-                                      on_missing=reconciler.payload_missing, behind=self.state.behind)
+                                      metrics=self.metrics, on_served=reconciliation.note_served,
+                                      on_missing=reconciliation.payload_missing, behind=self.state.behind)
         pool = running.pool
         # Metrics first: once a worker answers /readyz, everything of this server answers.
         if settings.metrics_listen is not None:
@@ -186,7 +185,7 @@ class IgnitionServer:
             await pool.start()
             return
         # One process: the owner serves too.
-        running.handlers = handlers = self._handlers(authenticator, reconciler)
+        running.handlers = handlers = self._handlers(authenticator, running.cache, reconciliation)
         self.metrics.ready_held = handlers.ready_held
         running.connections = connections = ConnectionTable.create(1, shared=False)
         self.metrics.watch_connections(connections.counts, ["main"])
@@ -213,10 +212,10 @@ class IgnitionServer:
     # Serving: what runs beside the sockets until the stop.
 
     def _background_tasks(self, running: _Running) -> list[asyncio.Task[None]]:
-        settings, watcher, cluster, pool = self.settings, running.watcher, running.cluster, running.pool
+        settings, reconciliation, cluster, pool = self.settings, running.reconciliation, running.cluster, running.pool
         tasks = [
-            asyncio.create_task(self._run_source(running.source, watcher.reconciler), name="source"),
-            asyncio.create_task(watcher.housekeeping.run(), name="housekeeping"),
+            asyncio.create_task(self._run_source(running.source, reconciliation), name="source"),
+            asyncio.create_task(reconciliation.run_housekeeping(), name="housekeeping"),
         ]
         if pool is None and self.tls_files is not None:  # workers reload their own
             tasks.append(asyncio.create_task(reload_on_change(running.ssl_context, self.tls_files,
@@ -236,7 +235,7 @@ class IgnitionServer:
             tasks.append(asyncio.create_task(rotation.run(), name="ca-rotation"))
         return tasks
 
-    # Shutdown: the workers drain, then the owner's sockets and tasks, the watcher, the cache.
+    # Shutdown: the workers drain, then the owner's sockets and tasks, the reconciler, the cache.
 
     async def _shut_down(self, running: _Running) -> None:
         if running.pool is not None:
@@ -248,7 +247,7 @@ class IgnitionServer:
         await self._stop_serving(running.runners, running.guards, running.tasks, running.cache)
         if running.cluster is not None:
             await running.cluster.close()
-        await running.watcher.reconciler.drain(self.settings.shutdown_timeout)
+        await running.reconciliation.drain(self.settings.shutdown_timeout)
         await asyncio.to_thread(running.cache.flush)
         await running.source.flush()
         if running.handlers is not None:
@@ -258,15 +257,16 @@ class IgnitionServer:
         if running.registry_session is not None:
             await running.registry_session.close()
 
-    def _handlers(self, authenticator: TokenAuthenticator, reconciler: Reconciler) -> IgnitionHandlers:
+    def _handlers(self, authenticator: TokenAuthenticator, cache: PayloadCache,
+                  reconciliation: Reconciliation) -> IgnitionHandlers:
         settings = self.settings
         return IgnitionHandlers(
-            cache=reconciler.cache,
+            cache=cache,
             authenticator=authenticator,
             metrics=self.metrics,
             state=self.state,
-            on_served=reconciler.note_served,
-            on_missing=reconciler.payload_missing,
+            on_served=reconciliation.note_served,
+            on_missing=reconciliation.payload_missing,
             max_in_flight=settings.max_in_flight,
             limiter=FailedAuthLimiter(settings.auth_failure_burst, settings.auth_failure_window),
             access=AccessLog(settings.log_format),
@@ -322,11 +322,11 @@ class IgnitionServer:
                                                     proxy_from=self.settings.proxy_protocol_from)
         return runner
 
-    async def _run_source(self, source: Source, reconciler: Reconciler) -> None:
+    async def _run_source(self, source: Source, reconciliation: Reconciliation) -> None:
         delay = 1.0
         while True:
             try:
-                await source.run(reconciler.handle)
+                await source.run(reconciliation.handle)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

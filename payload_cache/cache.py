@@ -26,7 +26,7 @@ from .config import CacheConfig
 from .envelope import INDEX_CONTEXT, EnvelopeError, seal
 from .errors import CacheKeyError
 from .fsio import atomic_write, make_dir
-from .index import Change, IndexDecodeError, TokenIndex
+from .index import IndexChange, IndexDecodeError, TokenIndex
 from .keys import KeySource, create_key_file, load_key_file
 from .layout import FORMAT_LINE, Layout
 from .records import RenderRecord, TokenRecord
@@ -99,7 +99,7 @@ class PayloadCache:
         keys = KeySource(key_path, load_key_file(key_path))
         return cls(config, Layout(config.cache_dir), keys, TokenIndex.from_rows(tokens, renders), Counters())
 
-    def follow(self, listener: Callable[[int, Change], None]) -> tuple[int, list[list], list[list]]:
+    def follow(self, listener: Callable[[int, IndexChange], None]) -> tuple[int, list[list], list[list]]:
         """Tell `listener` of every token and render change from now on; returns the rows
         (and generation) those changes start from."""
         self._index.listener = listener
@@ -109,7 +109,7 @@ class PayloadCache:
         """A consistent snapshot of tokens and renders, with its generation."""
         return self._index.rows()
 
-    def apply(self, changes: Iterable[Change]) -> None:
+    def apply(self, changes: Iterable[IndexChange]) -> None:
         for change in changes:
             self._index.apply(change)
 

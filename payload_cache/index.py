@@ -30,7 +30,7 @@ _STATES = {state.value: state for state in TokenState}
 
 
 # ("token", key, TokenRecord) | ("untoken", key) | ("render", RenderRecord) | ("unrender", secret)
-Change = tuple
+IndexChange = tuple
 
 
 class IndexDecodeError(Exception):
@@ -52,9 +52,9 @@ class TokenIndex:
         self.generation = 0
         # Told of every token and render change, under the lock, with the generation it made
         # (so a snapshot from `rows` and the changes after it never overlap or leave a gap).
-        self.listener: Callable[[int, Change], None] | None = None
+        self.listener: Callable[[int, IndexChange], None] | None = None
 
-    def _tell(self, change: Change) -> None:
+    def _tell(self, change: IndexChange) -> None:
         if self.listener is not None:
             self.listener(self.generation, change)
 
@@ -174,7 +174,7 @@ class TokenIndex:
         index._load_rows(tokens, renders, {})
         return index
 
-    def apply(self, change: Change) -> None:
+    def apply(self, change: IndexChange) -> None:
         """Replay a change another index told its listener."""
         kind = change[0]
         if kind == "token":

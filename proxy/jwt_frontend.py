@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 from ignition_server.auth.claims import DEFAULT_ALLOWED_ACCOUNTS, LEGACY_ISSUER
 
-# The server publishes its key files (ignition_server.reconcile.edge_publisher); the proxy reads them.
+# The server publishes its key files (ignition_server.edge_publisher); the proxy reads them.
 from ignition_server.edge_publication import PublishedKey as EdgeKey, write_key_files
 
 __all__ = ["EdgeKey", "TokenCheck", "token_check_lines", "write_key_files"]

@@ -1,7 +1,7 @@
 """What a server publishes for the proxy (its `--edge-dir`), read back.
 
 The server writes `publication.json` last, after the key files and the certificate it names
-(ignition_server.reconcile.edge_publisher), so a manifest that parses names files that exist.
+(ignition_server.edge_publisher), so a manifest that parses names files that exist.
 """
 
 from __future__ import annotations

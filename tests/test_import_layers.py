@@ -34,12 +34,13 @@ LAYERS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("ignition_server.render", "ignition_server.takeover", "ignition_server.config", "ignition_server.metrics"),
      "pure renderers (inputs -> bytes; the takeover's HostedControlPlane -> the CPO's ConfigMaps), the settings "
      "object, the metrics registry: used by all that runs"),
-    (("ignition_server.auth", "ignition_server.sources", "ignition_server.registry", "ignition_server.edge_publication"),
+    (("ignition_server.auth", "ignition_server.sources", "ignition_server.registry", "ignition_server.edge_publication",
+      "ignition_server.edge_publisher"),
      "where tokens are checked, where objects come from (files, Kubernetes), releases from registries, "
-     "and the edge directory's format (the contract the server and the front proxy share)"),
+     "the edge directory's format (the contract the server and the front proxy share) and its writer"),
     (("proxy",),
      "the front proxy, its own program: it shares the contract, auth's checks and the Kubernetes client, "
-     "nothing of the server's watcher or HTTP app"),
+     "nothing of the server's reconciler or HTTP app"),
     (("ignition_server.basegen", "ignition_server.base_import"),
      "MCO bases: generated with MCO's binaries, or imported from a bootstrap's output"),
     (("ignition_server.reconcile",),

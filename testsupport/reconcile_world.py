@@ -16,14 +16,14 @@ from ignition_server.reconcile.outputs import PointerSettings, TokenOutputs
 from ignition_server.reconcile.reconciler import Reconciler
 from ignition_server.reconcile.tenancy import Tenancy
 from ignition_server.reconcile.trust import TrustWatcher
-from ignition_server.reconcile.wiring import Watcher, build_watcher
+from ignition_server.reconcile.wiring import Reconciliation, build_reconciliation
 from ignition_server.render.payload import render_payload
 from ignition_server.sources.files import FileSource
 from payload_cache import CacheConfig, PayloadCache
 from testsupport.clock import T0, Clock
 from testsupport.harness import EXAMPLE_MACHINECONFIG
 from testsupport.manifests import CA_PEM, build_token_secret
-from testsupport.watcher import wait_idle
+from testsupport.reconciler_idle import wait_idle
 
 POINTER_URL = "https://ignition.example.com:9090"
 
@@ -43,10 +43,10 @@ def file_reconciler(tmp_path: Path, clock: Clock, *, shared: Iterable[str], ca_p
     metrics = ServerMetrics()
     trust = None if verifier is None else TrustWatcher(
         verifier.keys, on_refused=metrics.tenancy_refusals.labels(what="service-account-key").inc)
-    reconciler = build_watcher(source=source, cache=cache, renderer=render_payload, policy=RotationPolicy(100.0),
-                               metrics=metrics, clock=clock, outputs=outputs, debounce=0.0,
-                               tenancy=Tenancy(frozenset(shared)), trust=trust).reconciler
-    source._handler = reconciler.handle
+    reconciler = build_reconciliation(source=source, cache=cache, renderer=render_payload, policy=RotationPolicy(100.0),
+                                      metrics=metrics, clock=clock, outputs=outputs, debounce=0.0,
+                                      tenancy=Tenancy(frozenset(shared)), trust=trust).reconciler
+    source.attach(reconciler.handle)
     return reconciler, source, cache, source_dir, outputs
 
 
@@ -59,28 +59,28 @@ def inputs_world(tmp_path: Path) -> tuple[Reconciler, FileSource, PayloadCache, 
     return reconciler, source, cache, source_dir, clock, outputs
 
 
-def open_watcher(source_dir: Path, clock: Clock, *, read_only: bool = False) -> tuple[Watcher, FileSource, PayloadCache]:
-    """A watcher (reconciler and housekeeping), file source and cache over `source_dir` and the
+def open_reconciliation(source_dir: Path, clock: Clock, *, read_only: bool = False) -> tuple[Reconciliation, FileSource, PayloadCache]:
+    """The reconciliation (reconciler and housekeeping), file source and cache over `source_dir` and the
     cache beside it (`cache/`), as a (re)started server opens them; no token outputs."""
     cache = PayloadCache.open(CacheConfig(cache_dir=source_dir.parent / "cache"))
     source = FileSource(source_dir, read_only=read_only, retain=lambda obj: not is_token_secret(obj))
-    watcher = build_watcher(source=source, cache=cache, renderer=render_payload, policy=RotationPolicy(ttl=100.0),
-                            metrics=ServerMetrics(), clock=clock)
-    source._handler = watcher.reconciler.handle
-    return watcher, source, cache
+    reconciliation = build_reconciliation(source=source, cache=cache, renderer=render_payload, policy=RotationPolicy(ttl=100.0),
+                                          metrics=ServerMetrics(), clock=clock)
+    source.attach(reconciliation.reconciler.handle)
+    return reconciliation, source, cache
 
 
 def reopenable_world(tmp_path: Path) -> tuple[Callable[..., tuple[Reconciler, FileSource, PayloadCache]], Clock, Path]:
     """(make, clock, source_dir): make(read_only=False) opens a new reconciler, file source and
     cache over the same directories (`tmp_path/source`, `tmp_path/cache`), as a restarted server
-    opens them (`open_watcher`)."""
+    opens them (`open_reconciliation`)."""
     clock = Clock()
     source_dir = tmp_path / "source"
     source_dir.mkdir()
 
     def make(read_only: bool = False) -> tuple[Reconciler, FileSource, PayloadCache]:
-        watcher, source, cache = open_watcher(source_dir, clock, read_only=read_only)
-        return watcher.reconciler, source, cache
+        reconciliation, source, cache = open_reconciliation(source_dir, clock, read_only=read_only)
+        return reconciliation.reconciler, source, cache
 
     return make, clock, source_dir
 

@@ -186,7 +186,7 @@ class IgnitionHandlers:
         if body is None:
             body = await asyncio.get_running_loop().run_in_executor(self._readers, self._cache.get_blob, record.blob_id)
         if body is None:
-            # Lost or failed its integrity check (quarantined): have the watcher re-render it.
+            # Lost or failed its integrity check (quarantined): have the reconciler re-render it.
             self._on_missing(grant.secret)
             raise Refusal(503, "payload is being rebuilt", retry_after=5)
         if version is None:

@@ -1,6 +1,6 @@
 """The MCO base ConfigMap's contract: the annotation that marks it and the keys of its data.
 
-`ignition-server base import` writes it, the watcher (`reconcile/bases.py`) reads it.
+`ignition-server base import` writes it, the reconciler (`reconcile/bases.py`) reads it.
 """
 
 ANNOTATION_MCO_BASE = "ignition-server.openshift.io/mco-base"

@@ -31,7 +31,7 @@ def is_token_secret(obj: Mapping[str, Any]) -> bool:
 
 
 def is_user_data_secret(obj: Mapping[str, Any]) -> bool:
-    """A `user-data-<nodepool>-<hash>` Secret as the watcher writes it (render/userdata.py)."""
+    """A `user-data-<nodepool>-<hash>` Secret as the reconciler writes it (render/userdata.py)."""
     meta = obj.get("metadata") or {}
     data = obj.get("data")
     return (obj.get("kind") == "Secret" and str(meta.get("name", "")).startswith("user-data-")

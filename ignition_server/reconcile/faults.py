@@ -1,8 +1,8 @@
 """Faults in handling one object: counted, logged once, retried with back-off, kept apart.
 
-A watcher that lets one object's exception escape stops for every object (issue 9: one
+A reconciler that lets one object's exception escape stops for every object (issue 9: one
 hand-broken manifest raised out of a write-back and no later change was ever applied).
-Everything the watcher does for one object therefore goes through here: `Faults` records
+Everything the reconciler does for one object therefore goes through here: `Faults` records
 a failure per (step, object) and says when to try again, and `ObjectWork` runs follow-up
 work (write-backs) in a task per object, so a failure or a slow write of one object never
 sits in the await chain of another's.

@@ -1,4 +1,4 @@
-"""Generated MCO bases in the watcher: which (cluster configuration, release digest) a NodePool needs, and waiting for it.
+"""Generated MCO bases in the reconciler: which (cluster configuration, release digest) a NodePool needs, and waiting for it.
 
 With `--generate-bases`, a NodePool whose cluster has no given base (bases.py) for its
 release uses the base the release's MCO generates (basegen/) from the cluster's

@@ -1,8 +1,8 @@
-"""The watcher's clock: what happens on a tick rather than on a source change.
+"""The reconciler's clock: what happens on a tick rather than on a source change.
 
 Rotation of due Secrets (rotation.py), deleting expired ones (write_backs.py), releases
 asked for again by a new writer (release_waits.py),
-the tokens of Secrets that expired retired (token_index.py), the cache's expired tokens
+the tokens of Secrets that expired retired (token_secrets.py), the cache's expired tokens
 forgotten and its unreferenced payloads collected, and the index flushed when dirty.
 """
 
@@ -20,7 +20,7 @@ from ..metrics import ServerMetrics
 from .faults import Faults
 from .release_waits import ReleaseWaits
 from .rotation import Rotation
-from .token_index import TokenIndex
+from .token_secrets import TokenSecrets
 from .write_backs import WriteBacks
 
 log = logging.getLogger("ignition_server.reconcile")
@@ -30,7 +30,7 @@ GC_INTERVAL = 600.0
 
 @dataclass
 class Housekeeping:
-    tokens: TokenIndex
+    tokens: TokenSecrets
     rotation: Rotation
     write_backs: WriteBacks
     release_waits: ReleaseWaits

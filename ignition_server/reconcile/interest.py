@@ -55,7 +55,7 @@ def secret_wanted(obj: Mapping[str, Any]) -> bool:
 def inputs_referenced(obj: Mapping[str, Any], tenancy: Tenancy | None = None) -> Iterable[ObjectKey]:
     """The inputs (Secrets and ConfigMaps) a token Secret names by annotation (in a shared namespace, say).
 
-    A reference the tenancy refuses is left out: never fetched (the watcher refuses the NodePool)."""
+    A reference the tenancy refuses is left out: never fetched (the reconciler refuses the NodePool)."""
     if not is_token_secret(obj):
         return ()
     try:

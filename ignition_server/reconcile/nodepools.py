@@ -54,7 +54,7 @@ StatusWriter = Callable[..., None]
 
 
 @dataclass
-class Failure:
+class RenderFailure:
     """A NodePool's last failed attempt: with these inputs, this often, not again before `retry_at`."""
 
     digest: str
@@ -83,7 +83,7 @@ class NodePools:
     render_concurrency: int = 2
     queue: WorkQueue[ObjectKey] = field(init=False)
     _renders: dict[str, asyncio.Future[RenderedPayload]] = field(default_factory=dict)  # by inputs digest
-    _failures: dict[ObjectKey, Failure] = field(default_factory=dict)
+    _failures: dict[ObjectKey, RenderFailure] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.queue = WorkQueue(process=self._reconcile_counted, lane_of=lambda key: key.namespace,
@@ -246,7 +246,7 @@ class NodePools:
         previous = self._failures.get(secret.key)
         attempts = previous.attempts + 1 if previous is not None and previous.digest == digest else 1
         delay = backoff(attempts) if retry else math.inf
-        self._failures[secret.key] = Failure(digest, attempts, self.clock() + delay)
+        self._failures[secret.key] = RenderFailure(digest, attempts, self.clock() + delay)
         if retry:
             self.queue.add_later(secret.key, delay)
         serving = "the last good payload keeps serving" if self.cache.get_render(secret.ref) else "no payload yet"

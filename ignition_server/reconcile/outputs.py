@@ -1,4 +1,4 @@
-"""What the watcher derives from tokens, written on every rotation (DESIGN §4, items 2 and 3):
+"""What the reconciler derives from tokens, written on every rotation (DESIGN §4, items 2 and 3):
 
 - the pointer config / user-data per NodePool, as HyperShift's `user-data-<nodepool>-<hash>`
   Secret next to the token Secret (keys `value`, `disableTemplating`);
@@ -73,8 +73,8 @@ class TokenOutputs:
     _secrets: dict[ObjectKey, TokenSecret] = field(default_factory=dict)
     _task: asyncio.Task[None] | None = None
     _last_map: bytes | None = None
-    faults: Faults = field(default_factory=Faults)  # the watcher's, once it owns these outputs
-    writer: Callable[[], bool] = lambda: True  # the watcher's: only the writing replica puts user-data
+    faults: Faults = field(default_factory=Faults)  # the reconciler's, once it owns these outputs
+    writer: Callable[[], bool] = lambda: True  # the reconciler's: only the writing replica puts user-data
 
     def trust_changed(self, ca_pem: bytes) -> None:
         """The CAs pointer configs must trust changed (a CA rotation): every user-data again."""

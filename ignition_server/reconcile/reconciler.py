@@ -9,7 +9,7 @@ run by the fair work queue (work_queue.py). One token Secret change, from the so
    object (`faults`, retried with back-off through `work`);
 2. `_index_token_secret` parses it; `rotation.restore` (rotation.py) applies a rotation kept in
    the cache dir; `tokens.holds_anothers_token` refuses a Secret holding another's token;
-   `tokens.put` (token_index.py) writes its tokens into the cache's token index, which is what
+   `tokens.put` (token_secrets.py) writes its tokens into the cache's token index, which is what
    a node's request is checked against (auth/tokens.py): from here its token is known (never 511);
 3. `nodepools.schedule` queues its key (a first payload ahead of re-renders); a change to any
    other object queues the NodePools that read it (`nodepools.inputs_changed`, the input graph);
@@ -46,7 +46,7 @@ from .releases import Releases, is_catalog, release_key
 from .rotation import Rotation
 from .status import Status
 from .tenancy import Tenancy, generation_group, oldest_first
-from .token_index import TokenIndex
+from .token_secrets import TokenSecrets
 from .trust import TrustWatcher, is_trust_object
 from .write_backs import WriteBacks
 
@@ -58,7 +58,7 @@ class Reconciler:
     source: Source
     cache: PayloadCache  # a gone Secret's payload is dropped from it
     metrics: ServerMetrics
-    tokens: TokenIndex  # the token Secrets served, and what their tokens open
+    tokens: TokenSecrets  # the token Secrets served, and what their tokens open
     rotation: Rotation  # a rotation kept in the cache dir; outdated Secrets' expiry
     nodepools: NodePools  # what happens to each NodePool, run by the fair work queue
     input_graph: InputGraph  # what each token Secret reads, and who reads each object
@@ -219,7 +219,7 @@ class Reconciler:
                 namespace, _, name = record.secret.partition("/")
                 self._forget_secret(ObjectKey("Secret", namespace, name), "deleted while the server was down")
 
-    # -- what the server asks ------------------------------------------------------------
+    # -- what the server asks (through wiring.Reconciliation) --------------------------
 
     def payload_missing(self, secret_ref: str) -> None:
         """A request found no usable payload for a Secret the index serves: render it, first."""

@@ -1,4 +1,4 @@
-"""What the watcher does about releases it does not know yet: ask the resolver, wait, say why.
+"""What the reconciler does about releases it does not know yet: ask the resolver, wait, say why.
 
 A NodePool whose payload runs a release component (the node's kube-apiserver HAProxy)
 renders once its release is known (catalog or registry). Until then its render waits

@@ -99,7 +99,7 @@ class ReleaseCatalog:
 
 @dataclass
 class Releases:
-    """Where the watcher looks releases up: the catalog, then what the resolver has read."""
+    """Where the reconciler looks releases up: the catalog, then what the resolver has read."""
 
     catalog: ReleaseCatalog = field(default_factory=ReleaseCatalog)
     resolver: ReleaseResolver | None = None

@@ -2,7 +2,7 @@
 
 `rotate_due` (on the housekeeping tick) rotates every Secret whose current token has lived
 TTL/2 (auth/rotation_policy.py decides; this writes): the new token is written into the
-source through the WriteBacks (write_backs.py) and the token index (token_index.py) learns
+source through the WriteBacks (write_backs.py) and the token Secrets (token_secrets.py) learn
 it. `expire_outdated` (after each batch of source changes) gives a NodePool's older token
 Secrets an expiry 2 h away once a newer one exists. Only the writing replica does either
 (with several replicas, the Lease holder); every replica learns the result from the source.
@@ -31,7 +31,7 @@ from ..metrics import ServerMetrics
 from ..model.objects import ObjectKey, set_annotation
 from ..model.token_secret import ANNOTATION_TOKEN_EXPIRATION, TokenSecret, format_time
 from .faults import Faults, ObjectWork
-from .token_index import TokenIndex
+from .token_secrets import TokenSecrets
 from .write_backs import WriteBacks
 
 log = logging.getLogger("ignition_server.reconcile")
@@ -44,7 +44,7 @@ def rotation_name(secret_ref: str) -> str:
 
 @dataclass
 class Rotation:
-    tokens: TokenIndex
+    tokens: TokenSecrets
     cache: PayloadCache  # holds the sealed rotation state of Secrets rotated in the cache dir
     policy: RotationPolicy
     write_backs: WriteBacks  # every write into the source goes through it (its source; gated by its `writer`)

@@ -1,8 +1,8 @@
-"""The watcher's objects, built once and handed to each other: the server's (`watcher_for`,
-from its settings) and the tests' (`build_watcher`, from parts).
+"""The reconciler's objects, built once and handed to each other: the server's (`reconciliation_for`,
+from its settings) and the tests' (`build_reconciliation`, from parts).
 
 Who calls whom, so a reader can follow it: the source calls `Reconciler.handle`, which
-updates the indexes (TokenIndex, the catalogs, bases, mirror sets, trusted keys) and queues
+updates the indexes (TokenSecrets, the catalogs, bases, mirror sets, trusted keys) and queues
 NodePool keys on `NodePools`' work queue, which runs `NodePools.reconcile` for each
 (reconciler.py and nodepools.py tell the story); Housekeeping runs rotation and expiry on the
 clock. The waits for releases and generated bases queue their NodePools again through
@@ -22,6 +22,7 @@ from typing import Any, Callable
 from payload_cache import CacheConfig, PayloadCache
 
 from ..auth.rotation_policy import RotationPolicy
+from ..auth.tokens import NodePoolDirectory
 from ..basegen.generator import BaseGenerator, GeneratorSettings
 from ..basegen.run import Limits
 from ..basegen.sandbox import Sandbox, SandboxUnavailable, hide_list
@@ -32,7 +33,7 @@ from ..registry.image_files import ImageFiles
 from ..registry.mirrors import Mirrors, parse_overrides
 from ..registry.resolver import ReleaseStore
 from ..registry.setup import open_resolver
-from ..sources.events import Source
+from ..sources.events import Change, Source
 from .bases import BaseIndex
 from .claims import Claims, ClaimsPublisher
 from .faults import Faults, ObjectWork
@@ -47,7 +48,7 @@ from .release_waits import ReleaseWaits
 from .releases import Releases
 from .rotation import Rotation
 from .tenancy import Tenancy
-from .token_index import TokenIndex
+from .token_secrets import TokenSecrets
 from .trust import TrustWatcher
 from .write_backs import WriteBacks
 
@@ -55,12 +56,41 @@ log = logging.getLogger("ignition_server.reconcile")
 
 
 @dataclass(frozen=True)
-class Watcher:
+class Reconciliation:
+    """The reconciler and its clock, as `build_reconciliation` ties them. The server uses only
+    the methods below: changes in, the clock, the JWT directory, what was served or found
+    missing, drain. Tests may reach the parts."""
+
     reconciler: Reconciler  # source changes in (the source calls `reconciler.handle`)
     housekeeping: Housekeeping  # the clock (`housekeeping.run`)
 
+    async def handle(self, changes: list[Change]) -> None:
+        """A source's batch of changes, oldest first (the handler a source is attached to)."""
+        await self.reconciler.handle(changes)
 
-def build_watcher(
+    async def run_housekeeping(self) -> None:
+        """Rotation and expiry on the clock, until cancelled."""
+        await self.housekeeping.run()
+
+    @property
+    def directory(self) -> NodePoolDirectory:
+        """For service-account JWTs, which name a cluster and a NodePool: the token Secret whose payload they open."""
+        return self.reconciler.tokens
+
+    def payload_missing(self, secret_ref: str) -> None:
+        """A request found no usable payload for a Secret the index serves: render it, first."""
+        self.reconciler.payload_missing(secret_ref)
+
+    def note_served(self, secret_ref: str) -> None:
+        """A node got its payload (`ignition-reached`, written once, off the request path)."""
+        self.reconciler.note_served(secret_ref)
+
+    async def drain(self, timeout: float) -> None:
+        """Let write-backs in flight finish before the process exits (a draining shutdown)."""
+        await self.reconciler.drain(timeout)
+
+
+def build_reconciliation(
     *, source: Source, cache: PayloadCache, renderer: Renderer, policy: RotationPolicy, metrics: ServerMetrics,
     clock: Callable[[], float] = time.time, trust: TrustWatcher | None = None, outputs: TokenOutputs | None = None,
     # Whether this replica writes (rotation, expiry, status, user-data, ignition-reached):
@@ -71,7 +101,7 @@ def build_watcher(
     share_namespace: str | None = None,  # several replicas: the writer publishes releases and generated bases here
     debounce: float = NodePools.debounce, render_concurrency: int = NodePools.render_concurrency,
     prune_grace: float = WriteBacks.prune_grace,
-) -> Watcher:
+) -> Reconciliation:
     releases = releases if releases is not None else Releases()
     tenancy = tenancy if tenancy is not None else Tenancy()
     bases = bases if bases is not None else BaseIndex()
@@ -86,8 +116,8 @@ def build_watcher(
         claims.on_changed = ClaimsPublisher(claims, source, share_namespace, writer).changed
     if trust is not None:
         trust.claims = claims  # one record of contests, for keys and tokens alike
-    tokens = TokenIndex(cache=cache, ttl=policy.ttl, clock=clock, outputs=outputs, claims=claims,
-                        on_refused=metrics.tenancy_refusals.labels(what="duplicate-token").inc)
+    tokens = TokenSecrets(cache=cache, ttl=policy.ttl, clock=clock, outputs=outputs, claims=claims,
+                          on_refused=metrics.tenancy_refusals.labels(what="duplicate-token").inc)
     input_graph = InputGraph()
     write_backs = WriteBacks(source=source, work=work, faults=faults, secret_of=tokens.get, writer=writer,
                              clock=clock, prune_grace=prune_grace)
@@ -114,26 +144,26 @@ def build_watcher(
     housekeeping = Housekeeping(
         tokens=tokens, rotation=rotation, write_backs=write_backs, release_waits=release_waits,
         cache=cache, faults=faults, metrics=metrics, persist_index=persist_index, clock=clock)
-    return Watcher(reconciler, housekeeping)
+    return Reconciliation(reconciler, housekeeping)
 
 
-def watcher_for(
+def reconciliation_for(
     settings: ServeSettings, *, source: Source, cache: PayloadCache, renderer: Renderer, metrics: ServerMetrics,
     clock: Callable[[], float], writer: Callable[[], bool], trust: TrustWatcher, outputs: TokenOutputs,
-) -> tuple[Watcher, Any]:
-    """The server's watcher, and the registry session to close at shutdown (None without --release-resolve)."""
-    watcher: Watcher | None = None  # the resolver and the generator call back into it once it exists
+) -> tuple[Reconciliation, Any]:
+    """The server's reconciliation, and the registry session to close at shutdown (None without --release-resolve)."""
+    reconciliation: Reconciliation | None = None  # the resolver and the generator call back into it once it exists
 
     def resolved(pull_spec: str) -> None:
-        if watcher is not None:
-            watcher.reconciler.release_waits.resolved(pull_spec)
+        if reconciliation is not None:
+            reconciliation.reconciler.release_waits.resolved(pull_spec)
 
     def generated(key: str) -> None:
-        if watcher is not None:
-            watcher.reconciler.base_waits.generated(key)
+        if reconciliation is not None:
+            reconciliation.reconciler.base_waits.generated(key)
 
     releases, session = _releases(settings, cache, metrics, resolved)
-    watcher = build_watcher(
+    reconciliation = build_reconciliation(
         source=source, cache=cache, renderer=renderer, policy=RotationPolicy(settings.token_ttl), metrics=metrics,
         clock=clock, trust=trust, outputs=outputs, writer=writer, releases=releases,
         tenancy=Tenancy(frozenset(settings.shared_namespaces)),
@@ -141,7 +171,7 @@ def watcher_for(
         share_namespace=settings.pod_namespace if settings.kubernetes else None,
         render_concurrency=settings.render_concurrency, prune_grace=settings.prune_grace,
     )
-    return watcher, session
+    return reconciliation, session
 
 
 def _releases(settings: ServeSettings, cache: PayloadCache, metrics: ServerMetrics,

@@ -1,6 +1,6 @@
 """What a NodePool's payload is rendered from: one immutable value per NodePool generation.
 
-The watcher builds these from the source; renderers only read them. `digest()` names the
+The reconciler builds these from the source; renderers only read them. `digest()` names the
 inputs, so an unchanged NodePool is never rendered twice (across restarts too).
 """
 
@@ -38,7 +38,7 @@ class NodePoolInputs:
     nodepool: str  # "<namespace>/<name>" of the NodePool object
     secret: str  # "<namespace>/<name>" of the token Secret this generation comes from
     machineconfigs_yaml: str  # decoded `config`: multi-document MachineConfig YAML, may be ""
-    # Digest of the `config` value the YAML comes from. The watcher decides whether to render
+    # Digest of the `config` value the YAML comes from. The reconciler decides whether to render
     # from inputs gathered without the YAML (it is read again only for a render).
     config_digest: str = ""
     release: str = ""  # release pull spec, carried as given

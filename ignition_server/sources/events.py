@@ -1,4 +1,4 @@
-"""What every source (files today, Kubernetes later) hands to the watcher."""
+"""What every source (files today, Kubernetes later) hands to the reconciler."""
 
 from __future__ import annotations
 
@@ -33,6 +33,10 @@ class Source(Protocol):
     def get(self, key: ObjectKey) -> dict[str, Any] | None: ...
 
     def get_full(self, key: ObjectKey) -> dict[str, Any] | None: ...
+
+    def attach(self, handler: ChangeHandler) -> None:
+        """Hand every later batch of changes to `handler` (`run` attaches the one it is given)."""
+        ...
 
     async def run(self, handler: ChangeHandler) -> None: ...
 

@@ -56,10 +56,10 @@ class FileSource:
     _listed: bool = False
     _large: set[ObjectKey] = field(default_factory=set)  # keys whose slim copy holds LargeValues
     # Which objects to keep in memory (slim); the others are kept as a fingerprint only and
-    # read again from their file when asked for (the watcher keeps what it needs of them).
+    # read again from their file when asked for (the reconciler keeps what it needs of them).
     retain: Callable[[dict[str, Any]], bool] = lambda _obj: True
     # Objects whose values are kept as digests only, however small (get_full reads the file):
-    # for objects only ever compared, as the user-data Secrets the watcher writes (~8 MiB of
+    # for objects only ever compared, as the user-data Secrets the reconciler writes (~8 MiB of
     # pointer configs at 5,280 NodePools, each with its token).
     digest_values: Callable[[dict[str, Any]], bool] = lambda _obj: False
     _fingerprints: dict[ObjectKey, str] = field(default_factory=dict)
@@ -103,12 +103,16 @@ class FileSource:
             return None
         return next((obj for found, obj in parsed if found == key), None)
 
+    def attach(self, handler: ChangeHandler) -> None:
+        """Hand every later batch of changes (`poll_once`, a write-back's own change) to `handler`."""
+        self._handler = handler
+
     async def run(self, handler: ChangeHandler, *, iterations: int | None = None) -> None:
         """List, hand the listing over as ADDED changes, then poll until cancelled.
 
         `iterations` bounds the poll loop for tests (as kopf's watcher does).
         """
-        self._handler = handler
+        self.attach(handler)
         if not self.root.is_dir():
             raise FileNotFoundError(f"source directory {self.root} does not exist")
         started = time.monotonic()
@@ -177,7 +181,7 @@ class FileSource:
             changes = await asyncio.to_thread(self._rescan)
         if changes:
             self._snapshot_dirty = True
-        # The first listing is handed over even when empty: it tells the watcher what is gone.
+        # The first listing is handed over even when empty: it tells the reconciler what is gone.
         if (changes or not self._listed) and self._handler is not None:
             self._listed = True
             await self._handler(changes)

@@ -1,7 +1,7 @@
 """Every message on the owner–worker channel (channel.py), declared in one place.
 
 Both ends are this program, so pickle carries these as they are. The owner starts a worker
-with `Hello`; from then on the owner tells (`Changes`, `Behind`, `Hold`), answers (`Granted`,
+with `Hello`; from then on the owner tells (`IndexChanges`, `Behind`, `Hold`), answers (`Granted`,
 `Refused`) and asks for reports (`ReportNow`, `Drain`); the worker says it serves (`Ready`),
 asks (`Ask`) and reports (`Report`, `Reported`, `Missing`).
 """
@@ -41,8 +41,8 @@ class Hello:
 
 
 @dataclass(frozen=True)
-class Changes:
-    """Token index changes since the worker's rows (or the last Changes), up to `generation`."""
+class IndexChanges:
+    """Token index changes since the worker's rows (or the last IndexChanges), up to `generation`."""
     generation: int
     changes: list[Any]  # payload_cache's index changes, replayed by PayloadCache.apply
 
@@ -123,6 +123,6 @@ class Missing:
     secret: str
 
 
-ToWorker = Hello | Changes | Behind | Granted | Refused | Hold | ReportNow | Drain
+ToWorker = Hello | IndexChanges | Behind | Granted | Refused | Hold | ReportNow | Drain
 ToOwner = Ready | Ask | Report | Reported | Missing
 Message = ToWorker | ToOwner

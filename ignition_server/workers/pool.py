@@ -35,11 +35,11 @@ from .channel import Channel
 from .messages import (
     Ask,
     Behind,
-    Changes,
     Drain,
     Granted,
     Hello,
     Hold,
+    IndexChanges,
     Missing,
     Ready,
     Refused,
@@ -114,7 +114,7 @@ class WorkerPool:
         for worker in self._workers.values():
             changes = [change for generation, change in pending if generation > worker.base_generation]
             if changes:
-                worker.channel.send(Changes(newest, changes))
+                worker.channel.send(IndexChanges(newest, changes))
 
     # -- lifecycle -----------------------------------------------------------------
     async def start(self) -> None:

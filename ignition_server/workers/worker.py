@@ -37,11 +37,11 @@ from .channel import Channel
 from .messages import (
     Ask,
     Behind,
-    Changes,
     Drain,
     Granted,
     Hello,
     Hold,
+    IndexChanges,
     Missing,
     Ready,
     Refused,
@@ -153,7 +153,7 @@ class Worker:
         try:
             while True:
                 match await self.channel.receive():
-                    case Changes(generation, changes):
+                    case IndexChanges(generation, changes):
                         self.cache.apply(changes)
                         self.generation = generation
                     case Granted() | Refused() as answered:

@@ -17,7 +17,7 @@ from ignition_server.model.token_secret import is_token_secret
 from ignition_server.reconcile.reconciler import Reconciler
 from ignition_server.reconcile.releases import ANNOTATION_RELEASE_CATALOG
 from ignition_server.reconcile.tenancy import Tenancy
-from ignition_server.reconcile.wiring import build_watcher
+from ignition_server.reconcile.wiring import build_reconciliation
 from ignition_server.render.inputs import NodePoolInputs, RenderedPayload
 from ignition_server.render.payload import render_payload
 from ignition_server.sources.files import FileSource
@@ -27,7 +27,7 @@ from testsupport.clock import T0, Clock
 from testsupport.harness import EXAMPLE_MACHINECONFIG, write_manifests
 from testsupport.manifests import CA_PEM, build_token_secret, join_objects, kube_object
 from testsupport.reconcile_world import renders, settle
-from testsupport.watcher import wait_idle
+from testsupport.reconciler_idle import wait_idle
 
 SHARED = "ignition-server"
 PULL = '{"auths":{"quay.io":{"auth":"dTpw"}}}'
@@ -66,10 +66,10 @@ def open_world(root: Path, clock: Clock, renderer: Callable[[NodePoolInputs], Re
     (root / "source").mkdir(exist_ok=True)
     cache = PayloadCache.open(CacheConfig(cache_dir=root / "cache"))
     source = FileSource(root / "source", retain=lambda obj: not is_token_secret(obj))
-    reconciler = build_watcher(source=source, cache=cache, renderer=renderer, policy=RotationPolicy(ttl=100.0),
-                               metrics=ServerMetrics(), clock=clock, tenancy=Tenancy(frozenset({SHARED})),
-                               debounce=0.0).reconciler
-    source._handler = reconciler.handle
+    reconciler = build_reconciliation(source=source, cache=cache, renderer=renderer, policy=RotationPolicy(ttl=100.0),
+                                      metrics=ServerMetrics(), clock=clock, tenancy=Tenancy(frozenset({SHARED})),
+                                      debounce=0.0).reconciler
+    source.attach(reconciler.handle)
     return reconciler, source, cache
 
 

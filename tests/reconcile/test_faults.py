@@ -1,4 +1,4 @@
-"""No fault in handling one object stops the watcher (issue 9, item 1).
+"""No fault in handling one object stops the reconciler (issue 9, item 1).
 
 The real file source polls, the real reconciler and housekeeping run as the server runs
 them; a fault is injected at one step of one object (the victim), and a NodePool added
@@ -26,13 +26,13 @@ from ignition_server.model.token_secret import is_token_secret
 from ignition_server.reconcile import reconciler as reconciler_module
 from ignition_server.reconcile.outputs import PointerSettings, TokenOutputs
 from ignition_server.reconcile.status import written_status
-from ignition_server.reconcile.wiring import build_watcher
+from ignition_server.reconcile.wiring import build_reconciliation
 from ignition_server.render.payload import render_payload
 from ignition_server.sources.files import FileSource
 from payload_cache import CacheConfig, PayloadCache
 from testsupport.clock import T0, Clock
 from testsupport.harness import write_manifests
-from testsupport.reconcile_world import open_watcher, pool_secret, reopenable_world, settle
+from testsupport.reconcile_world import open_reconciliation, pool_secret, reopenable_world, settle
 
 
 @pytest.fixture
@@ -98,11 +98,11 @@ async def test_a_fault_in_one_object_leaves_later_changes_applied(step: str, tmp
         return render_payload(inputs)
 
     metrics = ServerMetrics()
-    watcher = build_watcher(
+    reconciliation = build_reconciliation(
         source=source, cache=cache, renderer=renderer, policy=RotationPolicy(ttl=100.0),
         metrics=metrics, clock=clock, outputs=outputs, debounce=0.0,
     )
-    reconciler = watcher.reconciler
+    reconciler = reconciliation.reconciler
     auth = TokenAuthenticator(cache, clock)
 
     # The victim and its fault.
@@ -124,7 +124,7 @@ async def test_a_fault_in_one_object_leaves_later_changes_applied(step: str, tmp
 
     tasks = [
         asyncio.create_task(source.run(reconciler.handle)),
-        asyncio.create_task(watcher.housekeeping.run(tick=POLL)),
+        asyncio.create_task(reconciliation.housekeeping.run(tick=POLL)),
     ]
     try:
         if step == "expiry":
@@ -155,7 +155,7 @@ async def test_a_fault_in_one_object_leaves_later_changes_applied(step: str, tmp
 
         # Retried with back-off, and logged once (not per tick or per retry).
         if step == "render":
-            clock.now = T0 + 5  # the render retry timer runs on the watcher's clock
+            clock.now = T0 + 5  # the render retry timer runs on the reconciler's clock
         await wait_until(lambda: errors(metrics, step) >= 2)
         where = str(tmp_path / "edge" / "tokens.map") if step == "edge" else VICTIM
         named = [r for r in caplog.records if r.levelno >= logging.ERROR and where in r.getMessage()]
@@ -178,15 +178,15 @@ async def test_a_fault_in_one_object_leaves_later_changes_applied(step: str, tmp
 
 async def test_rotation_overdue_gauge_counts_secrets_whose_rotation_cannot_happen(world) -> None:
     _make, clock, source_dir = world
-    watcher, source, _cache = open_watcher(source_dir, clock)  # with its housekeeping, which rotates
-    reconciler = watcher.reconciler
+    reconciliation, source, _cache = open_reconciliation(source_dir, clock)  # with its housekeeping, which rotates
+    reconciler = reconciliation.reconciler
     path = write_manifests(source_dir / "p.yaml", pool_secret("p", "tok-p"))
     write_manifests(source_dir / "q.yaml", pool_secret("q", "tok-q"))
     await settle(reconciler, source)
     good = path.read_text()
     path.write_text(good.replace("kind: Secret", "kind: [Secret"))  # broken by hand: p cannot rotate
     overdue = lambda: reconciler.metrics.registry.get_sample_value("ign_server_rotation_overdue_secrets")  # noqa: E731
-    housekeeping = asyncio.create_task(watcher.housekeeping.run(tick=POLL))
+    housekeeping = asyncio.create_task(reconciliation.housekeeping.run(tick=POLL))
     try:
         clock.now = T0 + 101  # past the TTL (100): q rotates, p cannot
         await wait_until(lambda: overdue() == 1 and errors(reconciler.metrics, "rotation") >= 1)

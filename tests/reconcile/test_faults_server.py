@@ -1,6 +1,6 @@
 """Issue 9, item 1, as the operator met it, through the real server process: a token
 Secret's file broken by hand, then a newer generation for its NodePool. The expiry
-write-back to the broken file fails; the watcher must go on applying every later change."""
+write-back to the broken file fails; the reconciler must go on applying every later change."""
 
 from __future__ import annotations
 

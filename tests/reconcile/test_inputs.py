@@ -1,4 +1,4 @@
-"""The watcher's inputs end to end: join files, node HAProxy, IBM Cloud VPC, release catalog,
+"""The reconciler's inputs end to end: join files, node HAProxy, IBM Cloud VPC, release catalog,
 the dependency index, user-data Secrets and the edge token map. Real renderers, real tools."""
 
 from __future__ import annotations

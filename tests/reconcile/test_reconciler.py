@@ -1,4 +1,4 @@
-"""The watcher with a real file source, a real encrypted cache and the real renderer, on a test clock."""
+"""The reconciler with a real file source, a real encrypted cache and the real renderer, on a test clock."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from ignition_server.model.token_secret import (
     is_token_secret,
     parse_token_secret,
 )
-from ignition_server.reconcile.wiring import build_watcher
+from ignition_server.reconcile.wiring import build_reconciliation
 from ignition_server.render.payload import render_payload
 from ignition_server.sources.files import FileSource
 from payload_cache import TokenState
@@ -28,7 +28,7 @@ from testsupport.clock import T0
 from testsupport.harness import EXAMPLE_MACHINECONFIG, write_manifests
 from testsupport.manifests import build_token_secret, token_status
 from testsupport.reconcile_world import pool_secret, renders, reopenable_world, settle
-from testsupport.watcher import wait_idle
+from testsupport.reconciler_idle import wait_idle
 
 
 @pytest.fixture
@@ -330,9 +330,9 @@ async def test_a_rotation_changes_what_is_served_only_once_its_write_is_accepted
     make, clock, source_dir = world
     _unused, _source, cache = make()
     source = StalledSource(source_dir, retain=lambda obj: not is_token_secret(obj))
-    reconciler = build_watcher(source=source, cache=cache, renderer=render_payload, policy=RotationPolicy(ttl=100.0),
-                               metrics=ServerMetrics(), clock=clock).reconciler
-    source._handler = reconciler.handle
+    reconciler = build_reconciliation(source=source, cache=cache, renderer=render_payload, policy=RotationPolicy(ttl=100.0),
+                                      metrics=ServerMetrics(), clock=clock).reconciler
+    source.attach(reconciler.handle)
     path = write_manifests(source_dir / "p.yaml", pool_secret("p", "tok-1", old_token="tok-0"))
     await settle(reconciler, source)
     auth = TokenAuthenticator(cache, clock)

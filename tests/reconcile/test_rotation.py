@@ -15,7 +15,7 @@ from ignition_server.reconcile.faults import Faults, ObjectWork
 from ignition_server.reconcile.index_flush import IndexFlush
 from ignition_server.reconcile.rotation import Rotation, rotation_name
 from ignition_server.reconcile.tenancy import generation_group
-from ignition_server.reconcile.token_index import TokenIndex
+from ignition_server.reconcile.token_secrets import TokenSecrets
 from ignition_server.reconcile.write_backs import WriteBacks
 from ignition_server.sources.files import FileSource
 from payload_cache import CacheConfig, PayloadCache, TokenState
@@ -35,7 +35,7 @@ def manifest(pool: str, token: str, *, suffix: str = "00000000", created: str = 
 
 
 class World:
-    """What the dispatcher would hand Rotation: a token index fed from the source, the write-backs."""
+    """What the dispatcher would hand Rotation: the token Secrets fed from the source, the write-backs."""
 
     def __init__(self, tmp_path: Path, clock: Clock, *, read_only: bool = False, writer: bool = True) -> None:
         self.source_dir = tmp_path / "source"
@@ -45,7 +45,7 @@ class World:
         self.metrics = ServerMetrics()
         faults = Faults()
         self.work = ObjectWork(faults)
-        self.tokens = TokenIndex(cache=self.cache, ttl=TTL, clock=clock)
+        self.tokens = TokenSecrets(cache=self.cache, ttl=TTL, clock=clock)
         write_backs = WriteBacks(source=self.source, work=self.work, faults=faults, secret_of=self.tokens.get,
                                  writer=lambda: writer, clock=clock)
         self.rotation = Rotation(tokens=self.tokens, cache=self.cache, policy=RotationPolicy(TTL),

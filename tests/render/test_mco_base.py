@@ -261,7 +261,7 @@ def test_a_base_and_release_mco_would_refuse_say_why() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# the watcher
+# the reconciler
 
 
 async def test_a_base_change_rerenders_exactly_that_clusters_nodepools_on_that_release(world) -> None:

@@ -111,7 +111,7 @@ async def test_listing_and_changes(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("ignored")
     source = FileSource(tmp_path)
     recorder = Recorder()
-    source._handler = recorder
+    source.attach(recorder)
     await source.poll_once()
     assert sorted(recorder.flat()) == [("ADDED", "cm"), ("ADDED", "pull-secret"), ("ADDED", "token-p-00000000")]
     await source.poll_once()
@@ -129,7 +129,7 @@ async def test_unparseable_file_keeps_its_last_good_objects(tmp_path: Path) -> N
     path = tmp_path / "a.yaml"
     path.write_text(yaml.safe_dump(CONFIGMAP))
     source = FileSource(tmp_path)
-    source._handler = Recorder()
+    source.attach(Recorder())
     await source.poll_once()
     path.write_text("kind: [unclosed\n")
     await source.poll_once()
@@ -144,7 +144,7 @@ async def test_write_back_rewrites_one_document_atomically(tmp_path: Path) -> No
     path.chmod(0o640)
     source = FileSource(tmp_path)
     recorder = Recorder()
-    source._handler = recorder
+    source.attach(recorder)
     await source.poll_once()
     key = ObjectKey("Secret", "ns", "token-p-00000000")
     written = await source.write_back(key, rotation_mutation("t1", "t2", time.time()))
@@ -162,7 +162,7 @@ async def test_write_back_applies_to_an_edit_made_meanwhile(tmp_path: Path) -> N
     path = tmp_path / "pool.yaml"
     path.write_text(yaml.safe_dump(build_token_secret(namespace="ns", nodepool="ns/p", token="t1")))
     source = FileSource(tmp_path)
-    source._handler = Recorder()
+    source.attach(Recorder())
     await source.poll_once()
     # Someone edits the file (adds a key) before the server has re-read it.
     edited = yaml.safe_load(path.read_text())
@@ -186,7 +186,7 @@ async def test_write_back_never_clobbers_a_concurrent_in_place_edit(tmp_path: Pa
     path = tmp_path / "pool.yaml"
     path.write_text(yaml.safe_dump(build_token_secret(namespace="ns", nodepool="ns/p", token="t1")))
     source = FileSource(tmp_path)
-    source._handler = Recorder()
+    source.attach(Recorder())
     await source.poll_once()
     key = ObjectKey("Secret", "ns", "token-p-00000000")
     calls = []
@@ -315,7 +315,7 @@ async def test_user_data_secrets_are_kept_as_digests_and_read_in_full_when_asked
     key = ObjectKey("Secret", "ns", secret["metadata"]["name"])
     kept = source.get(key)
     assert kept is not None and all(isinstance(v, LargeValue) for v in kept["data"].values())
-    assert all(value_digest(kept, k) == value_digest(secret, k) for k in secret["data"])  # what the watcher compares
+    assert all(value_digest(kept, k) == value_digest(secret, k) for k in secret["data"])  # what the reconciler compares
     assert source.get_full(key) == secret
     pull = source.get(ObjectKey("Secret", "ns", "pull-secret"))
     assert pull is not None and pull["data"] == other["data"]  # other Secrets keep their values

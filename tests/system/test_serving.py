@@ -310,6 +310,6 @@ def test_a_tampered_payload_is_never_served_and_is_rendered_again(server) -> Non
     status, headers, _ = proc.get("/ignition", bearer("tok-tamper"))
     assert status == 503 and headers["Retry-After"]
     assert any((proc.cache_dir / "quarantine").iterdir())
-    # The watcher renders it again; the same payload comes back.
+    # The reconciler renders it again; the same payload comes back.
     assert wait_for(lambda: proc.get("/ignition", bearer("tok-tamper"))[2] == good)
     assert proc.metrics()["ign_server_cache_quarantined_blobs_total"] == 1

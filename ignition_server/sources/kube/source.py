@@ -133,10 +133,14 @@ class KubeSource:
 
     # -- watching ----------------------------------------------------------------------------
 
-    async def run(self, handler: ChangeHandler, *, iterations: int | None = None) -> None:
-        """List every kind, hand the whole listing over at once (it tells the watcher what is
-        gone), then follow the watches until cancelled."""
+    def attach(self, handler: ChangeHandler) -> None:
+        """Hand every later batch of changes (the informers' events) to `handler`."""
         self._handler = handler
+
+    async def run(self, handler: ChangeHandler, *, iterations: int | None = None) -> None:
+        """List every kind, hand the whole listing over at once (it tells the reconciler what is
+        gone), then follow the watches until cancelled."""
+        self.attach(handler)
         scopes: list[str | None] = list(self.namespaces) or [None]
         self._informers = [
             Informer(self.client, kind, namespace, self, metadata_only=True, watch_timeout=self.watch_timeout)

@@ -1,4 +1,4 @@
-"""The watcher in tests: waiting until it has nothing in hand."""
+"""The reconciler in tests: waiting until it has nothing in hand."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ out (a replaced key's overlap window ends):
   signed the serving certificate (to verify the server when re-encrypting).
 
 The server only publishes: it imports nothing from `proxy/`, which reads this directory; the
-files' format is the contract both import (`ignition_server/edge_publication.py`).
+files' format is the contract both import (`edge_publication.py`, beside this module).
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from pathlib import Path
 
 from payload_cache.fsio import atomic_write, make_dir
 
-from ..auth.claims import LEGACY_ISSUER
-from ..auth.cluster_keys import ClusterKeys
-from ..edge_publication import PUBLICATION, publication_document, write_key_files
+from .auth.claims import LEGACY_ISSUER
+from .auth.cluster_keys import ClusterKeys
+from .edge_publication import PUBLICATION, publication_document, write_key_files
 
-log = logging.getLogger("ignition_server.reconcile.edge_publisher")
+log = logging.getLogger("ignition_server.edge_publisher")
 
 
 def _ensure_exists(path: Path) -> None:

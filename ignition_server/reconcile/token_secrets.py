@@ -1,4 +1,4 @@
-"""The token index: the token Secrets every replica serves, and what each of their tokens opens.
+"""The token Secrets every replica serves, and what each of their tokens opens.
 
 The dispatcher (reconciler.py) `put`s each token Secret it reads and `remove`s the gone
 ones; rotation (rotation.py) `expect`s a new token before writing it and hands the rotated
@@ -36,7 +36,7 @@ def _pool_of(secret: TokenSecret) -> tuple[str, str]:
 
 
 @dataclass
-class TokenIndex:
+class TokenSecrets:
     cache: PayloadCache  # whose token index the serving side reads
     ttl: float  # a retired token is remembered (refused with 403) this long
     clock: Callable[[], float] = time.time

@@ -1,4 +1,4 @@
-"""The token index on its own: a real encrypted cache's token index, token Secrets as HyperShift writes them."""
+"""The token Secrets on their own: a real encrypted cache's token index, token Secrets as HyperShift writes them."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from ignition_server.model.token_secret import ANNOTATION_TOKEN_EXPIRATION, TokenSecret, format_time, parse_token_secret
 from ignition_server.reconcile.tenancy import generation_group
-from ignition_server.reconcile.token_index import TokenIndex
+from ignition_server.reconcile.token_secrets import TokenSecrets
 from payload_cache import CacheConfig, PayloadCache, TokenState
 from testsupport.clock import T0, Clock
 from testsupport.manifests import build_token_secret
@@ -28,11 +28,11 @@ def token_secret(pool: str, token: str, *, old_token: str | None = None, suffix:
 
 
 @pytest.fixture
-def index(tmp_path: Path) -> tuple[TokenIndex, PayloadCache, Clock, list[str]]:
+def index(tmp_path: Path) -> tuple[TokenSecrets, PayloadCache, Clock, list[str]]:
     cache = PayloadCache.open(CacheConfig(cache_dir=tmp_path / "cache"))
     clock = Clock()
     refused: list[str] = []
-    return TokenIndex(cache=cache, ttl=TTL, clock=clock, on_refused=lambda: refused.append("refused")), cache, clock, refused
+    return TokenSecrets(cache=cache, ttl=TTL, clock=clock, on_refused=lambda: refused.append("refused")), cache, clock, refused
 
 
 def state(cache: PayloadCache, token: str) -> TokenState | None:
