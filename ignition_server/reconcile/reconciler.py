@@ -44,6 +44,7 @@ from .release_waits import ReleaseWaits
 from .releases import Releases, is_catalog, release_key
 from .rotation import Rotation
 from .status import Status
+from .takeover import Takeover
 from .tenancy import Tenancy, generation_group, oldest_first
 from .token_index import TokenIndex
 from .trust import TrustWatcher, is_trust_object
@@ -70,6 +71,7 @@ class Reconciler:
     faults: Faults
     work: ObjectWork  # write-backs and retries, queued per object (never awaited by the handler)
     trust: TrustWatcher | None = None  # service-account signing keys
+    takeover: Takeover | None = None  # --take-over: told of every change, queues the HCPs it concerns
     _listed: bool = False
 
     # -- source events -------------------------------------------------------------
@@ -84,6 +86,8 @@ class Reconciler:
             # One object's fault stays with that object: logged once, retried with back-off,
             # while every other change of the batch (and every later one) is applied.
             self.work.discard(change.key.ref, "parse")  # a retry of an older version is moot
+            if self.takeover is not None:
+                self.takeover.changed(change)
             try:
                 nodepool = await self._handle_one(change)
             except Exception as exc:
@@ -219,4 +223,6 @@ class Reconciler:
         """Let write-backs in flight finish (a draining shutdown loses no status or rotation);
         reconciles not begun are left to the next start (the cache says what is current)."""
         self.nodepools.queue.cancel()
+        if self.takeover is not None:
+            self.takeover.cancel()
         await self.work.drain(timeout)

@@ -141,7 +141,7 @@ def test_network_policies_open_only_the_serving_ports_and_keep_egress_to_the_api
 def test_rbac_is_one_role_per_feature_bound_cluster_wide_or_per_listed_namespace() -> None:
     docs = kustomize(DEPLOY)
     features = {d["metadata"]["name"] for d in docs if d["kind"] == "ClusterRole"}
-    assert features == {"ignition-server-read", "ignition-server-write", "ignition-server-prune"}
+    assert features == {"ignition-server-read", "ignition-server-write", "ignition-server-prune", "ignition-server-takeover"}
     assert {d["roleRef"]["name"] for d in docs if d["kind"] == "ClusterRoleBinding"} == features
     # Reading never comes with writing: a replica that is not the writer needs only the first.
     read = rbac_rules([d for d in docs if d["metadata"]["name"] == "ignition-server-read"])
