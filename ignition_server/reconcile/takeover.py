@@ -2,7 +2,7 @@
 `hypershift.openshift.io/disable-ignition-server`, keep in its namespace what the CPO stops writing.
 
     reconcile(hcp key)                      (on its own WorkQueue: one lane per namespace)
-      not the writer? look again in `standby` seconds
+      not the writer? queued again once this replica is (asked every `standby` seconds)
       HCP gone, deleting or not annotated? let our CA Secret go (finalizer off, deleted); nothing else
       takeover.plan(hcp, inputs, ConfigMaps) ─ writes: create/replace with the resourceVersion read;
                                                deletes: with the resourceVersion read
@@ -19,6 +19,7 @@ for annotated HCPs, trimmed of private keys: `ca_cert.trim_secret`).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
@@ -34,6 +35,8 @@ from .work_queue import WorkQueue
 log = logging.getLogger("ignition_server.reconcile.takeover")
 
 STEP = "takeover"
+RACED = 1.0  # someone wrote first (409): decide again this soon, from what the watch brings
+MAX_RACES = 5  # ... this many times in a row; then it is a fault like any other
 _INPUTS = {("Secret", Named.ROOT_CA), ("Secret", Named.PULL_SECRET), ("ConfigMap", Named.KUBELET_CLIENT_CA),
            ("ConfigMap", Named.TRUSTED_CA_BUNDLE), ("Secret", ca_cert.NAME),
            *(("ConfigMap", name) for name in MANAGED)}
@@ -59,12 +62,15 @@ class Takeover:
     writer: Callable[[], bool]  # only the Lease holder writes
     ca_pem: Callable[[], bytes | None]  # the CA bundle this server's pointer configs trust (None: none known)
     faults: Faults
-    standby: float = 10.0  # a replica that does not write looks again this often (it may become the writer)
+    standby: float = 1.0  # a replica that does not write asks this often whether it has become the writer
     resync: float = 600.0  # every taken-over HCP is looked at again this often (a CA rotation)
     concurrency: int = 2
     queue: WorkQueue[ObjectKey] = field(init=False)
     _hcps: dict[str, set[ObjectKey]] = field(default_factory=dict)  # namespace -> HCPs seen there
     _said: dict[ObjectKey, str] = field(default_factory=dict)  # the failure last reported (log and Event), by HCP
+    _races: dict[ObjectKey, int] = field(default_factory=dict)  # conflicts in a row, by HCP
+    _standing_by: set[ObjectKey] = field(default_factory=set)  # not the writer: queued again once it is
+    _standby_timer: asyncio.TimerHandle | None = None
 
     def __post_init__(self) -> None:
         self.queue = WorkQueue(self.reconcile, lane_of=lambda key: key.namespace, concurrency=self.concurrency)
@@ -90,6 +96,28 @@ class Takeover:
 
     def cancel(self) -> None:
         self.queue.cancel()
+        if self._standby_timer is not None:
+            self._standby_timer.cancel()
+            self._standby_timer = None
+
+    def standing_by(self, key: ObjectKey) -> bool:
+        return key in self._standing_by
+
+    def _stand_by(self, key: ObjectKey) -> None:
+        """Not the writer: one timer for every such HCP asks whether this replica has become it."""
+        self._standing_by.add(key)
+        if self._standby_timer is None:
+            self._standby_timer = asyncio.get_running_loop().call_later(self.standby, self._look_again)
+
+    def _look_again(self) -> None:
+        self._standby_timer = None
+        if not self.writer():
+            if self._standing_by:
+                self._standby_timer = asyncio.get_running_loop().call_later(self.standby, self._look_again)
+            return
+        keys, self._standing_by = self._standing_by, set()
+        for key in keys:
+            self.queue.add(key)
 
     # -- one HCP ---------------------------------------------------------------------------
 
@@ -98,15 +126,22 @@ class Takeover:
         if not self.writer():
             # It may become the writer: look again, for the HCPs it would write for.
             if (hcp is not None and taken_over(hcp)) or self.source.get(ObjectKey("Secret", key.namespace, ca_cert.NAME)):
-                self.queue.add_later(key, self.standby)
+                self._stand_by(key)
             return
         try:
             if hcp is None or not taken_over(hcp) or ca_cert.deleting(hcp):
                 await self._let_go(key, hcp)
                 return
             problems = await self._keep(key, hcp)
-        except Exception as exc:  # an API error, a conflict: read again and decide again, later
+        except Exception as exc:  # an API error: read again and decide again, later
+            if getattr(exc, "status", None) == 409 and self._races.get(key, 0) < MAX_RACES:
+                self._races[key] = self._races.get(key, 0) + 1  # a write raced ours: not a fault (yet)
+                log.info("%s: %s; deciding again", key, exc)
+                self.queue.add_later(key, RACED)
+                return
             problems = [f"{type(exc).__name__}: {exc}"]
+        else:
+            self._races.pop(key, None)
         if problems:
             await self._failed(key, "; ".join(problems))
             return
@@ -164,6 +199,7 @@ class Takeover:
         if hcp is None:
             self._hcps.get(key.namespace, set()).discard(key)
         self._said.pop(key, None)
+        self._races.pop(key, None)
         self.faults.forget(key.ref)
 
     # -- writing ---------------------------------------------------------------------------

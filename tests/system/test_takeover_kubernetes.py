@@ -200,3 +200,29 @@ def test_an_annotated_hcp_gets_what_the_cpo_stops_writing(api: KubeAPI, replicas
     api.patch("hostedcontrolplanes", NAMESPACE, "hc1", {"metadata": {"annotations": {DISABLE_IGNITION_SERVER: None}}})
     wait_for(lambda: api.get("secrets", NAMESPACE, ca_cert.NAME) is None, timeout=30, what="the CA Secret let go")
     assert api.get("configmaps", NAMESPACE, "machine-config-server") is not None  # the CPO's again: left as they are
+
+
+def test_the_ca_secret_outlives_the_cpos_delete_loop_and_the_hcp_deletion_completes(api: KubeAPI, replicas) -> None:
+    world = hcp_world("hc1")
+    world.hcp["metadata"]["finalizers"] = ["hypershift.openshift.io/finalizer"]  # HyperShift's own, on a real HCP
+    create_world(api, world)
+    proc = replicas("r1")
+    made = wait_for(lambda: api.get("secrets", NAMESPACE, ca_cert.NAME), timeout=30, what="the CA Secret")
+    assert base64.b64decode(made["data"]["tls.crt"]) == proc.ca_file.read_bytes()
+
+    # A stand-in for the CPO's loop: DELETE every 0.2 s; every GET meanwhile finds it, our CA in it.
+    for _ in range(15):
+        api.delete("secrets", NAMESPACE, ca_cert.NAME)
+        seen = api.get("secrets", NAMESPACE, ca_cert.NAME)
+        assert seen is not None and seen["data"]["tls.crt"] == made["data"]["tls.crt"]
+        time.sleep(0.2)
+    assert seen["metadata"]["deletionTimestamp"] and seen["metadata"]["finalizers"] == [ca_cert.FINALIZER]
+
+    # The HCP deleted: our finalizer goes, the Secret with it; HyperShift's finalizer removed, the HCP goes too.
+    api.delete("hostedcontrolplanes", NAMESPACE, "hc1")
+    wait_for(lambda: api.get("secrets", NAMESPACE, ca_cert.NAME) is None, timeout=30, what="the CA Secret let go")
+    api.patch("hostedcontrolplanes", NAMESPACE, "hc1", {"metadata": {"finalizers": None}})
+    assert api.get("hostedcontrolplanes", NAMESPACE, "hc1") is None
+    time.sleep(2)
+    assert api.get("secrets", NAMESPACE, ca_cert.NAME) is None  # not made again for a deleted HCP
+    assert "takeover of clusters-hc1/hc1 failed" not in proc.logs()
