@@ -27,6 +27,7 @@ from typing import Any, Callable, Protocol
 from ..model.objects import ObjectKey, object_key
 from ..sources.events import Change
 from ..takeover import ca_cert
+from ..takeover.mcs_config import NAME as MCS_NAME
 from ..takeover.owned import HCP_KIND, Named, ssh_key_secret_name, taken_over
 from ..takeover.plan import MANAGED, plan
 from .faults import Faults
@@ -170,7 +171,9 @@ class Takeover:
         except ValueError as exc:  # MissingInput for a core ConfigMap (the SSH key), NotSerializable
             problems.append(str(exc))
         else:
-            for obj in planned.writes:
+            # machine-config-server first: the NodePool controller makes token Secrets once it counts
+            # the core ConfigMaps, and a token Secret's render reads machine-config-server.
+            for obj in sorted(planned.writes, key=lambda cm: cm["metadata"]["name"] != MCS_NAME):
                 await self._write(obj)
             for obj in planned.deletes:
                 await self._delete(obj)

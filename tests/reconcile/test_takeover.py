@@ -117,6 +117,9 @@ async def test_an_annotated_hcp_gets_its_config_maps_and_ca_secret_once() -> Non
     assert sorted(source.writes) == sorted(("create", f"{kind} clusters-hc1/{name}") for kind, name in (
         ("ConfigMap", "machine-config-server"), ("ConfigMap", "ignition-config-fips"),
         ("ConfigMap", "ignition-config-worker-ssh"), ("Secret", ca_cert.NAME)))
+    # machine-config-server before the core ConfigMaps the NodePool controller waits for (it then
+    # makes token Secrets, whose renders read machine-config-server).
+    assert source.writes[0] == ("create", "ConfigMap clusters-hc1/machine-config-server")
     made = secret(source, key)
     assert made is not None and base64.b64decode(made["data"]["tls.crt"]) == CA and made["data"]["tls.key"] == ""
     assert made["type"] == "kubernetes.io/tls" and made["metadata"]["finalizers"] == [ca_cert.FINALIZER]

@@ -6,21 +6,26 @@ from __future__ import annotations
 
 import base64
 import copy
+import json
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ignition_server.reconcile.generated_bases import precondition_failure
+from ignition_server.reconcile.generated_bases import hash_simple, precondition_failure
 from ignition_server.takeover import ca_cert
 from ignition_server.takeover.core_ignition import CORE_LABEL
-from ignition_server.takeover.owned import DISABLE_IGNITION_SERVER
+from ignition_server.takeover.mcs_config import configuration_hash
+from ignition_server.takeover.owned import DISABLE_IGNITION_SERVER, Named
 from testsupport.deploy import rbac_rules
 from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, bearer, wait_for
 from testsupport.hcp_inputs import HcpInputs, HcpWorld, hcp_world
 from testsupport.kubeapi import KubeAPI
 from testsupport.manifests import build_token_secret
+from testsupport.parity_world import core_machineconfigs, secret as parity_secret
+from testsupport.real_release import RealMCO, push_real_release, real_mco  # noqa: F401 (fixture)
+from testsupport.registry_world import Registry
 
 NAMESPACE = "clusters-hc1"
 PLAIN = "clusters-plain"  # an HCP without the annotation
@@ -226,3 +231,46 @@ def test_the_ca_secret_outlives_the_cpos_delete_loop_and_the_hcp_deletion_comple
     time.sleep(2)
     assert api.get("secrets", NAMESPACE, ca_cert.NAME) is None  # not made again for a deleted HCP
     assert "takeover of clusters-hc1/hc1 failed" not in proc.logs()
+
+
+def test_with_generated_bases_a_token_secret_for_this_configuration_is_served_on_mcos_base(
+        api: KubeAPI, tmp_path: Path, real_mco: RealMCO) -> None:  # noqa: F811
+    """The real MCO binaries generate the base from the machine-config-server ConfigMap we wrote:
+    a token Secret carrying HyperShift's hashes (`hc-configuration-hash` as the NodePool controller
+    computes it from the HCP's configuration), made once the core ConfigMaps are counted, is served."""
+    registry = Registry(tmp_path / "registry").start()
+    try:
+        release = push_real_release(registry, real_mco)
+        world = hcp_world("hc1")
+        pull_secret = registry.pull_secret()
+        for obj in world.objects():
+            if obj["metadata"]["name"] == Named.PULL_SECRET:
+                obj["data"] = {".dockerconfigjson": base64.b64encode(pull_secret.encode()).decode()}
+            api.create(as_created(obj))
+        kubeconfig = {"apiVersion": "v1", "kind": "Config", "current-context": "b",
+                      "clusters": [{"name": "c", "cluster": {"server": "https://api-int.hc1.example.com:6443"}}],
+                      "users": [{"name": "u", "user": {"token": "bootstrap"}}],
+                      "contexts": [{"name": "b", "context": {"cluster": "c", "user": "u"}}]}
+        api.create(parity_secret(NAMESPACE, "bootstrap-kubeconfig", {"kubeconfig": json.dumps(kubeconfig)}))
+        (tmp_path / "empty").mkdir()
+        proc = ServerProcess(tmp_path / "empty", tmp_path / "ours" / "cache", extra=[
+            "--kubernetes", "--kubeconfig", str(api.kubeconfig), "--pod-namespace", "ignition", "--take-over",
+            "--release-resolve", "--generate-bases", "--registry-ca-file", str(registry.ca_file),
+            "--registry-allow", registry.host]).start()
+        # As the NodePool controller does: token Secrets once it counts the core ConfigMaps.
+        wait_for(lambda: len(core_config_maps(api, NAMESPACE)) == 2, timeout=30, what="the core ConfigMaps")
+        hashes = {"pull-secret-hash": hash_simple(pull_secret.encode()),
+                  "hc-configuration-hash": configuration_hash(world.hcp)}  # what the NodePool controller writes
+        token = build_token_secret(namespace=NAMESPACE, nodepool="clusters/workers", token="tok-workers",
+                                   release=release.pullspec, release_version=release.version,
+                                   machineconfigs_yaml="\n---\n".join(core_machineconfigs()), generation_time=time.time())
+        token["data"].update({k: base64.b64encode(v.encode()).decode() for k, v in hashes.items()})
+        api.create(token)
+        _status, _headers, body = wait_for(lambda: (got := proc.get("/ignition", bearer("tok-workers")))[0] == 200 and got,
+                                          timeout=240, interval=0.5, what="the payload, on a generated base")
+        files = {f["path"] for f in json.loads(body)["storage"]["files"]}
+        assert "/etc/kubernetes/kubelet.conf" in files  # MCO's base, made from our machine-config-server
+        assert proc.metrics().get('ign_server_base_generations_total{result="ok"}') == 1
+        assert api.get("configmaps", NAMESPACE, "machine-config-server")["data"]["configuration-hash"] == hashes["hc-configuration-hash"]
+    finally:
+        registry.stop()
