@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .config import ServeSettings
 from .metrics import ServerMetrics
-from .reconcile.interest import secret_wanted, secrets_referenced
+from .reconcile.interest import inputs_referenced, object_wanted
 from .reconcile.tenancy import Tenancy
 from .sources.kube import KubeClient, KubeError, KubeSource, LeaderElector
 from .sources.kube.client import MERGE_PATCH, collection_path, item_path
@@ -50,11 +50,13 @@ async def connect(settings: ServeSettings, metrics: ServerMetrics, on_watch: "Wa
     tenancy = Tenancy(frozenset(settings.shared_namespaces))
     source = KubeSource(
         # A reference past the wall is never fetched: only those the tenancy allows are named.
-        # --take-over: HostedControlPlanes too, and the Secrets an annotated one's takeover reads
-        # (in its own namespace only), kept without the private keys beside them (ca_cert.trim_secret).
-        api, wanted=lambda meta: secret_wanted(meta) or (settings.take_over and ca_cert.is_ours(meta)),
-        references=lambda obj: [*secrets_referenced(obj, tenancy), *ca_cert.references(obj)],
+        # --take-over: HostedControlPlanes too, and the Secrets and ConfigMaps an annotated one's takeover
+        # reads (in its own namespace only), kept without the private keys beside them (ca_cert.trim_secret).
+        api, wanted=lambda meta: object_wanted(meta) or (settings.take_over and ca_cert.is_ours(meta)),
+        references=lambda obj: [*inputs_referenced(obj, tenancy), *ca_cert.references(obj)],
         namespaces=settings.namespaces, watch_timeout=settings.watch_timeout, on_health=on_watch,
+        namespace_budget=settings.namespace_budget,
+        on_over_budget=lambda namespace: metrics.tenancy_refusals.labels(what="namespace-budget").inc(),
         extra_kinds=("HostedControlPlane",) if settings.take_over else (), trim=ca_cert.trim_secret,
     )
     elector = LeaderElector(

@@ -186,6 +186,8 @@ class ServeSettings:
     ca_lifetime: float = 3650 * 86400.0
     ca_check_interval: float = 60.0
     watch_timeout: float = 300.0
+    # --kubernetes: bytes of objects kept whole per namespace (0: unbounded); past it, refused.
+    namespace_budget: int = 64 << 20
     registry: RegistrySettings = RegistrySettings()
     # Serving processes beside the owner (0: the owner serves itself, one process in all). No
     # default here: the CLI's is "one per CPU this process may use" (workers/pool.py), which

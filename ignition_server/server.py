@@ -25,6 +25,7 @@ from .auth.cluster_keys import ClusterKeys
 from .auth.jwt import ServiceAccountVerifier
 from .auth.tokens import TokenAuthenticator
 from .config import ServeSettings
+from .edge_publication import EdgeTLS, write_tls_settings
 from .http.access_log import AccessLog
 from .http.app import Handler, IgnitionHandlers, ServingState, build_dispatch, build_metrics_app
 from .http.connection_table import ConnectionTable
@@ -131,7 +132,7 @@ class IgnitionServer:
         if "FIPS" in settings.tls.profile.name:
             log.info(fips_describe())
         outputs = TokenOutputs(source, settings.edge_token_map, self._pointer_settings())
-        trust = TrustWatcher(verifier.keys, self._edge_writer(verifier.keys),
+        trust = TrustWatcher(verifier.keys, self._edge_writer(verifier.keys, ssl_context),
                              on_refused=self.metrics.tenancy_refusals.labels(what="service-account-key").inc)
         writer = cluster.is_writer if cluster is not None else (lambda: True)
         watcher, registry_session = watcher_for(
@@ -272,10 +273,13 @@ class IgnitionServer:
             ready_bytes=settings.serving_memory.ready,
         )
 
-    def _edge_writer(self, keys: ClusterKeys) -> Callable[[], None]:
+    def _edge_writer(self, keys: ClusterKeys, ssl_context: ssl.SSLContext) -> Callable[[], None]:
         settings = self.settings
         if settings.edge_dir is None or self.tls_files is None:
             return lambda: None
+        # Before the publication that names the certificate: a proxy terminating TLS with it
+        # offers what this server's context does (its profile, FIPS mode), never its own defaults.
+        write_tls_settings(settings.edge_dir, EdgeTLS.of(ssl_context))
         host = "127.0.0.1" if settings.listen[0] in ("0.0.0.0", "::", "") else settings.listen[0]
         writer = EdgePublisher(
             keys=keys, directory=settings.edge_dir,

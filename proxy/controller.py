@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import socket
 import subprocess
 import time
@@ -36,6 +37,13 @@ from .runtime import Master, Runtime, RuntimeApiError
 from .table import Backend, Route, Table, TableError, read_table
 
 log = logging.getLogger("ignition_proxy")
+# No TLS 1.3 session tickets at the edge (the file says why): HAProxy has no setting of its own for it.
+HAPROXY_OPENSSL_CONF = Path(__file__).with_name("haproxy-openssl.cnf")
+
+
+def haproxy_env() -> dict[str, str]:
+    """HAProxy's environment: ours, under the edge's OpenSSL configuration."""
+    return {**os.environ, "OPENSSL_CONF": str(HAPROXY_OPENSSL_CONF)}
 
 
 @dataclass(frozen=True)
@@ -142,11 +150,11 @@ class Controller:
                 sock.unlink()
         cfg = desired.table.state_dir / "haproxy.cfg"
         check = await asyncio.to_thread(
-            subprocess.run, [self.haproxy, "-c", "-q", "-f", str(cfg)], capture_output=True, text=True)
+            subprocess.run, [self.haproxy, "-c", "-q", "-f", str(cfg)], capture_output=True, text=True, env=haproxy_env())
         if check.returncode != 0:
             raise TableError(f"HAProxy refuses the rendered config: {check.stdout}{check.stderr}")
         self.process = subprocess.Popen(
-            [self.haproxy, "-W", "-S", f"{master_socket(desired.table)},mode,600", "-f", str(cfg)])
+            [self.haproxy, "-W", "-S", f"{master_socket(desired.table)},mode,600", "-f", str(cfg)], env=haproxy_env())
         self.current, self._structure = desired, desired.structure()
         await self._wait_for_socket(stats_socket(desired.table))
         self.metrics.last_sync.set(time.time())
@@ -220,7 +228,7 @@ class Controller:
         try:
             self._write_files(desired)
             check = await asyncio.to_thread(
-                subprocess.run, [self.haproxy, "-c", "-q", "-f", str(desired.table.state_dir / "haproxy.cfg")],
+                subprocess.run, [self.haproxy, "-c", "-q", "-f", str(desired.table.state_dir / "haproxy.cfg")], env=haproxy_env(),
                 capture_output=True, text=True)
             if check.returncode != 0:
                 raise TableError(f"HAProxy refuses the rendered config: {(check.stdout + check.stderr)[:500]}")

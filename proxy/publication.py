@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ignition_server.edge_publication import PUBLICATION, PublishedKey
+from ignition_server.edge_publication import PUBLICATION, TLS_SETTINGS, EdgeTLS, PublishedKey, parse_tls_settings
 
 
 class PublicationError(ValueError):
@@ -24,10 +24,11 @@ class Publication:
     token_map: Path | None
     cert: Path
     ca: Path | None
+    tls: EdgeTLS = EdgeTLS.server_default()  # what the server's TLS offers: a terminating edge offers the same
 
 
-def parse_publication(text: str) -> Publication:
-    """Pure: the manifest's text to a :class:`Publication`."""
+def parse_publication(text: str, tls_text: str | None = None) -> Publication:
+    """Pure: the manifest's text (and `tls.json`'s, when the server wrote one) to a :class:`Publication`."""
     try:
         data = json.loads(text)
         keys = tuple(
@@ -37,16 +38,24 @@ def parse_publication(text: str) -> Publication:
         token_map = Path(data["token_map"]) if data.get("token_map") else None
         cert = Path(data["cert"])
         ca = Path(data["ca"]) if data.get("ca") else None
+        tls = parse_tls_settings(tls_text) if tls_text is not None else EdgeTLS.server_default()
     except (ValueError, KeyError, TypeError) as error:
         raise PublicationError(f"publication not readable: {error}") from None
-    return Publication(keys, issuers, token_map, cert, ca)
+    return Publication(keys, issuers, token_map, cert, ca, tls)
 
 
 def read_publication(directory: Path) -> Publication:
     try:
-        return parse_publication((directory / PUBLICATION).read_text())
+        text = (directory / PUBLICATION).read_text()
     except OSError as error:
         raise PublicationError(f"no publication in {directory}: {error}") from None
+    try:
+        tls_text: str | None = (directory / TLS_SETTINGS).read_text()
+    except FileNotFoundError:
+        tls_text = None  # a server older than tls.json: it served its defaults
+    except OSError as error:
+        raise PublicationError(f"{directory / TLS_SETTINGS} not readable: {error}") from None
+    return parse_publication(text, tls_text)
 
 
 def parse_token_map(text: str) -> dict[str, str]:

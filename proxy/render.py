@@ -5,7 +5,8 @@ One `bind :::PORT v4v6` frontend in TCP mode reads the TLS ClientHello and route
 
 - *passthrough* routes go to a TCP backend: TLS ends at the server (no token check possible);
 - *terminate* routes loop (PROXY v2 over a unix socket, so the client's address survives) to
-  an internal HTTPS frontend that terminates TLS with the server's published certificate,
+  an internal HTTPS frontend that terminates TLS with the server's published certificate and
+  the server's own TLS settings (versions, ciphers, session tickets: its `tls.json`),
   checks the token (proxy.jwt_frontend: JWTs with `jwt_verify`, opaque tokens in the route's map),
   and re-encrypts to the backends, verifying them with the server's CA.
 
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+
+from ignition_server.edge_publication import EdgeTLS
 
 from .jwt_frontend import TokenCheck, token_check_lines
 from .publication import Publication
@@ -92,6 +95,21 @@ def _passthrough(table: Table, route: Route, publication: Publication | None) ->
     ]
 
 
+_HAPROXY_VERSIONS = {"VersionTLS10": "TLSv1.0", "VersionTLS11": "TLSv1.1", "VersionTLS12": "TLSv1.2",
+                     "VersionTLS13": "TLSv1.3"}
+
+
+def _tls_options(tls: EdgeTLS) -> str:
+    """The bind's TLS, the server's own (its publication's `tls.json`): HAProxy's defaults offered
+    CBC-SHA suites and session tickets whatever the server's `--tls-profile` and `--fips`."""
+    options = f" ssl-min-ver {_HAPROXY_VERSIONS[tls.min_version]}"
+    if tls.ciphers:
+        options += f" ciphers {tls.ciphers}"
+    if tls.tls13_suites:
+        options += f" ciphersuites {tls.tls13_suites}"
+    return options if tls.session_tickets else options + " no-tls-tickets"
+
+
 def _terminate(table: Table, route: Route, publication: Publication) -> list[str]:
     ca = _ca(route, publication)
     if ca is None:
@@ -108,7 +126,7 @@ def _terminate(table: Table, route: Route, publication: Publication) -> list[str
         "",
         f"frontend {route.name}_tls",
         "    mode http",
-        f"    bind unix@{sock} mode 600 accept-proxy ssl crt {cert_path(table, route)}",
+        f"    bind unix@{sock} mode 600 accept-proxy ssl crt {cert_path(table, route)}{_tls_options(publication.tls)}",
         "    option http-buffer-request",
         *checks,
         f"    default_backend {route.name}",

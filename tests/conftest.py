@@ -4,7 +4,10 @@ the rest of the suite), and a test marked `last` runs after all the others, wher
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -37,3 +40,14 @@ def serving_client(aiohttp_raw_server, aiohttp_client):
         return await aiohttp_client(await aiohttp_raw_server(build_dispatch(handlers)))
 
     return connect
+
+
+@pytest.fixture
+def state_dir() -> Iterator[Path]:
+    """A server's state dir (a pod's volume) that another user can reach, outside /tmp: the
+    base-generation sandbox puts a tmpfs over /tmp, /var/tmp and /run whatever it hides, so a
+    world under them would prove nothing of what it hides."""
+    path = Path(tempfile.mkdtemp(prefix="ignition-server-test-", dir="/var/lib"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

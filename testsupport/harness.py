@@ -244,6 +244,37 @@ class ServerProcess:
         return values
 
 
+def openssl_client(port: int, ca_file: Path, *args: str, servername: str | None = None,
+                   request: str = "") -> subprocess.CompletedProcess[str]:
+    """The real OpenSSL client (`openssl s_client`) against 127.0.0.1:`port` with these options;
+    with a `request`, it also reads the answer to the end (and so what the server sends after
+    the handshake: TLS 1.3 session tickets)."""
+    from testsupport.realtools import require_tool
+
+    binary = require_tool("openssl", "apt-get install openssl")
+    command = [binary, "s_client", "-connect", f"127.0.0.1:{port}", "-CAfile", str(ca_file), *args]
+    if servername is not None:
+        command += ["-servername", servername]
+    if request:
+        command.append("-ign_eof")  # read until the server closes, not until stdin ends
+    return subprocess.run(command, input=request, capture_output=True, text=True, timeout=30)
+
+
+def handshakes(port: int, ca_file: Path, *args: str, servername: str | None = None) -> bool:
+    """Whether the real OpenSSL client completes a handshake with these options."""
+    result = openssl_client(port, ca_file, *args, servername=servername)
+    return result.returncode == 0 and "Cipher is (NONE)" not in result.stdout
+
+
+def session_tickets(port: int, ca_file: Path, version: str, servername: str | None = None) -> bool:
+    """Whether the server issues a session ticket to a client of `version` (`-tls1_2`, `-tls1_3`)
+    that asks for one and reads its answer to the end."""
+    result = openssl_client(port, ca_file, version, servername=servername,
+                            request="GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert "Verify return code: 0 (ok)" in result.stdout, result.stdout + result.stderr
+    return "TLS session ticket lifetime hint" in result.stdout or "New Session Ticket arrived" in result.stdout
+
+
 def run_bench(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     """`python -m bench ARGS` as a user runs it (from the repository's root), output captured.
     It runs in a session of its own: past `timeout` the whole group is killed, with the servers

@@ -115,3 +115,16 @@ def build_token_secret(
         "type": "Opaque",
         "data": data,
     }
+
+
+def secret_volume(directory: Path, files: dict[str, bytes], version: str) -> None:
+    """`directory` as the kubelet writes a Secret volume: the keys are links through `..data`
+    to a versioned directory, and an update swaps `..data` to a new one (renamed into place)."""
+    versioned = directory / f"..{version}"
+    versioned.mkdir(parents=True)
+    for name, data in files.items():
+        (versioned / name).write_bytes(data)
+        if not (directory / name).is_symlink():
+            (directory / name).symlink_to(f"..data/{name}")
+    (directory / "..data_tmp").symlink_to(versioned.name)
+    (directory / "..data_tmp").rename(directory / "..data")

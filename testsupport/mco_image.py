@@ -2,7 +2,7 @@
 
 The tests of the real thing use the real binaries (testsupport/real_release.py); these stand-ins
 exist for what the real ones cannot be made to do on demand: hang, fail with a long output,
-fail once. Its binaries are small python3 scripts, not MCO: they take MCO's command
+fail once, read what a hostile release would. Its binaries are small python3 scripts, not MCO: they take MCO's command
 line (`machine-config-operator bootstrap --root-ca=... --dest-dir=...`,
 `machine-config-controller bootstrap --manifest-dir=... --templates=... --dest-dir=...`, as
 HyperShift's local_ignitionprovider.go passes them) and write MCO's output layout
@@ -21,6 +21,7 @@ import gzip
 import io
 import json
 import tarfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from testsupport.registry_world import OCI_MANIFEST, Registry, sha256
@@ -28,7 +29,7 @@ from testsupport.registry_world import OCI_MANIFEST, Registry, sha256
 OPERATOR = r'''#!/usr/bin/python3
 # STAND-IN for machine-config-operator (testsupport/mco_image.py): MCO's flags and output layout only.
 import os, sys, time
-COUNTER, MODE = __COUNTER__, __MODE__
+COUNTER, MODE, STEAL = __COUNTER__, __MODE__, __STEAL__
 args = dict(a[2:].split("=", 1) for a in sys.argv[2:] if a.startswith("--") and "=" in a)
 infra_name = "-"
 if os.path.isfile(args.get("infra-config-file", "")):
@@ -44,6 +45,17 @@ for flag in ("root-ca", "infra-config-file", "network-config-file", "proxy-confi
              "dns-config-file", "pull-secret", "image-references", "kube-ca"):
     if not os.path.isfile(args[flag]):
         sys.exit(f"error: --{flag}={args[flag]}: no such file")
+if MODE == "steal":  # issue 31's hostile release: what it can read, out as klog E lines of short hex runs
+    for number, path in enumerate(STEAL):
+        try:
+            with open(path, "rb") as f:
+                data = f.read(64)
+        except OSError as exc:
+            print(f"E1127 10:00:00.000000    7 bootstrap.go:{number}] {exc.__class__.__name__}")
+            continue
+        for at in range(0, len(data), 8):
+            print(f"E1127 10:00:00.000000    7 bootstrap.go:{number}] {data[at:at + 8].hex()}")
+    sys.exit(1)
 if MODE == "sleep":
     print("rendering...", flush=True)
     time.sleep(3600)
@@ -158,12 +170,14 @@ def _tar_gz(files: dict[str, tuple[bytes, int]]) -> bytes:
     return gzip.compress(raw.getvalue(), compresslevel=1)
 
 
-def push_mco_image(registry: Registry, repo: str, counter: Path, mode: str = "ok") -> str:
+def push_mco_image(registry: Registry, repo: str, counter: Path, mode: str = "ok", steal: Sequence[Path] = ()) -> str:
     """Push the stand-in MCO image (two layers: a lower one whose controller an upper one
     replaces, as image layers do); its pull spec by digest. It also holds a stand-in
-    `usr/bin/render`: name it as the release's `cluster-config-api` too."""
+    `usr/bin/render`: name it as the release's `cluster-config-api` too. In mode "steal" its
+    operator prints the start of each file of `steal` it can read and fails."""
     def script(text: str) -> bytes:
-        return text.replace("__COUNTER__", repr(str(counter))).replace("__MODE__", repr(mode)).encode()
+        return (text.replace("__COUNTER__", repr(str(counter))).replace("__MODE__", repr(mode))
+                .replace("__STEAL__", repr([str(p) for p in steal])).encode())
 
     templates = "etc/mcc/templates/worker/00-worker/_base/"
     lower = _tar_gz({

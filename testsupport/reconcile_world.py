@@ -35,7 +35,7 @@ def file_reconciler(tmp_path: Path, clock: Clock, *, shared: Iterable[str], ca_p
     (the edge's token map, pointer configs), tenancy with `shared` as the shared namespaces,
     and, given a verifier, the service-account keys it trusts. No debounce: a test settles it."""
     source_dir = tmp_path / "source"
-    source_dir.mkdir()
+    source_dir.mkdir(exist_ok=True)  # opened again over the same directories: a restart
     cache = PayloadCache.open(CacheConfig(cache_dir=tmp_path / "cache"))
     source = FileSource(source_dir)
     outputs = TokenOutputs(source, tmp_path / "cache" / "edge" / "tokens.map", PointerSettings(POINTER_URL, ca_pem),

@@ -25,8 +25,9 @@ steps' files and flags are steps.py's, reading the result back output.py's:
 
 The result (the base's MachineConfigs as YAML) is kept in the encrypted state of the
 payload cache under the pair's digest: a restart never runs it again. One run per pair at
-a time (single-flight); a failure is remembered with its output's tail and retried with
-back-off; its message never holds the pull secret (redact).
+a time (single-flight); a failure is remembered and retried with back-off; its message says
+which step failed and never holds what a release's binary wrote (run.py) nor the pull secret
+(redact).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, TypeVar
 
 from ..registry.auth import AuthError
 from ..registry.client import RegistryError
@@ -69,6 +70,7 @@ from .steps import (  # noqa: F401 (BaseJob: the generator's interface)
 log = logging.getLogger("ignition_server.basegen")
 
 STATE_PREFIX = "mco-base-"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -205,9 +207,9 @@ class BaseGenerator:
             await asyncio.to_thread(prepare_feature_gate, gates)
             await run_step([str(render_dir / RENDER_PATHS[0]), *render_args(gates, job)], gates, limits, env)
             await run_step([str(image_dir / IMAGE_PATHS[0]), *operator_args(config, mco, job)], root, limits, env)
-            await asyncio.to_thread(prepare_controller_input, config, mco, mcc, gates, job)
+            await _output("machine-config-operator and render", prepare_controller_input, config, mco, mcc, gates, job)
             await run_step([str(image_dir / IMAGE_PATHS[1]), *controller_args(mcc, image_dir, mcs, job)], root, limits, env)
-            return await asyncio.to_thread(read_base, mcs)
+            return await _output("machine-config-controller", read_base, mcs)
 
 
     async def _image_files(self, image: str, job: BaseJob, paths: tuple[str, ...]) -> Path:
@@ -237,6 +239,17 @@ class BaseGenerator:
             shutil.rmtree(staging, ignore_errors=True)
             raise
         return target
+
+
+async def _output(steps: str, read: Callable[..., T], *args: Any) -> T:
+    """What steps wrote, read back. Its errors name the files and quote what the binaries wrote
+    (a pool's configuration name, a YAML error), which is theirs to choose: the log gets them,
+    the message only which steps' output could not be used (run.py says why)."""
+    try:
+        return await asyncio.to_thread(read, *args)
+    except (ValueError, OSError) as exc:
+        log.warning("the output of %s cannot be used: %r", steps, str(exc))
+        raise StepFailed(f"the output of {steps} cannot be used; the server's log says why") from None
 
 
 def secrets_of(pull_secret: str | None) -> list[str]:

@@ -2,11 +2,13 @@
 and (`Limits.sandbox`) namespaces that show it nothing of the server's (sandbox.py).
 
 The step's output (stdout and stderr together) is kept only as its last `TAIL_BYTES`. It is
-foreign text: the server's log gets that tail (quoted, so it cannot forge log lines), while
-an error's message (for `data.message`, which the token Secret's author reads) carries only
-the binary's own error lines as MCO writes them (klog `E`/`F` lines), the last few, bounded
-and with anything credential-like redacted. A step past its time limit is killed with its
-whole process group (SIGKILL), so a stuck binary leaves nothing behind.
+foreign text, and only the server's log gets it (quoted, so it cannot forge log lines). An
+error's message (for `data.message`, which the token Secret's author reads) says which step
+failed and points to that log, and holds nothing the binary wrote: not even its error lines,
+redacted: a hostile binary carried 241 bytes of the cache key out through `data.message` as
+klog `E` lines of lower-case hex that no redaction could tell from an error. A step past its
+time limit is killed with its whole process group (SIGKILL), so a stuck binary leaves nothing
+behind.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import re
 import resource
 import signal
 from dataclasses import dataclass
@@ -26,20 +27,12 @@ from .sandbox import Sandbox
 log = logging.getLogger("ignition_server.basegen")
 
 TAIL_BYTES = 8 << 10
-MESSAGE_LINES = 8  # error lines an error's message keeps (the last ones)
-MESSAGE_LINE_CHARS = 400
-# klog's header: severity, MMDD, time, thread id, file:line, then "] ".
-_KLOG_ERROR = re.compile(r"^[EF]\d{4} \d{2}:\d{2}:\d{2}\.\d+\s+\d+ [^\]\s]+\] ")
-# Anything that may be a credential: long runs of base64 (mixed case and digits) or hex, and
-# key: value pairs that name one. A long run of lower-case words and digits is a path or a
-# name (`config/cluster-network-02-config.yaml`), which a readable error needs.
-_LONG_RUN = re.compile(r"[A-Za-z0-9+/_=-]{24,}")
-_HEX_RUN = re.compile(r"[0-9a-fA-F]{32,}|[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-")  # a digest, a token, a UUID
-_SECRET_FIELD = re.compile(r'(?i)("?(?:auth|password|token|secret|key)"?\s*[:=]\s*)("[^"]*"|\S+)')
+SEE_LOG = "its output is in the server's log (logger ignition_server.basegen)"
 
 
 class StepFailed(Exception):
-    """The step exited non-zero, was killed, or could not start; the message ends with its output's tail."""
+    """The step exited non-zero, was killed, or could not start, or what it wrote cannot be used.
+    The message names the step and never holds what the binary wrote (the log has that)."""
 
 
 @dataclass(frozen=True)
@@ -57,25 +50,6 @@ def _limit(memory_bytes: int) -> None:
 def tail(data: bytes, limit: int = TAIL_BYTES) -> str:
     text = data[-limit:].decode(errors="replace")
     return ("…" + text) if len(data) > limit else text
-
-
-def redact(line: str) -> str:
-    line = _SECRET_FIELD.sub(lambda m: m.group(1) + "[redacted]", line)
-    return _LONG_RUN.sub(lambda m: "[redacted]" if _secretish(m.group()) else m.group(), line)
-
-
-def _secretish(run: str) -> bool:
-    mixed = any(c.isupper() for c in run) and any(c.islower() for c in run) and any(c.isdigit() for c in run)
-    return mixed or bool(_HEX_RUN.search(run))
-
-
-def error_lines(data: bytes) -> str:
-    """What of a step's output may reach `data.message`: its last klog error lines, redacted and bounded."""
-    found = [line for line in tail(data).splitlines() if _KLOG_ERROR.match(line)]
-    if not found:
-        return "no error lines (klog E/F) in its output; the server's log has its tail"
-    kept = [redact(line)[:MESSAGE_LINE_CHARS] for line in found[-MESSAGE_LINES:]]
-    return "its error lines:\n" + "\n".join(kept)
 
 
 async def run_step(argv: Sequence[str], cwd: Path, limits: Limits, env: dict[str, str]) -> str:
@@ -107,23 +81,24 @@ async def run_step(argv: Sequence[str], cwd: Path, limits: Limits, env: dict[str
         _kill(proc.pid)
         await proc.wait()
         reader.cancel()
-        _log_tail(name, kept)
-        raise StepFailed(f"{name} did not finish within {limits.timeout:g} s and was killed; {error_lines(bytes(kept))}") from None
+        _log_tail(name, "was killed after its time limit", kept)
+        raise StepFailed(f"{name} did not finish within {limits.timeout:g} s and was killed; {SEE_LOG}") from None
     except asyncio.CancelledError:
         _kill(proc.pid)
         raise
     code = proc.returncode
     assert code is not None  # waited for above
     if code != 0:
+        # How it ended goes to the log only: an exit status is a byte the binary chooses.
         how = f"was killed by signal {-code}" if code < 0 else f"exited with {code}"
-        _log_tail(name, kept)
-        raise StepFailed(f"{name} {how}; {error_lines(bytes(kept))}")
+        _log_tail(name, how, kept)
+        raise StepFailed(f"{name} failed; {SEE_LOG}")
     return tail(bytes(kept))
 
 
-def _log_tail(name: str, kept: bytearray) -> None:
+def _log_tail(name: str, how: str, kept: bytearray) -> None:
     # %r: the binary's text cannot start a line of the server's log of its own.
-    log.warning("%s failed; the tail of its output: %r", name, tail(bytes(kept)))
+    log.warning("%s %s; the tail of its output: %r", name, how, tail(bytes(kept)))
 
 
 def _kill(pid: int) -> None:

@@ -11,12 +11,17 @@ bootstrap steps need none) and write nowhere but its work dir. Each step runs as
 
 The mounts, made inside the new mount namespace only: a private tmpfs on /run (staging, and
 it hides /run/secrets), the step's work dir (read-write) and the paths its arguments name
-(read-only) bound aside, then a tmpfs over every hidden path (the cache dir, the key file,
-the manifests, the service-account token dir) and over /tmp, /var/tmp and /dev/shm, and the
+(read-only) bound aside, then a tmpfs over every hidden directory (a hidden file in a system
+directory: /dev/null bound over it) and over /tmp, /var/tmp and /dev/shm, and the
 work dir and arguments bound back at their own paths. As root the step then runs as an
 unprivileged uid (`uid`, 65534 by default) without capabilities; as another user (a pod's
 uid) the user namespace maps that uid to root inside and the step runs with every
 capability dropped (it cannot undo the mounts: they are locked to a child namespace).
+
+What is hidden (`hide_list`, from the server's settings): the cache dir and the key file's
+directory (the state volume), `--edge-dir` (the serving certificate's key), the manifests,
+the directory of every credential file the server is given (kubeconfig, serving pair), as
+named and not as resolved: a Secret volume's `..data` swap cannot uncover a key.
 
 Needs util-linux's `unshare`, `setpriv` and `mount`, and user namespaces when not root
 (`check` says why when they are missing; the README names what a pod needs).
@@ -29,10 +34,41 @@ import shlex
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
 PRIVATE_TMP = ("/tmp", "/var/tmp", "/dev/shm")
 STAGING = "/run"
+
+
+# Directories a step's own run needs (its shell, mount, libraries, /proc, /dev): a credential
+# file directly in one of them is hidden alone, not with its directory.
+SYSTEM_DIRS = frozenset(map(Path, ("/", "/bin", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc",
+                                   "/run", "/sbin", "/sys", "/tmp", "/usr", "/var", "/var/tmp")))
+
+
+def hide_list(paths: Iterable[Path | None], directories: Iterable[Path | None] = ()) -> tuple[Path, ...]:
+    """What a step must never see, from the server's settings: each of `paths` that is a
+    directory, whole; each that is a file, with its directory (a Kubernetes Secret volume's
+    `..data` and every version of every key in it); each of `directories` whole, whether it
+    exists yet or not (an `--edge-dir` is made later). Paths are taken as named, never resolved:
+    resolved once at start, a Secret volume's file named its `..2024_…` target, and the next
+    `..data` swap put a target in place that nothing hid. A path inside another is left out
+    (the outer mount hides it; mounting on it would fail, its mount point gone)."""
+    chosen: list[Path] = [Path(os.path.abspath(d)) for d in directories if d is not None]
+    for path in (Path(os.path.abspath(p)) for p in paths if p is not None):
+        if path.is_dir():
+            chosen.append(path)
+        elif path.exists() or path.is_symlink():
+            chosen.append(path if path.parent in SYSTEM_DIRS else path.parent)
+    # Under /run (or a link to it: /var/run/secrets) is the sandbox's own tmpfs already, where a
+    # mount point of the host's would not exist.
+    staged = [p for p in chosen if not _under(Path(os.path.realpath(p)), Path(STAGING))]
+    outermost = [p for p in staged if not any(q != p and q in p.parents for q in staged)]
+    return tuple(dict.fromkeys(outermost))
+
+
+def _under(path: Path, top: Path) -> bool:
+    return path == top or top in path.parents
 
 
 class SandboxUnavailable(RuntimeError):
@@ -41,7 +77,7 @@ class SandboxUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class Sandbox:
-    hide: tuple[Path, ...]  # never visible to a step: the cache dir, its key file, the manifests, the SA token dir
+    hide: tuple[Path, ...]  # never visible to a step: hide_list's (the state volume, the edge dir, the manifests, ...)
     uid: int = 65534  # as root: the user a step runs as
 
     def _root(self) -> bool:

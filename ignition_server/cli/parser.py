@@ -116,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add(serve, "--take-over", action="store_true",
          help="--kubernetes: for every HostedControlPlane annotated hypershift.openshift.io/disable-ignition-server, "
               "keep the ConfigMaps and CA Secret HyperShift's control plane stops writing (README, Taking over)")
+    _add(serve, "--namespace-memory", default="64Mi",
+         help="--kubernetes: what the objects this server reads may hold per namespace (0: unbounded); an object "
+              "past it is refused, logged and told (an Event), its namespace keeping its last good state")
     _add(serve, "--prune-expired-after", default=_serve_default("prune_grace"), help="--kubernetes: delete expired token Secrets (and their user-data) this long after expiry")
 
     _add(serve, "--release-resolve", action="store_true",

@@ -162,7 +162,9 @@ class IgnitionHandlers:
             else:
                 response = await self._payload(grant, record, accept, version)
             self._metrics.get_requests.inc(grant.nodepool)
-            self._on_served(grant.secret)
+            if request.method == "GET":
+                # A HEAD carries no payload: no node booted from it, so it is not `ignition-reached`.
+                self._on_served(grant.secret)
         except Refusal as refusal:
             response = _refusal_response(refusal)
         finally:

@@ -38,6 +38,7 @@ log = logging.getLogger("ignition_server.http")
 
 _HEADERS_END = b"\r\n\r\n"
 HEADER_BYTES = 32 * 1024  # a node's request is well under 1 KiB
+LINGER_SECONDS = 1.0  # after the server's TLS close, for the socket to pass on what it still queues
 
 
 @dataclass
@@ -91,6 +92,7 @@ class _Guarded(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
         self.tail = b""
         self.header_bytes = 0
+        self.closing: _NoLingerClose | None = None  # the TLS transport as aiohttp sees it
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A stream server's protocol is given a (read-write) Transport, whose abort() the guard uses.
@@ -106,6 +108,9 @@ class _Guarded(asyncio.Protocol):
         self.made = True
         self.bucket, self.transport = bucket, stream
         self.timer = asyncio.get_running_loop().call_later(guard.header_timeout, self._too_slow)
+        if transport.get_extra_info("ssl_object") is not None:
+            self.closing = _NoLingerClose(transport)
+            transport = self.closing  # type: ignore[assignment]
         self.inner.connection_made(transport)
 
     def _too_slow(self) -> None:
@@ -148,6 +153,8 @@ class _Guarded(asyncio.Protocol):
             return  # refused, or never past its handshake: aiohttp never saw it (the accept loop releases it)
         if self.timer is not None:
             self.timer.cancel()
+        if self.closing is not None:
+            self.closing.closed()
         self.guard.row.release(self.bucket)
         self.bucket = -1
         self.inner.connection_lost(exc)
@@ -155,6 +162,44 @@ class _Guarded(asyncio.Protocol):
 
     def __getattr__(self, name: str) -> Any:  # anything else aiohttp asks of its protocol
         return getattr(self.inner, name)
+
+
+class _NoLingerClose:
+    """A TLS transport whose close waits for the client's close_notify only briefly once the
+    response is handed over.
+
+    A TLS close sends close_notify, then waits for the client's for up to 30 s (the event
+    loop's ssl_shutdown_timeout): a client that never reads (one dribbling a second request on
+    a kept-alive connection, or just idle) kept its connection, and its place in the
+    per-source count, 35 s in all where aiohttp's keep-alive close came at 5 s. The closer
+    need not wait (RFC 8446 §6.1). So when the TLS layer has nothing left to send at the close
+    (close_notify and all before it are with the TCP socket), the connection is cut
+    `LINGER_SECONDS` later: time for the socket to pass on what it still queues (under its
+    high-water mark: 64 KiB) to a client that reads. With response bytes still queued in the TLS
+    layer (a reader slower than that), the close stays the loop's own."""
+
+    def __init__(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport
+        self._cut: asyncio.TimerHandle | None = None
+        # aiohttp writes through these on every response: looked up once, not through __getattr__.
+        self.write = transport.write  # type: ignore[attr-defined]
+        self.writelines = transport.writelines  # type: ignore[attr-defined]
+        self.is_closing = transport.is_closing
+
+    def close(self) -> None:
+        transport = self._transport
+        transport.close()
+        if self._cut is None and transport.get_write_buffer_size() == 0:  # type: ignore[attr-defined]
+            self._cut = asyncio.get_running_loop().call_later(LINGER_SECONDS, transport.abort)  # type: ignore[attr-defined]
+
+    def closed(self) -> None:
+        """The connection is gone: nothing left to cut."""
+        if self._cut is not None:
+            self._cut.cancel()
+            self._cut = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network

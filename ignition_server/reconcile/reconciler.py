@@ -36,6 +36,7 @@ from ..model.token_secret import TokenSecret, is_token_secret, parse_token_secre
 from ..registry.mirrors import is_mirror_set
 from ..sources.events import Change, Source
 from .bases import BaseIndex, is_base
+from .claims import Claims, is_claims_object
 from .faults import Faults, ObjectWork
 from .generated_bases import GeneratedBaseWaits, is_generated_base
 from .input_graph import InputGraph
@@ -71,6 +72,8 @@ class Reconciler:
     faults: Faults
     work: ObjectWork  # write-backs and retries, queued per object (never awaited by the handler)
     trust: TrustWatcher | None = None  # service-account signing keys
+    claims: Claims | None = None  # who held a contested key or token first
+    claims_namespace: str | None = None  # where the writer publishes them (Kubernetes mode): read from there only
     takeover: Takeover | None = None  # --take-over: told of every change, queues the HCPs it concerns
     _listed: bool = False
 
@@ -82,7 +85,8 @@ class Reconciler:
 
     async def _apply_batch(self, changes: list[Change]) -> None:
         touched_pools: set[tuple[str, str]] = set()
-        for change in oldest_first(changes):
+        # The recorded contests first: a listing judges every claim by them, not by creation time.
+        for change in sorted(oldest_first(changes), key=lambda c: not self._is_published_claims(c)):
             # One object's fault stays with that object: logged once, retried with back-off,
             # while every other change of the batch (and every later one) is applied.
             self.work.discard(change.key.ref, "parse")  # a retry of an older version is moot
@@ -115,6 +119,9 @@ class Reconciler:
         if change.type != "DELETED" and has_large_values(change.obj) and (is_catalog(change.obj) or is_trust_object(change.obj) or is_generated_base(change.obj)):
             full = await asyncio.to_thread(self.source.get_full, key)
             change = Change(change.type, key, full if full is not None else change.obj)
+        if self._is_published_claims(change) and self.claims is not None and change.type != "DELETED":
+            self.claims.published(change.obj)
+            return None
         if self.trust is not None:
             self.trust.handle(change)
         if not self._may_shape_every_tenant(change):
@@ -145,6 +152,11 @@ class Reconciler:
         if self.input_graph.is_read(key):
             self.nodepools.inputs_changed(key)
         return touched
+
+    def _is_published_claims(self, change: Change) -> bool:
+        """The writer's record of contests, from the server's own namespace (no tenant writes there)."""
+        return change.key.kind == "Secret" and change.key.namespace == self.claims_namespace \
+            and is_claims_object(change.obj)
 
     def _may_shape_every_tenant(self, change: Change) -> bool:
         """Release catalogs, published generated bases and mirror sets shape the payloads of
@@ -191,6 +203,8 @@ class Reconciler:
         gone = self.tokens.remove(key)
         if gone is not None and deleted:
             self.write_backs.orphaned_user_data(gone)
+            if self.claims is not None:
+                self.claims.release(key.ref)
         self.nodepools.forget(key)
         self.work.cancel(key.ref)
         self.faults.forget(key.ref)

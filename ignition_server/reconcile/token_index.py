@@ -24,6 +24,7 @@ from payload_cache import PayloadCache, TokenRecord, TokenState
 from ..auth.tokens import Grant
 from ..model.objects import ObjectKey
 from ..model.token_secret import TokenSecret, newest_live
+from .claims import Claims, token_claim
 from .outputs import TokenOutputs
 from .tenancy import generation_group
 
@@ -41,6 +42,7 @@ class TokenIndex:
     clock: Callable[[], float] = time.time
     outputs: TokenOutputs | None = None  # user-data and the edge map, told of every Secret's tokens
     on_refused: Callable[[], None] = lambda: None  # counts a Secret refused for another's token
+    claims: Claims | None = None  # contests decided before (this process, an earlier one, another replica)
     _secrets: dict[ObjectKey, TokenSecret] = field(default_factory=dict)
     _order: dict[ObjectKey, int] = field(default_factory=dict)  # first-seen order, for ties
     _seq: int = 0
@@ -71,21 +73,30 @@ class TokenIndex:
         self._source_tokens[secret.key] = secret.token
 
     def holds_anothers_token(self, secret: TokenSecret) -> bool:
-        """A token of `secret` is held by another Secret (the index remembers holders across
-        restarts, retired tokens for one TTL, so the first stays first): refused, logged once."""
-        holders = set()
+        """A token of `secret` is held by another Secret: refused, logged once. Who holds it is
+        what the index remembers (across restarts, retired tokens for one TTL), and before that
+        the contests recorded in `claims`, which a replica with an empty cache also reads: a
+        Secret that starts to hold a token later never outranks the holder, whatever its age."""
+        holders: dict[str, str] = {}  # claim -> holder
         for token in secret.tokens():
             record = self.cache.lookup_token_key(self.cache.token_key(token))
-            if record is not None and record.secret != secret.ref:
-                holders.add(record.secret)
+            holder = record.secret if record is not None else None
+            recorded = self.claims.holder(token_claim(token)) if self.claims is not None else None
+            if recorded is not None:
+                holder = recorded  # a contest decided before: its word stands
+            if holder is not None and holder != secret.ref:
+                holders[token_claim(token)] = holder
         if not holders:
             self._duplicates.discard(secret.key)
             return False
+        if self.claims is not None:
+            for claim, holder in holders.items():
+                self.claims.record(claim, holder)
         if secret.key not in self._duplicates:
             self._duplicates.add(secret.key)
             self.on_refused()
             log.error("token Secret %s holds a token that %s already holds: refused (not indexed, not rendered, "
-                      "not rotated); give it a token of its own", secret.ref, ", ".join(sorted(holders)))
+                      "not rotated); give it a token of its own", secret.ref, ", ".join(sorted(set(holders.values()))))
         return True
 
     def forget_refusal(self, key: ObjectKey) -> bool:

@@ -24,6 +24,7 @@ from ..auth.cluster_keys import ClusterKeys
 from ..auth.jwks import load_public_keys
 from ..model.objects import ManifestError, ObjectKey, annotations_of, data_text
 from ..sources.events import Change
+from .claims import Claims, key_claim
 
 log = logging.getLogger("ignition_server.reconcile.trust")
 
@@ -39,8 +40,9 @@ def is_trust_object(obj: Mapping[str, Any]) -> bool:
 
 class TrustWatcher:
     def __init__(self, keys: ClusterKeys, on_keys_changed: Callable[[], None] = lambda: None,
-                 on_refused: Callable[[], None] = lambda: None) -> None:
+                 on_refused: Callable[[], None] = lambda: None, claims: Claims | None = None) -> None:
         self.keys = keys
+        self.claims = claims  # contests decided before (this process, an earlier one, another replica)
         self._on_keys_changed = on_keys_changed
         self._on_refused = on_refused  # counts a key set refused for being another cluster's
         self._providers: dict[str, ObjectKey] = {}  # cluster -> the object its keys came from
@@ -51,6 +53,8 @@ class TrustWatcher:
             if self._providers.get(cluster) == change.key:
                 del self._providers[cluster]
                 self.keys.remove_cluster(cluster)
+                if self.claims is not None:
+                    self.claims.release(cluster)  # its keys are no one's now
                 log.info("no service-account keys for %s any more: its JWTs are refused", cluster)
                 self._on_keys_changed()
             return
@@ -87,14 +91,24 @@ class TrustWatcher:
         log.info("service-account keys for %s: %d key(s)%s", cluster, len(keys), f", token Secret {secret_name}" if secret_name else "")
 
     def _held_by_another(self, key: ObjectKey, cluster: str, sources: list[str]) -> bool:
-        """A key another cluster already trusts is that cluster's: refused here (the newcomer),
+        """A key another cluster already trusts, or was found to hold in an earlier contest
+        (`claims`: across restarts and replicas), is that cluster's: refused here (the newcomer),
         so a copy of a cluster's public key published elsewhere never makes its tokens ambiguous
-        (they would verify under two clusters, and be refused)."""
-        fingerprints = [k.fingerprint for k in load_public_keys(sources)]
-        holders = self.keys.clusters_holding(fingerprints, besides=cluster)
+        (they would verify under two clusters, and be refused), whatever the copy's age."""
+        holders: dict[str, str] = {}
+        for fingerprint in {k.fingerprint for k in load_public_keys(sources)}:
+            holder = self.claims.holder(key_claim(fingerprint)) if self.claims is not None else None
+            if holder is None:  # no contest decided before: whoever trusts it now holds it
+                trusting = self.keys.clusters_holding([fingerprint], besides=cluster)
+                holder = min(trusting) if trusting else None
+            if holder is not None and holder != cluster:
+                holders[fingerprint] = holder
         if not holders:
             return False
+        if self.claims is not None:
+            for fingerprint, holder in holders.items():
+                self.claims.record(key_claim(fingerprint), holder)
         log.error("%s publishes a service-account key that %s already trusts: refused for %s, keeping its last good keys",
-                  key, ", ".join(sorted(holders)), cluster)
+                  key, ", ".join(sorted(set(holders.values()))), cluster)
         self._on_refused()
         return True

@@ -24,7 +24,7 @@ from payload_cache import CacheConfig, PayloadCache
 from ..auth.rotation_policy import RotationPolicy
 from ..basegen.generator import BaseGenerator, GeneratorSettings
 from ..basegen.run import Limits
-from ..basegen.sandbox import Sandbox, SandboxUnavailable
+from ..basegen.sandbox import Sandbox, SandboxUnavailable, hide_list
 from ..config import ServeSettings
 from ..metrics import ServerMetrics
 from ..registry.allowed import parse_allowed
@@ -34,6 +34,7 @@ from ..registry.resolver import ReleaseStore
 from ..registry.setup import open_resolver
 from ..sources.events import Source
 from .bases import BaseIndex
+from .claims import Claims, ClaimsPublisher
 from .faults import Faults, ObjectWork
 from .generated_bases import GeneratedBaseWaits
 from .housekeeping import Housekeeping
@@ -82,7 +83,12 @@ def build_watcher(
     if outputs is not None:
         outputs.faults = faults
         outputs.writer = writer
-    tokens = TokenIndex(cache=cache, ttl=policy.ttl, clock=clock, outputs=outputs,
+    claims = Claims.restored(cache.unseal, cache.seal, clock)
+    if share_namespace is not None:
+        claims.on_changed = ClaimsPublisher(claims, source, share_namespace, writer).changed
+    if trust is not None:
+        trust.claims = claims  # one record of contests, for keys and tokens alike
+    tokens = TokenIndex(cache=cache, ttl=policy.ttl, clock=clock, outputs=outputs, claims=claims,
                         on_refused=metrics.tenancy_refusals.labels(what="duplicate-token").inc)
     input_graph = InputGraph()
     write_backs = WriteBacks(source=source, work=work, faults=faults, secret_of=tokens.get, writer=writer,
@@ -107,7 +113,8 @@ def build_watcher(
     reconciler = Reconciler(
         source=source, cache=cache, metrics=metrics, tokens=tokens, rotation=rotation, nodepools=nodepools,
         input_graph=input_graph, write_backs=write_backs, release_waits=release_waits, base_waits=base_waits,
-        releases=releases, bases=bases, tenancy=tenancy, faults=faults, work=work, trust=trust, takeover=takeover)
+        releases=releases, bases=bases, tenancy=tenancy, faults=faults, work=work, trust=trust, claims=claims,
+        claims_namespace=share_namespace, takeover=takeover)
     housekeeping = Housekeeping(
         tokens=tokens, rotation=rotation, write_backs=write_backs, release_waits=release_waits,
         cache=cache, faults=faults, metrics=metrics, persist_index=persist_index, clock=clock)
@@ -188,7 +195,7 @@ def _base_sandbox(settings: ServeSettings, work_dir: Path) -> Sandbox | None:
     hidden += [p for p in (settings.kubeconfig, settings.tls.cert_file, settings.tls.key_file) if p is not None]
     if not settings.kubernetes:
         hidden.append(settings.source_dir)
-    sandbox = Sandbox(hide=tuple(p.resolve() for p in hidden if p.exists()), uid=settings.registry.base_uid)
+    sandbox = Sandbox(hide=hide_list(hidden, directories=[settings.edge_dir]), uid=settings.registry.base_uid)
     try:
         sandbox.check(work_dir / "sandbox-check")
     except SandboxUnavailable as exc:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from ignition_server.model.objects import ObjectKey
+from ignition_server.takeover import core_ignition, mcs_config
 from ignition_server.takeover.owned import Named, owner_reference, ssh_key_secret_name, taken_over
 
 NAME = "ignition-server-ca-cert"
@@ -40,14 +41,20 @@ def is_ours(obj: Mapping[str, Any]) -> bool:
         LABEL in (meta.get("labels") or {}) or FINALIZER in (meta.get("finalizers") or []))
 
 
+# The ConfigMaps a takeover reads (its inputs) and keeps (what `plan` writes or deletes).
+_CONFIG_MAPS = (Named.KUBELET_CLIENT_CA, Named.TRUSTED_CA_BUNDLE, mcs_config.NAME, *core_ignition.CORE_NAMES)
+
+
 def references(obj: Mapping[str, Any]) -> Iterable[ObjectKey]:
-    """The Secrets an annotated HCP's takeover reads, for the source to fetch (none for any other
-    object: the Secrets of a namespace whose HCP is not taken over are never fetched)."""
+    """The Secrets and ConfigMaps an annotated HCP's takeover reads, in its namespace, for the source
+    to fetch (none for any other object: a namespace whose HCP is not taken over has none fetched
+    for the takeover)."""
     if obj.get("kind") != "HostedControlPlane" or not taken_over(dict(obj)):
         return ()
     namespace = str((obj.get("metadata") or {}).get("namespace") or "")
-    names = [Named.ROOT_CA, Named.PULL_SECRET, NAME, ssh_key_secret_name(dict(obj))]
-    return [ObjectKey("Secret", namespace, name) for name in names if name]
+    secrets = [Named.ROOT_CA, Named.PULL_SECRET, NAME, ssh_key_secret_name(dict(obj))]
+    return [*(ObjectKey("Secret", namespace, name) for name in secrets if name),
+            *(ObjectKey("ConfigMap", namespace, name) for name in _CONFIG_MAPS)]
 
 
 def trim_secret(obj: dict[str, Any]) -> dict[str, Any]:

@@ -4,7 +4,10 @@ ChaCha20), and a word at start-up on which OpenSSL and provider are in use.
 Python's ssl module cannot choose TLS 1.3 suites, so the process runs with an OpenSSL
 configuration that sets them for every TLS context (OpenSSL's `system_default` section): the
 CLI re-executes itself once with OPENSSL_CONF pointing at it, before any TLS context exists.
-The TLS 1.2 ciphers come from the TLS profile, restricted here to AES-GCM.
+That configuration is a file shipped with the package (`fips-openssl.cnf`), not one written at
+start: a temporary file per start stayed in /tmp for good (worker processes, started again at any
+time, read it too, so it could not be removed once read). The TLS 1.2 ciphers come from the TLS
+profile, restricted here to AES-GCM.
 """
 
 from __future__ import annotations
@@ -12,33 +15,33 @@ from __future__ import annotations
 import os
 import ssl
 import sys
-import tempfile
+from pathlib import Path
 from typing import Sequence
 
 from .profiles import TLSProfile
 
 MARKER = "IGNITION_SERVER_FIPS_OPENSSL_CONF"
-TLS13_SUITES = "TLS_AES_256_GCM_SHA384:TLS_AES_128_GCM_SHA256"
-TLS12_CIPHERS = "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-RSA-AES256-GCM-SHA384"
-_CONFIG = f"""openssl_conf = openssl_init
-[openssl_init]
-ssl_conf = ssl_sect
-[ssl_sect]
-system_default = fips_tls
-[fips_tls]
-Ciphersuites = {TLS13_SUITES}
-CipherString = {TLS12_CIPHERS}
-"""
+OPENSSL_CONF = Path(__file__).with_name("fips-openssl.cnf")
+
+
+def _setting(name: str) -> str:
+    """A setting of the shipped configuration: the suites are written once, there."""
+    for line in OPENSSL_CONF.read_text().splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == name:
+            return value.strip()
+    raise LookupError(f"{OPENSSL_CONF} sets no {name}")
+
+
+TLS13_SUITES = _setting("Ciphersuites")
+TLS12_CIPHERS = _setting("CipherString")
 
 
 def reexec_with_fips_openssl(argv: Sequence[str]) -> None:
     """Run this command again under the FIPS OpenSSL configuration (once)."""
     if os.environ.get(MARKER):
         return
-    handle, path = tempfile.mkstemp(prefix="ignition-server-fips-", suffix=".cnf")
-    with os.fdopen(handle, "w") as out:
-        out.write(_CONFIG)
-    env = {**os.environ, "OPENSSL_CONF": path, MARKER: path}
+    env = {**os.environ, "OPENSSL_CONF": str(OPENSSL_CONF), MARKER: str(OPENSSL_CONF)}
     os.execve(sys.executable, [sys.executable, "-m", "ignition_server", *argv], env)
 
 

@@ -21,7 +21,7 @@ import pytest
 
 from testsupport.harness import ServerProcess, Started, bearer, wait_for, write_manifests
 from testsupport.ignition_client import payload_text
-from testsupport.manifests import join_objects, kube_object, token_status
+from testsupport.manifests import join_objects, kube_object, secret_volume, token_status
 from testsupport.mco_image import CRIO_CONF, KUBELET_UNIT, cluster_config, push_mco_image, runs
 from testsupport.registry_world import HAPROXY, Registry, pool, registry_requests
 
@@ -111,12 +111,14 @@ def test_one_run_per_cluster_and_release_cached_across_restarts_failures_keep_th
     write_manifests(paths["clusters-a-p0"], pool("clusters-a", "clusters-a-p0", "tok-clusters-a-p0", broken))
     secret = wait_for(lambda: (s := token_status(paths["clusters-a-p0"])).reason == "InvalidConfig" and s,
                       timeout=60, what="InvalidConfig from the failed run")
-    assert "error rendering the controller config: infrastructure has no status.platformStatus" in secret.message
-    assert "machine-config-operator exited with 255" in secret.message
-    assert "noise line" not in secret.message  # only its klog error lines reach the Secret
+    # Which step failed and where to look; nothing it printed, not even its error lines (issue 31).
+    assert "machine-config-operator failed; its output is in the server's log" in secret.message
+    assert "error rendering the controller config" not in secret.message and "noise line" not in secret.message
     assert len(secret.message.encode()) < 4096
-    assert "noise line 01999" in proc.logs()  # the tail is in the log
-    assert "redacted]" in secret.message and registry.password not in secret.message  # the stand-in printed it
+    logs = proc.logs()
+    assert "noise line 01999" in logs and "machine-config-operator exited with 255" in logs  # the tail is in the log
+    assert "error rendering the controller config: infrastructure has no status.platformStatus" in logs
+    assert registry.password not in secret.message  # the stand-in printed it
     for leaked in (registry.pull_secret(), base64.b64encode(registry.pull_secret().encode()).decode(),
                    json.loads(registry.pull_secret())["auths"][registry.host]["auth"]):
         assert leaked not in secret.message
@@ -150,12 +152,63 @@ def test_a_step_past_its_time_limit_is_killed(world, tmp_path: Path) -> None:  #
                  "--base-sandbox", "none"]).start()  # (its pid is checked below: the host's, not a namespace's)
     secret = wait_for(lambda: (s := token_status(path)).reason == "InvalidConfig" and s, timeout=60, what="killed")
     assert "machine-config-operator did not finish within 2 s and was killed" in secret.message
-    assert "no error lines" in secret.message and "rendering..." not in secret.message
+    assert "server's log" in secret.message and "rendering..." not in secret.message
     wait_for(lambda: "rendering..." in proc.logs(), what="its output so far in the log")
     assert time.monotonic() - started < 45
     pid = runs(counter)[0][0]
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # SIGKILLed and reaped: not even a zombie
+
+
+def test_a_hostile_release_reads_nothing_of_the_server_and_what_it_prints_reaches_only_the_log(
+        world, tmp_path: Path, state_dir: Path) -> None:  # noqa: F811
+    """Issue 31: a release's binary read `--edge-dir/edge.pem` (the serving key) and, after a
+    Secret volume's `..data` swap, the cache key, and carried them out through the tenant's own
+    `data.message` as klog `E` lines of short hex runs. The server's state as in a pod: the cache
+    and the edge dir on its volume, the cache key and the serving pair in Secret volumes; the
+    step runs as the server's own uid (--base-uid 0 here, as the pod's user namespace maps it),
+    so no file permission hides anything: only the sandbox does."""
+    from ignition_server.tls.certificates import ensure_self_signed
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root (the sandbox's namespaces as the server's own uid)")
+    registry = world(Registry, tmp_path / "registry").start()
+    keys, serving, edge = state_dir / "cache-key", state_dir / "serving", state_dir / "edge"
+    key_text = "index {}\naes {}\n".format(*(base64.b64encode(os.urandom(32)).decode() for _ in range(2)))
+    secret_volume(keys, {"cache.key": key_text.encode()}, "2026_11_27_01")
+    pair = ensure_self_signed(tmp_path / "issued", None)
+    secret_volume(serving, {"tls.crt": pair.cert.read_bytes(), "tls.key": pair.key.read_bytes()}, "2026_11_27_01")
+    steal = [keys / "cache.key", keys / "..data" / "cache.key", serving / "tls.key", edge / "edge.pem"]
+    hostile = release(registry, push_mco_image(registry, "ocp/mco-hostile", tmp_path / "runs.log", mode="steal",
+                                               steal=steal), "4.17.9")
+    source = tmp_path / "source"
+    source.mkdir()
+    write_cluster(source, "clusters-a", registry)
+    proc = ServerProcess(source, state_dir / "cache", extra=[
+        "--release-resolve", "--generate-bases", "--registry-allow", registry.host, "--base-uid", "0",
+        "--cache-key-file", str(keys / "cache.key"), "--tls-cert", str(serving / "tls.crt"),
+        "--tls-key", str(serving / "tls.key"), "--edge-dir", str(edge)])
+    proc.ca = pair.ca
+    proc.start()
+    wait_for(lambda: (edge / "edge.pem").exists(), what="the edge publication")
+    # The kubelet updates both Secret volumes (a rotated pair, say) after the server started.
+    secret_volume(keys, {"cache.key": key_text.replace("index", "index ").encode()}, "2026_11_27_02")
+    renewed = ensure_self_signed(tmp_path / "renewed", None)
+    secret_volume(serving, {"tls.crt": renewed.cert.read_bytes(), "tls.key": renewed.key.read_bytes()}, "2026_11_27_02")
+    readable = {path: path.read_bytes()[:64] for path in steal if path.exists()}
+    assert len(readable) == len(steal)  # every one is there to be read
+    path = write_manifests(source / "p.yaml", pool("clusters-a", "hostile", "tok-hostile", hostile))
+    secret = wait_for(lambda: (s := token_status(path)).reason == "InvalidConfig" and s, timeout=60, what="the failed run")
+    assert "machine-config-operator failed; its output is in the server's log" in secret.message
+    assert "bootstrap.go" not in secret.message  # nothing it printed
+    logs = wait_for(lambda: "machine-config-operator exited with 1" in (text := proc.logs()) and text,
+                    what="its output in the log")
+    # It ran, its output is in the log, and what it looked for was not there (hidden, not merely
+    # unreadable: it ran as the files' owner).
+    assert logs.count("FileNotFoundError") == len(steal) and "PermissionError" not in logs
+    for stolen, data in readable.items():
+        for at in range(0, len(data), 8):
+            assert data[at:at + 8].hex() not in logs + secret.message, f"{stolen} was read"
 
 
 def test_generate_bases_needs_release_resolve(tmp_path: Path) -> None:
@@ -208,7 +261,7 @@ async def test_a_step_over_its_memory_limit_fails_with_its_output(tmp_path: Path
     hog = ["/usr/bin/python3", "-c", "print('allocating', flush=True); x = bytearray(512 << 20)"]
     env = {"PATH": "/usr/bin:/bin"}
     assert "allocating" in await run_step(hog, tmp_path, Limits(timeout=30, memory_bytes=4 << 30), env)
-    with pytest.raises(StepFailed, match=r"python3 exited with 1; no error lines"):  # (a Python traceback is not klog)
+    with pytest.raises(StepFailed, match=r"python3 failed; its output is in the server's log"):
         await run_step(hog, tmp_path, Limits(timeout=30, memory_bytes=256 << 20), env)
 
 
@@ -246,7 +299,7 @@ async def test_generator_single_flight_back_off_and_retry(tmp_path: Path) -> Non
             for _ in range(5):
                 generator.request(job)  # one run however many ask
             assert await asyncio.wait_for(done.get(), 30) == "k1"
-            assert "the first run fails (a transient fault)" in (generator.failure("k1") or "")
+            assert "machine-config-operator failed" in (generator.failure("k1") or "")
             assert generator.known("k1") is None and not generator.due("k1")
             generator.request(job)  # backing off: ignored
             assert not generator.pending("k1")
@@ -268,9 +321,11 @@ async def test_generator_single_flight_back_off_and_retry(tmp_path: Path) -> Non
         registry.stop()
 
 
-async def test_a_controller_that_writes_garbage_is_a_failed_run_that_says_where(tmp_path: Path) -> None:
+async def test_a_controller_that_writes_garbage_is_a_failed_run_that_says_where(tmp_path: Path,
+                                                                              caplog: pytest.LogCaptureFixture) -> None:
     """Exit 0 is not enough: what the controller wrote is read as a render would, and a file
-    that is not YAML fails the run with its name (not a traceback)."""
+    that is not YAML fails the run: the message says whose output, the log which file and why
+    (a file's name and content are the binary's to choose: never in the message)."""
     import asyncio
     import ssl
 
@@ -297,7 +352,9 @@ async def test_a_controller_that_writes_garbage_is_a_failed_run_that_says_where(
                                       cluster_files=cluster_config("infra-a"), pull_secret=registry.pull_secret()))
             assert await asyncio.wait_for(done.get(), 30) == "g"
             failure = generator.failure("g") or ""
-            assert "machine-config-controller wrote machine-configs/rendered-master-0.yaml, which is not YAML" in failure, failure
+            assert "the output of machine-config-controller cannot be used; the server's log says why" in failure, failure
+            assert "rendered-master-0" not in failure
+            assert "machine-config-controller wrote machine-configs/rendered-master-0.yaml, which is not YAML" in caplog.text
             assert generator.known("g") is None and store == {}
     finally:
         registry.stop()

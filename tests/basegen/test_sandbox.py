@@ -1,8 +1,9 @@
 """A release's binaries run in a sandbox (basegen/sandbox.py): a hostile "machine-config-operator"
 tries what issue 21's attacker's did (the cache key, the cache, other tenants' manifests, the
 service-account token, the network, writing outside its work dir, the server's fds and
-processes), and its output reaches an error's message only as its redacted klog error lines.
-Real processes, real namespaces; as root (the steps' uid 65534) and as another user."""
+processes; issue 31's: the edge dir's serving key, a Secret volume's key after its `..data` swap),
+and nothing it prints reaches an error's message, only the server's log. Real processes, real
+namespaces; as root (the steps' uid 65534) and as another user."""
 
 from __future__ import annotations
 
@@ -18,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from ignition_server.basegen.run import Limits, StepFailed, redact, run_step
-from ignition_server.basegen.sandbox import Sandbox, SandboxUnavailable
+from ignition_server.basegen.run import Limits, StepFailed, run_step
+from ignition_server.basegen.sandbox import Sandbox, SandboxUnavailable, hide_list
 from testsupport.harness import Listener
+from testsupport.manifests import secret_volume
 
 PROBE = r'''#!/usr/bin/python3
 import json, os, socket, sys
@@ -81,7 +83,7 @@ def world(tmp_path: Path) -> tuple[Path, Path, Path, dict]:
 
 
 def sandbox_for(tmp_path: Path) -> Sandbox:
-    return Sandbox(hide=(tmp_path / "cache", tmp_path / "cache.key", tmp_path / "source", tmp_path / "sa"))
+    return Sandbox(hide=hide_list([tmp_path / "cache", tmp_path / "cache.key", tmp_path / "source", tmp_path / "sa"]))
 
 
 def assert_contained(seen: dict, tmp_path: Path, job: Path, listener: Listener) -> None:
@@ -141,9 +143,9 @@ def test_a_hostile_binary_sees_nothing_of_the_server_as_another_user(open_tmp: P
         import asyncio, json, sys
         from pathlib import Path
         from ignition_server.basegen.run import Limits, run_step
-        from ignition_server.basegen.sandbox import Sandbox
+        from ignition_server.basegen.sandbox import Sandbox, hide_list
         t = Path({str(tmp_path)!r})
-        sandbox = Sandbox(hide=(t / "cache", t / "cache.key", t / "source", t / "sa"))
+        sandbox = Sandbox(hide=hide_list([t / "cache", t / "cache.key", t / "source", t / "sa"]))
         sandbox.check(t / "cache" / "tmp-mco" / "check")
         print(asyncio.run(run_step([{str(binary)!r}, {json.dumps(paths)!r}], Path({str(job)!r}),
                                    Limits(timeout=60, sandbox=sandbox), {{"PATH": "/usr/bin:/bin"}})))
@@ -168,39 +170,69 @@ def test_a_binary_cannot_undo_its_mounts(tmp_path: Path) -> None:
     assert "secret-key" not in out and "done" in out
 
 
-def test_only_klog_error_lines_reach_the_message_redacted_and_bounded(tmp_path: Path) -> None:
+def test_nothing_a_binary_prints_reaches_the_message_only_the_log(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 31's channel: the key as klog `E` lines of lower-case hex in short runs, which the
+    redaction of error lines let through to `data.message`."""
+    stolen = bytes(range(200, 232)).hex()
+    lines = "".join(f"echo 'E1124 10:00:01.000000    7 bootstrap.go:9] chunk {stolen[i:i + 16]}'\n" for i in range(0, 64, 16))
     binary = tmp_path / "machine-config-operator"
-    noise = "".join(f"echo 'I1124 10:00:00.000000    7 render.go:1] noise {i}'\n" for i in range(50))
-    binary.write_text("#!/bin/sh\n" + noise +
-                      "echo 'machine-config-operator: the pull secret is {\"auths\":{\"quay.io\":{\"auth\":\"dXNlcjpodW50ZXIy\"}}}'\n"
-                      "echo 'E1124 10:00:01.000000    7 bootstrap.go:9] pull secret rejected: auth=dXNlcjpodW50ZXIyc2VjcmV0cGFzcw=='\n"
+    binary.write_text("#!/bin/sh\n" + lines +
                       "echo 'F1124 10:00:02.000000    7 bootstrap.go:93] error rendering the controller config'\n"
-                      "echo 'goroutine 1 [running]: a forged line'\n"
                       "exit 255\n")
     binary.chmod(0o755)
     work = tmp_path / "work"
     work.mkdir()
-    with pytest.raises(StepFailed) as failed:
+    with caplog.at_level("WARNING", logger="ignition_server.basegen"), pytest.raises(StepFailed) as failed:
         asyncio.run(run_step([str(binary)], work, Limits(timeout=30), {"PATH": "/usr/bin:/bin"}))
     message = str(failed.value)
-    assert "exited with 255" in message and "error rendering the controller config" in message
-    assert "pull secret rejected: auth=[redacted]" in message
-    assert "dXNlcjpodW50ZXIy" not in message and "noise" not in message and "goroutine" not in message
-    assert "quay.io" not in message and len(message) < 4096
+    assert message.startswith("machine-config-operator failed") and "server's log" in message
+    assert "chunk" not in message and stolen[:16] not in message and "255" not in message
+    assert "error rendering the controller config" not in message  # not even its own error lines
+    logged = caplog.text
+    assert "exited with 255" in logged and stolen[:16] in logged and "error rendering the controller config" in logged
 
 
-@pytest.mark.parametrize(("line", "kept", "hidden"), [
-    ("cannot read /tmp/ignition-basegen-x1y2/config/cluster-network-02-config.yaml file",
-     "config/cluster-network-02-config.yaml", None),
-    ("registry said dXNlcjpodW50ZXIyc2VjcmV0cGFzcw in reply", "registry said", "dXNlcjpodW50ZXIy"),
-    ("token tok-9f3a1c7e5b2d4f60a8e1c3b5d7f9a2c4 refused", "refused", "9f3a1c7e5b2d4f60"),
-    ("node 9f3a1c7e-5b2d-4f60-a8e1-c3b5d7f9a2c4 refused", "refused", "9f3a1c7e-5b2d"),
-])
-def test_redaction_keeps_paths_and_hides_what_may_be_a_credential(line: str, kept: str, hidden: str | None) -> None:
-    """A path in MCO's error (the file it could not read) is what makes the message useful."""
-    redacted = redact(line)
-    assert kept in redacted
-    assert hidden is None or hidden not in redacted
+def test_a_secret_volumes_key_and_the_edge_dir_stay_hidden_after_a_data_swap(state_dir: Path) -> None:
+    """The hide list as the server makes it (reconcile.wiring passes these): the cache dir, a
+    key file in a Secret volume, the serving pair in another, the manifests, `--edge-dir`
+    published after start. The volumes are updated (`..data` swapped) after the hide list is
+    made; the step then reads every path to a secret it can name. Every file is readable to
+    the step's user, as in a pod, where the step runs as the server's own uid: only hiding helps."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    tmp_path = state_dir
+    cache, binary, job, paths = world(tmp_path)
+    keys, tls, edge = tmp_path / "cache-key", tmp_path / "serving", tmp_path / "edge"
+    secret_volume(keys, {"cache.key": b"index old-key\n"}, "2026_11_27_01")
+    secret_volume(tls, {"tls.crt": b"old certificate", "tls.key": b"old serving key"}, "2026_11_27_01")
+    hide = hide_list([cache, keys / "cache.key", tmp_path / "source", tls / "tls.crt", tls / "tls.key"],
+                     directories=[edge])
+    edge.mkdir()
+    (edge / "edge.pem").write_text("serving certificate and its key")
+    secret_volume(keys, {"cache.key": b"index new-key\n"}, "2026_11_27_02")
+    secret_volume(tls, {"tls.crt": b"new certificate", "tls.key": b"new serving key"}, "2026_11_27_02")
+    targets = [keys / "cache.key", keys / "..data" / "cache.key", keys / "..2026_11_27_02" / "cache.key",
+               tls / "tls.key", tls / "..data" / "tls.key", edge / "edge.pem"]
+    for path in (keys, tls, edge):
+        subprocess.run(["chmod", "-R", "a+rX", str(path)], check=True)
+    assert all("key" in t.read_text() or "serving" in t.read_text() for t in targets)  # there to be read
+    binary.write_text("#!/bin/sh\n" + "".join(f"cat {t} 2>/dev/null; echo\n" for t in targets) + "echo done\n")
+    out = asyncio.run(run_step([str(binary)], job, Limits(timeout=60, sandbox=Sandbox(hide=hide)),
+                               {"PATH": "/usr/bin:/bin"}))
+    assert "done" in out
+    for secret in ("key", "serving", "certificate"):
+        assert secret not in out, out
+
+
+def test_the_hide_list_takes_files_by_their_directory_as_named_and_keeps_the_outermost(tmp_path: Path) -> None:
+    (tmp_path / "state" / "cache").mkdir(parents=True)
+    secret_volume(tmp_path / "cache-key", {"cache.key": b"k"}, "v1")
+    found = hide_list([tmp_path / "state" / "cache", tmp_path / "state", tmp_path / "cache-key" / "cache.key",
+                       Path("/etc/passwd"), tmp_path / "missing"],
+                      directories=[tmp_path / "edge", Path("/var/run/made-later")])
+    # The edge dir though not made yet; a file by its directory, never its `..data` target; one in
+    # a system directory alone; nothing under /run, which the sandbox replaces whole.
+    assert found == (tmp_path / "edge", tmp_path / "state", tmp_path / "cache-key", Path("/etc/passwd"))
 
 
 def test_a_host_without_the_namespaces_is_refused_at_start(tmp_path: Path) -> None:

@@ -351,3 +351,41 @@ async def test_the_aiohttp_attributes_the_guarded_site_uses_are_there() -> None:
         assert site.port != 0 and site._bound_port == site.port
     finally:
         await runner.cleanup()
+
+
+def test_a_kept_alive_connection_whose_client_never_reads_again_is_closed_soon(tmp_path: Path) -> None:
+    """The server's own count, not the client's view: a client that does not read after its
+    response never answers the server's TLS close_notify, and the event loop waited 30 s for
+    that answer, so an idle or dribbling connection held its place 35 s where the README says 5."""
+    proc = server(tmp_path, "--header-timeout", "60s", "--workers", "0")
+    token = base64.b64encode(b"tok-good").decode()
+    request = f"GET /ignition HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\r\n".encode()
+
+    def open_connections() -> int:
+        return sum(connections(proc)[0].values())
+
+    try:
+        for dribble in (False, True):
+            wait_for(lambda: open_connections() == 0, what="no connection open")
+            conn = tls(proc)
+            conn.settimeout(30)
+            conn.sendall(request)
+            answer = b""
+            while not answer.endswith(b"}"):  # the whole answer: from here the connection is idle
+                answer += conn.recv(65536)
+            started = time.monotonic()
+            if dribble:
+                conn.sendall(b"GET /ignition HTTP/1.1\r\n")
+
+            def gone() -> bool:
+                if dribble:  # a byte of the second request's headers each time the server is asked
+                    with contextlib.suppress(OSError):
+                        conn.sendall(b"a")
+                return open_connections() == 0
+
+            wait_for(gone, timeout=60, interval=1.0, what="the server to close the connection")
+            waited = time.monotonic() - started
+            assert 4 < waited < 10, f"closed {waited:.1f} s after its response (dribbling: {dribble})"
+            conn.close()
+    finally:
+        proc.kill()

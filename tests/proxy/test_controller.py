@@ -17,7 +17,15 @@ import pytest
 
 from ignition_server.render.userdata import pointer_config
 from proxy.runtime import Runtime
-from testsupport.harness import EXAMPLE_MACHINECONFIG, ProxyProcess, ServerProcess, wait_for, write_manifests
+from testsupport.harness import (
+    EXAMPLE_MACHINECONFIG,
+    ProxyProcess,
+    ServerProcess,
+    handshakes,
+    session_tickets,
+    wait_for,
+    write_manifests,
+)
 from testsupport.ignition_client import files_in, finish_fetch, ignition_fetch, require_ignition
 from testsupport.manifests import build_token_secret
 from testsupport.realtools import require_tool
@@ -334,3 +342,46 @@ def test_backends_follow_endpointslices_without_reload(fleet: Fleet, tmp_path: P
         wait_for(lambda: fleet.serves(HOST_A, "/config/workers?token=token-a-1")
                  and served(fleet.a2, "clusters-a/workers") >= 1, timeout=20, what="A served by the new endpoint")
         assert fleet.proxy.reloads() == 0
+
+
+# What a client may offer: a CBC-SHA suite, AEAD ones, ChaCha20 (not FIPS), an old version.
+TLS_PROBES = [
+    ("-tls1_2", "-cipher", "ECDHE-ECDSA-AES128-SHA"),
+    ("-tls1_2", "-cipher", "ECDHE-ECDSA-AES256-SHA384"),
+    ("-tls1_2", "-cipher", "ECDHE-ECDSA-AES128-GCM-SHA256"),
+    ("-tls1_2", "-cipher", "ECDHE-ECDSA-CHACHA20-POLY1305"),
+    ("-tls1_3", "-ciphersuites", "TLS_CHACHA20_POLY1305_SHA256"),
+    ("-tls1_3", "-ciphersuites", "TLS_AES_256_GCM_SHA384"),
+    ("-tls1_1", "-cipher", "ECDHE-ECDSA-AES128-SHA:@SECLEVEL=0"),
+]
+
+
+@pytest.mark.parametrize("flags", [(), ("--tls-profile", "Modern"), ("--tls-profile", "Old"), ("--fips",)],
+                         ids=["default", "modern", "old", "fips"])
+def test_a_terminating_edge_offers_the_servers_tls_not_haproxys(tmp_path: Path, flags: tuple[str, ...]) -> None:
+    """HAProxy's defaults took CBC-SHA suites and issued session tickets whatever the server's
+    --tls-profile and --fips: the edge now offers exactly what the server's own context does."""
+    haproxy = require_tool("haproxy", "apt-get install haproxy")
+    source = write_manifests(tmp_path / "src" / "a.yaml", secret("clusters-a", "workers", "token-a-1")).parent
+    edge = tmp_path / "edge"
+    server = ServerProcess(source, tmp_path / "cache", extra=["--edge-dir", str(edge), *flags]).start()
+    proxy = ProxyProcess(tmp_path / "state")
+    try:
+        wait_for(lambda: (edge / "publication.json").exists(), what="the publication")
+        proxy.write_table([{"host": HOST_A, "mode": "terminate", "publication": str(edge),
+                            "backends": [f"127.0.0.1:{server.port}"]}])
+        proxy.start(haproxy)  # the controller starts HAProxy only with a config `haproxy -c` accepts
+        wait_for(proxy.servers_up, timeout=20, what="the backend healthy")
+        ca = server.ca_file
+        at_server = {probe: handshakes(server.port, ca, *probe) for probe in TLS_PROBES}
+        at_edge = {probe: handshakes(proxy.port, ca, *probe, servername=HOST_A) for probe in TLS_PROBES}
+        assert at_edge == at_server
+        assert any(at_server.values()) and not all(at_server.values())  # the probes tell profiles apart
+        assert at_server[TLS_PROBES[0]] == (flags == ("--tls-profile", "Old"))  # CBC-SHA: only Old takes it
+        for version in ("-tls1_2", "-tls1_3"):
+            if handshakes(server.port, ca, version):  # a version the server takes
+                assert not session_tickets(server.port, ca, version)
+                assert not session_tickets(proxy.port, ca, version, servername=HOST_A), version
+    finally:
+        proxy.stop()
+        server.kill()

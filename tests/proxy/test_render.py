@@ -84,6 +84,8 @@ def test_render_cli_output_passes_haproxy_check(tmp_path: Path) -> None:
     assert "server s1 fd00::7:9090" in rendered and "server s2 127.0.0.1:1 disabled" in rendered
     assert "send-proxy-v2 check-send-proxy" in rendered and "observe layer7" in rendered
     assert "prometheus-exporter" in rendered and "option redispatch" in rendered
+    # The terminating bind offers the server's TLS (its tls.json), not HAProxy's defaults.
+    assert "ssl-min-ver TLSv1.2 ciphers ECDHE-" in rendered and "no-tls-tickets" in rendered
     # HAProxy reads the files the controller would have put in place.
     state = tmp_path / "state"
     (state / "maps").mkdir(parents=True)
@@ -92,6 +94,14 @@ def test_render_cli_output_passes_haproxy_check(tmp_path: Path) -> None:
     (state / "certs" / "r_ignition_a_example_com.pem").write_bytes((pub / "edge.pem").read_bytes())
     cfg = tmp_path / "haproxy.cfg"
     cfg.write_text(rendered.replace("replica-b.example.com", "127.0.0.1"))  # no DNS in the check
+    check = subprocess.run([haproxy, "-c", "-f", str(cfg)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    # A server older than tls.json: the bind offers the server's defaults, which HAProxy takes too.
+    (pub / "tls.json").unlink()
+    older = subprocess.run([sys.executable, "-m", "proxy", "render", "--config", str(table)],
+                           capture_output=True, text=True, check=True).stdout
+    assert "ciphers ECDHE+AESGCM:ECDHE+CHACHA20:!aNULL" in older and "no-tls-tickets" in older
+    cfg.write_text(older.replace("replica-b.example.com", "127.0.0.1"))
     check = subprocess.run([haproxy, "-c", "-f", str(cfg)], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
 

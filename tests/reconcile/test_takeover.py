@@ -285,8 +285,11 @@ def test_the_source_keeps_no_private_key_and_fetches_secrets_only_for_annotated_
     assert set(root_ca["data"]) == {"ca.crt"} and "ca.key" in world.root_ca()["data"]
     ours = {"data": {"tls.crt": "eA==", "tls.key": ""}, "metadata": {"name": ca_cert.NAME}}
     assert ca_cert.trim_secret(ours) == ours
-    refs = {k.name for k in ca_cert.references(world.hcp)}
-    assert refs == {"root-ca", "pull-secret", "ssh-key", ca_cert.NAME}
+    refs = {(k.kind, k.namespace, k.name) for k in ca_cert.references(world.hcp)}
+    assert refs == {("Secret", "clusters-hc1", name) for name in ("root-ca", "pull-secret", "ssh-key", ca_cert.NAME)} | {
+        ("ConfigMap", "clusters-hc1", name) for name in (
+            "kubelet-client-ca", "trusted-ca-bundle-managed", "machine-config-server", "ignition-config-fips",
+            "ignition-config-worker-ssh", "ignition-config-40-image-content-source")}
     del world.hcp["metadata"]["annotations"][DISABLE_IGNITION_SERVER]
     assert list(ca_cert.references(world.hcp)) == []
     assert ca_cert.is_ours({"metadata": {"name": ca_cert.NAME, "finalizers": [ca_cert.FINALIZER]}})

@@ -29,7 +29,7 @@ from testsupport.clock import T0, Clock
 from testsupport.harness import EXAMPLE_MACHINECONFIG, write_manifests
 from testsupport.manifests import build_token_secret, kube_object
 from testsupport.reconcile_world import file_reconciler, renders, settle
-from testsupport.service_accounts import keys_configmap
+from testsupport.service_accounts import keys_configmap, legacy_jwt
 
 RELEASE = "quay.io/openshift-release-dev/ocp-release@sha256:" + "1" * 64
 GOOD_HAPROXY = "quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:" + "2" * 64
@@ -266,3 +266,33 @@ async def test_a_generated_base_published_outside_the_shared_namespaces_is_not_a
     await settle(reconciler, source, reconciler.tokens.outputs)
     assert reconciler.base_waits.generator.known("a" * 64) is None
     assert reconciler.base_waits.generator.known("b" * 64) == base
+
+
+async def test_an_old_object_edited_to_claim_a_key_stays_refused_after_a_restart(tmp_path: Path) -> None:
+    """Issue 31: the tenant's keys ConfigMap is older than the victim's, and later edited to hold
+    the victim's public key. The running server refuses it; so must the same server restarted,
+    which meets the tenant's object first in its listing (oldest first)."""
+    clock = Clock()
+    victim_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    token = legacy_jwt(victim_key, "node-bootstrapper-token-one")
+
+    def start() -> tuple[Reconciler, FileSource, PayloadCache, Path, ServiceAccountVerifier]:
+        verifier = ServiceAccountVerifier(clock=clock, overlap_seconds=60)
+        reconciler, source, cache, source_dir, _ = file_reconciler(tmp_path, clock, shared={SHARED}, verifier=verifier)
+        return reconciler, source, cache, source_dir, verifier
+
+    reconciler, source, cache, source_dir, verifier = start()
+    own_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    write_manifests(source_dir / "a-evil.yaml", keys_configmap(EVIL, own_key, created="2025-01-01T00:00:00Z"))
+    write_manifests(source_dir / "victim.yaml", keys_configmap(VICTIM, victim_key, created="2026-01-01T00:00:00Z"))
+    await settle(reconciler, source, reconciler.tokens.outputs)
+    write_manifests(source_dir / "a-evil.yaml", keys_configmap(EVIL, victim_key, created="2025-01-01T00:00:00Z"))
+    await settle(reconciler, source, reconciler.tokens.outputs)
+    assert verifier.verify(token).cluster == VICTIM
+    assert refusals(reconciler, "service-account-key") == 1
+    cache.flush()
+
+    reconciler, source, cache, source_dir, verifier = start()
+    await settle(reconciler, source, reconciler.tokens.outputs)
+    assert verifier.verify(token).cluster == VICTIM
+    assert refusals(reconciler, "service-account-key") == 1  # the newcomer, refused again

@@ -17,7 +17,7 @@ from ignition_server.model.token_secret import ANNOTATION_TOKEN_EXPIRATION
 from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, bearer, wait_for
 from testsupport.ignition_client import files_in
 from testsupport.kubeapi import KubeAPI
-from testsupport.manifests import build_token_secret
+from testsupport.manifests import CA_PEM, build_token_secret, kube_object
 
 VICTIM, EVIL = "clusters-victim", "clusters-evil"
 
@@ -145,3 +145,71 @@ def test_a_tenants_catalog_and_a_copied_service_account_key_change_nothing(api: 
     body = contents(server.get("/ignition", bearer("tok-victim"))[2])
     assert good in body and evil not in body
     assert server.get(f"/config/workers?token={jwt}")[0] == 200
+
+
+def test_a_new_replica_with_an_empty_cache_keeps_a_contested_token_with_its_first_holder(
+        api: KubeAPI, server, tmp_path: Path) -> None:
+    """Issue 31: the tenant's Secret is the older one, edited to hold the victim's leaked token
+    once the victim's exists. The writer refuses it and records the contest in its own
+    namespace; a replica started afterwards with an empty cache, which lists the tenant's
+    Secret first (oldest first), reaches the same answer: the victim's payload for its token."""
+    api.create(token_secret(EVIL, "clusters/evil", "tok-evil", "token-evil-1"))
+    api.create(token_secret(VICTIM, "clusters/workers", "tok-victim", "token-workers-1"))
+    server.start()
+    wait_for(lambda: server.get("/ignition", bearer("tok-victim"))[0] == 200, timeout=30, what="the victim served")
+    api.patch("secrets", EVIL, "token-evil-1", {"data": {"token": base64.b64encode(b"tok-victim").decode()}})
+    wait_for(lambda: reason(api, EVIL, "token-evil-1") == "InvalidConfig", timeout=30, what="the newcomer refused")
+    wait_for(lambda: api.get("secrets", "ignition", "ignition-server-claims") is not None, timeout=30,
+             what="the contest published for the other replicas")
+
+    fresh = ServerProcess(tmp_path / "empty", tmp_path / "cache-r2", extra=[
+        "--kubernetes", "--kubeconfig", str(api.kubeconfig), "--pod-namespace", "ignition", "--replica-id", "r2",
+        "--lease-duration", "3s"])
+    try:
+        fresh.start()
+        wait_for(lambda: fresh.get("/ignition", bearer("tok-victim"))[0] == 200, timeout=30, what="r2 serves the token")
+        status, _, body = fresh.get("/ignition", bearer("tok-victim"))
+        assert status == 200 and "/etc/clustersvictim.conf" in files_in(json.loads(body))
+        assert "/etc/clustersevil.conf" not in files_in(json.loads(body))
+        assert reason(api, VICTIM, "token-workers-1") == "AsExpected"
+    finally:
+        fresh.kill()
+
+
+def _rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:")) / 1024
+
+
+def test_a_tenant_filling_its_namespace_runs_no_replica_out_of_memory(api: KubeAPI, tmp_path: Path) -> None:
+    """Issue 31: every ConfigMap of a namespace and every `user-data-*` Secret were kept whole,
+    so one tenant's 1 MiB objects grew every replica's owner process until the memory limit. Now
+    ConfigMaps the server does not read are never fetched, and what it keeps of one namespace is
+    bounded (--namespace-memory): the excess is refused, logged and told, and others boot on."""
+    (tmp_path / "empty").mkdir()
+    server = ServerProcess(tmp_path / "empty", tmp_path / "cache", extra=[
+        "--kubernetes", "--kubeconfig", str(api.kubeconfig), "--pod-namespace", "ignition", "--replica-id", "r1",
+        "--lease-duration", "3s", "--namespace-memory", "8Mi", "--workers", "0"])
+    try:
+        api.create(token_secret(VICTIM, "clusters/workers", "tok-victim", "token-workers-1"))
+        server.start()
+        wait_for(lambda: server.get("/ignition", bearer("tok-victim"))[0] == 200, timeout=30, what="the victim served")
+        assert server.proc is not None
+        before = _rss_mib(server.proc.pid)
+        big = "x" * (1 << 20)
+        for i in range(24):
+            api.create(kube_object("ConfigMap", EVIL, f"junk-{i}", {"junk": big}))
+            api.create(kube_object("Secret", EVIL, f"user-data-junk-{i}", {"value": big}))
+        # Created after the flood, in the same watch streams: served once the flood was applied.
+        api.create(kube_object("ConfigMap", VICTIM, "user-ca-bundle", {"ca-bundle.crt": CA_PEM}))
+        api.create(token_secret(VICTIM, "clusters/second", "tok-second", "token-second-1"))
+        wait_for(lambda: server.get("/ignition", bearer("tok-second"))[0] == 200, timeout=60,
+                 what="another NodePool served after the flood")
+        grown = _rss_mib(server.proc.pid) - before
+        assert grown < 20, f"the owner grew {grown:.0f} MiB for 48 MiB of a tenant's objects"
+        assert server.metrics()['ign_server_tenancy_refusals_total{what="namespace-budget"}'] >= 1
+        assert f"namespace {EVIL} holds more than 8 MiB" in server.logs()
+        wait_for(lambda: any(e.get("reason") == "NamespaceOverBudget" for e in api.list("events", EVIL)),
+                 timeout=30, what="an Event on a refused object")
+    finally:
+        server.kill()

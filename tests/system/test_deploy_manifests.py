@@ -138,26 +138,37 @@ def test_network_policies_open_only_the_serving_ports_and_keep_egress_to_the_api
     assert {p["containerPort"] for p in container["ports"]} == {9090, 8080}
 
 
-def test_rbac_is_one_role_per_feature_bound_cluster_wide_or_per_listed_namespace() -> None:
+def watched_namespaces(docs: list[dict]) -> set[str] | None:
+    """The namespaces the StatefulSet tells the server to watch, or None for every one."""
+    sts = next(d for d in docs if d["kind"] == "StatefulSet")
+    env = {e["name"]: e.get("value") for e in sts["spec"]["template"]["spec"]["containers"][0]["env"]}
+    listed = env.get("IGNITION_SERVER_NAMESPACE")
+    return set(listed.split(",")) if listed else None
+
+
+def test_rbac_is_one_role_per_feature_bound_in_the_watched_namespaces_or_cluster_wide_as_an_option() -> None:
     docs = kustomize(DEPLOY)
     features = {d["metadata"]["name"] for d in docs if d["kind"] == "ClusterRole"}
     assert features == {"ignition-server-read", "ignition-server-write", "ignition-server-prune", "ignition-server-takeover"}
-    assert {d["roleRef"]["name"] for d in docs if d["kind"] == "ClusterRoleBinding"} == features
     # Reading never comes with writing: a replica that is not the writer needs only the first.
     read = rbac_rules([d for d in docs if d["metadata"]["name"] == "ignition-server-read"])
     assert {v for _g, _r, v in read} == {"get", "list", "watch"}
-    # The namespaced variant: the same objects, no cluster-wide binding, each feature bound in
-    # exactly the namespaces the server is told to watch.
-    overlay = DEPLOY / "namespaced"
+    # By default nothing is granted cluster-wide: Secrets' get, patch, create and delete only in
+    # the namespaces the server watches, each feature bound in exactly those.
+    assert not [d for d in docs if d["kind"] == "ClusterRoleBinding"]
+    watched = watched_namespaces(docs)
+    sts = next(d for d in docs if d["kind"] == "StatefulSet")
+    assert watched is not None and sts["metadata"]["namespace"] in watched  # its own: the shared namespace
+    bindings = [d for d in docs if d["kind"] == "RoleBinding" and d["roleRef"]["kind"] == "ClusterRole"]
+    assert sorted((b["metadata"]["namespace"], b["roleRef"]["name"]) for b in bindings) \
+        == sorted((n, f) for n in watched for f in features)
+    # The documented option: the same objects and rules, bound cluster-wide, every namespace watched.
+    overlay = DEPLOY / "cluster-wide"
     listed = yaml.safe_load((overlay / "kustomization.yaml").read_text())["resources"]
     base = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())["resources"]
-    assert [r.removeprefix("../") for r in listed if r.startswith("../")] == base
-    narrowed = kustomize(overlay, "--load-restrictor", "LoadRestrictionsNone")
-    assert not [d for d in narrowed if d["kind"] == "ClusterRoleBinding"]
-    sts = next(d for d in narrowed if d["kind"] == "StatefulSet")
-    env = {e["name"]: e.get("value") for e in sts["spec"]["template"]["spec"]["containers"][0]["env"]}
-    watched = set(env["IGNITION_SERVER_NAMESPACE"].split(","))
-    assert sts["metadata"]["namespace"] in watched  # its own: the shared namespace (catalogs, shared inputs)
-    bindings = [d for d in narrowed if d["kind"] == "RoleBinding" and d["roleRef"]["kind"] == "ClusterRole"]
-    assert {(b["metadata"]["namespace"], b["roleRef"]["name"]) for b in bindings} == {(n, f) for n in watched for f in features}
-    assert rbac_rules(narrowed) == rbac_rules(docs)
+    assert [r.removeprefix("../") for r in listed if r.startswith("../")] == [r for r in base if r != "rolebindings.yaml"]
+    wide = kustomize(overlay, "--load-restrictor", "LoadRestrictionsNone")
+    assert {d["roleRef"]["name"] for d in wide if d["kind"] == "ClusterRoleBinding"} == features
+    assert not [d for d in wide if d["kind"] == "RoleBinding" and d["roleRef"]["kind"] == "ClusterRole"]
+    assert watched_namespaces(wide) is None
+    assert rbac_rules(wide) == rbac_rules(docs)

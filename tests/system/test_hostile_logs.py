@@ -12,6 +12,7 @@ import ssl
 from pathlib import Path
 
 import pytest
+from aiohttp.http_exceptions import BadHttpMessage, BadStatusLine, InvalidHeader, InvalidURLError, LineTooLong
 
 from ignition_server.logs import JsonFormatter, RepeatFilter, TextFormatter, redact
 from testsupport.harness import ServerProcess, wait_for
@@ -34,6 +35,29 @@ def test_every_spelling_of_a_token_is_redacted(text: str, secret: str) -> None:
                                     "msg": "Error handling request: %s", "args": (text,)})
     for formatter in (JsonFormatter(), TextFormatter()):
         assert secret not in formatter.format(record)
+
+
+def malformed(error: Exception) -> logging.LogRecord:
+    """The record aiohttp's server logs for a request it could not parse."""
+    return logging.makeLogRecord({"name": "aiohttp.server", "levelno": logging.ERROR, "levelname": "ERROR",
+                                  "msg": "Error handling request", "exc_info": (type(error), error, None)})
+
+
+@pytest.mark.parametrize("error", [
+    # What llhttp says of an obs-folded `Authorization: Bearer\r\n <token>`: the token alone on its line.
+    BadHttpMessage("Unexpected whitespace after header value:\n\n  b' c2VjLWQx'\n    ^"),
+    BadHttpMessage("Unexpected whitespace after header value:\n\n  b'\\tc2VjLWQx'\n    ^"),
+    InvalidHeader(b"c2VjLWQx\x00"),  # a header value with a NUL, quoted without its name
+    InvalidURLError("c2VjLWQx:443"),  # a target, as it came
+    LineTooLong(b"c2VjLWQx" * 20, 100),
+    BadStatusLine("c2VjLWQx"),
+], ids=lambda error: type(error).__name__)
+def test_a_malformed_request_is_logged_without_what_the_client_sent(error: Exception) -> None:
+    record = malformed(error)
+    assert RepeatFilter().filter(record)
+    for formatter in (JsonFormatter(), TextFormatter()):
+        line = formatter.format(record)
+        assert "c2VjLWQx" not in line and "malformed request: 400" in line, line
 
 
 def test_repeated_identical_errors_are_logged_once_a_window() -> None:
@@ -59,6 +83,24 @@ def send(proc: ServerProcess, data: bytes) -> bytes:
                 return tls.recv(200)
             except (ssl.SSLError, ConnectionError):
                 return b""
+
+
+@pytest.mark.parametrize("fold", [b"\r\n ", b"\r\n\t"], ids=["space", "tab"])
+@pytest.mark.parametrize("log_format", ["json", "text"])
+def test_an_obs_folded_bearer_token_reaches_no_log_line(tmp_path: Path, fold: bytes, log_format: str) -> None:
+    # One malformed request a server: only the first of a kind is logged in a window (RepeatFilter).
+    (tmp_path / "source").mkdir()
+    proc = ServerProcess(tmp_path / "source", tmp_path / "cache", extra=["--log-format", log_format, "--workers", "0"]).start()
+    try:
+        assert send(proc, b"GET /ignition HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer" + fold
+                    + b"c2VjLWM1\r\nConnection: close\r\n\r\n").startswith(b"HTTP/1.0 400")
+        send(proc, b"GET /config/w HTTP/1.1\r\nHost: x\r\nX-Request-Id: last-one\r\nConnection: close\r\n\r\n")
+        wait_for(lambda: "last-one" in proc.logs(), what="the last request's access line")
+    finally:
+        proc.stop()
+    logs = proc.logs()
+    assert "malformed request" in logs  # the request was logged, as the kind of error it was
+    assert "c2VjLWM1" not in logs
 
 
 def test_a_hostile_client_cannot_leak_forge_or_flood_the_text_log(tmp_path: Path) -> None:

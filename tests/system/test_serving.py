@@ -25,8 +25,10 @@ pytestmark = pytest.mark.ignition
 def server(tmp_path: Path):
     servers: list[ServerProcess] = []
 
-    def make(token_ttl: str = "11h", source: Path | None = None, cache_dir: Path | None = None) -> ServerProcess:
-        proc = ServerProcess(source or tmp_path / "source", cache_dir or tmp_path / "cache", token_ttl=token_ttl)
+    def make(token_ttl: str = "11h", source: Path | None = None, cache_dir: Path | None = None,
+             extra: tuple[str, ...] = ()) -> ServerProcess:
+        proc = ServerProcess(source or tmp_path / "source", cache_dir or tmp_path / "cache", token_ttl=token_ttl,
+                             extra=list(extra))
         proc.source.mkdir(exist_ok=True)
         servers.append(proc)
         return proc
@@ -85,6 +87,23 @@ def test_refusals_follow_the_retry_contract(server) -> None:
     assert status == 200 and json.loads(body)["ignition"]["version"] == "3.6.0"
     logs = proc.logs()
     assert "tok-good" not in logs and "never-seen" not in logs
+
+
+@pytest.mark.parametrize("workers", ["0", "1"])
+def test_only_a_get_that_served_a_payload_sets_ignition_reached(server, workers: str) -> None:
+    # HEAD is answered like GET without the body: no node booted from it, so it must not tell
+    # HyperShift (and whoever watches the annotation) that one did.
+    proc = server(extra=("--workers", workers))
+    probed = write_manifests(proc.source / "probed.yaml", token_secret("probed", "tok-probed"))
+    booted = write_manifests(proc.source / "booted.yaml", token_secret("booted", "tok-booted"))
+    proc.start()
+    wait_rendered(proc, 2)
+    for shape in ("/ignition", "/config/probed?token=tok-probed"):
+        assert proc.get(shape, bearer("tok-probed") if shape == "/ignition" else None, method="HEAD")[0] == 200
+    assert proc.get("/ignition", bearer("tok-booted"))[0] == 200
+    wait_for(lambda: parse_token_secret(current_secret(booted)).ignition_reached, what="ignition-reached after a GET")
+    assert proc.stop() == 0  # drains: a write-back already asked for is done before exit
+    assert not parse_token_secret(current_secret(probed)).ignition_reached
 
 
 def test_unknown_token_gets_511_and_the_client_retries_until_it_appears(server, tmp_path: Path) -> None:

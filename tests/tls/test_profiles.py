@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from testsupport.harness import ServerProcess
+from testsupport.harness import ServerProcess, handshakes
 
 
 def handshake(proc: ServerProcess, *, max_version: ssl.TLSVersion | None = None, ciphers: str | None = None) -> str | None:
@@ -69,12 +69,7 @@ def test_a_custom_profile_with_an_unknown_cipher_stops_at_start_up(tmp_path: Pat
 
 def s_client(proc: ServerProcess, *args: str) -> bool:
     """Whether the real OpenSSL client completes a handshake with these options."""
-    from testsupport.realtools import require_tool
-
-    binary = require_tool("openssl", "apt-get install openssl")
-    result = subprocess.run([binary, "s_client", "-connect", f"127.0.0.1:{proc.port}", "-CAfile", str(proc.ca_file), *args],
-                            input="", capture_output=True, text=True, timeout=30)
-    return result.returncode == 0 and "Cipher is (NONE)" not in result.stdout
+    return handshakes(proc.port, proc.ca_file, *args)
 
 
 def test_fips_mode_refuses_chacha20_and_says_what_it_runs_on(serve) -> None:
@@ -86,6 +81,20 @@ def test_fips_mode_refuses_chacha20_and_says_what_it_runs_on(serve) -> None:
     assert s_client(fips, "-tls1_3", "-ciphersuites", "TLS_AES_128_GCM_SHA256")
     assert s_client(fips, "-tls1_2", "-cipher", "ECDHE-ECDSA-AES256-GCM-SHA384")
     assert "FIPS mode: OpenSSL" in fips.logs()
+
+
+def test_fips_mode_writes_no_file_and_its_workers_run_under_it(serve, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # The configuration it re-executes under was a temporary file per start, left in /tmp for good.
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))  # the server's, and the temp files' of anything it starts
+    fips = serve("--fips", "--workers", "2")  # every serving process reads the configuration
+    for _ in range(8):  # connections spread over both workers by the kernel: each must refuse
+        assert not s_client(fips, "-tls1_3", "-ciphersuites", "TLS_CHACHA20_POLY1305_SHA256")
+    assert s_client(fips, "-tls1_3", "-ciphersuites", "TLS_AES_128_GCM_SHA256")
+    assert fips.stop() == 0
+    assert list(scratch.iterdir()) == []
 
 
 def weak_handshake(proc: ServerProcess, *, version: ssl.TLSVersion, ciphers: str) -> str | None:

@@ -1,11 +1,15 @@
 """The Kubernetes source: the same objects as the file source, read and written live.
 
-ConfigMaps are listed and watched whole. Secrets are listed and watched as metadata only
-(`PartialObjectMetadata`): a namespace also holds keys this server has no business keeping
-(a service-account signing key), so only the Secrets the watcher reads (`wanted`: token
-Secrets, service-account keys, join inputs, user-data) are fetched, one GET each when their
-metadata says they changed. Events are applied once: a version already seen (the echo of our
-own write, a replay after a reconnect) changes nothing.
+Secrets and ConfigMaps are listed and watched as metadata only (`PartialObjectMetadata`): a
+namespace also holds keys this server has no business keeping (a service-account signing
+key), and a tenant may fill its namespace with objects of any size, so only the objects the
+reconciler reads (`wanted`: token Secrets, inputs, annotated catalogs, bases and keys,
+user-data; or named by a token Secret) are fetched, one GET each when their metadata says they
+changed. What is kept whole is also bounded per namespace (`namespace_budget`): an object that
+would take its namespace past it is refused, logged and told (an Event), and the namespace's
+other objects keep their last good state; no tenant can run every replica out of memory.
+Events are applied once: a version already seen (the echo of our own write, a replay after a
+reconnect) changes nothing.
 
 Write-back is a JSON merge patch of what the mutation changed, with the resourceVersion it
 was made from as a precondition: a 409 (another writer came first) reads the object again
@@ -33,6 +37,7 @@ log = logging.getLogger("ignition_server.sources.kube")
 
 WRITE_ATTEMPTS = 10
 FETCH_CONCURRENCY = 16
+NAMESPACE_BUDGET = 64 << 20  # bytes of kept objects' values per namespace (a cluster's inputs are a few MiB)
 
 
 def merge_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
@@ -63,6 +68,12 @@ def _fingerprint(obj: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps([meta, body], sort_keys=True, default=str).encode()).hexdigest()
 
 
+def _size(obj: Mapping[str, Any]) -> int:
+    """What keeping `obj` costs, roughly: its values' lengths (metadata aside)."""
+    return sum(len(str(value)) for section in ("data", "binaryData", "stringData")
+               for value in (obj.get(section) or {}).values())
+
+
 def _key(kind: str, obj: Mapping[str, Any]) -> ObjectKey | None:
     return object_key({**obj, "kind": kind})
 
@@ -70,7 +81,7 @@ def _key(kind: str, obj: Mapping[str, Any]) -> ObjectKey | None:
 @dataclass
 class KubeSource:
     client: KubeClient
-    # Which Secrets to fetch (their data): judged on metadata alone.
+    # Which Secrets and ConfigMaps to fetch (their data): judged on metadata alone.
     wanted: Callable[[Mapping[str, Any]], bool]
     # Objects a fetched token Secret names as its inputs (fetched too, whatever their name).
     references: Callable[[Mapping[str, Any]], Iterable[ObjectKey]] = lambda _obj: ()
@@ -82,10 +93,15 @@ class KubeSource:
     trim: Callable[[dict[str, Any]], dict[str, Any]] = lambda obj: obj
     watch_timeout: float = 300.0
     on_health: Callable[[str, bool, str | None], None] = lambda _kind, _up, _reason: None  # metrics, readiness
+    namespace_budget: int = NAMESPACE_BUDGET  # 0: unbounded
+    on_over_budget: Callable[[str], None] = lambda _namespace: None  # a metric, by namespace
     _objects: dict[ObjectKey, dict[str, Any]] = field(default_factory=dict)
     _fingerprints: dict[ObjectKey, str] = field(default_factory=dict)
     _versions: dict[ObjectKey, int] = field(default_factory=dict)
-    _secret_meta: dict[ObjectKey, dict[str, Any]] = field(default_factory=dict)  # every Secret, metadata only
+    _meta: dict[ObjectKey, dict[str, Any]] = field(default_factory=dict)  # every Secret and ConfigMap, metadata only
+    _sizes: dict[ObjectKey, int] = field(default_factory=dict)  # what each kept object costs (_size)
+    _namespace_bytes: collections.Counter[str] = field(default_factory=collections.Counter)
+    _over_budget: set[str] = field(default_factory=set)  # namespaces said to be over budget (said once)
     # How many kept objects name each input Secret, and the ones named but not fetched yet:
     # kept up to date per object, so an event costs the same with 10 or 10,000 token Secrets.
     _referenced: collections.Counter[ObjectKey] = field(default_factory=collections.Counter)
@@ -128,7 +144,8 @@ class KubeSource:
         self._handler = handler
         scopes: list[str | None] = list(self.namespaces) or [None]
         self._informers = [
-            Informer(self.client, kind, namespace, self, metadata_only=(kind == "Secret"), watch_timeout=self.watch_timeout)
+            Informer(self.client, kind, namespace, self, metadata_only=kind not in self.extra_kinds,
+                     watch_timeout=self.watch_timeout)
             for kind in ("ConfigMap", "Secret", *self.extra_kinds) for namespace in scopes
         ]
         tasks = [asyncio.create_task(i.run(iterations=iterations), name=f"watch {i.scope}") for i in self._informers]
@@ -146,8 +163,8 @@ class KubeSource:
             everything = [(i, it) for i in self._informers for it in self._first.pop(id(i))]
             changes = await self._relist(everything, scopes=None)
             self._listed.set()
-            log.info("listed %s: %d objects kept (%d Secrets seen, metadata only)", self.describe(),
-                     len(self._objects), len(self._secret_meta))
+            log.info("listed %s: %d objects kept (%d Secrets and ConfigMaps seen, metadata only)", self.describe(),
+                     len(self._objects), len(self._meta))
             await self._hand_over(changes, first=True)
             return
         await self._hand_over(await self._relist([(informer, it) for it in items], scopes=[informer]))
@@ -161,8 +178,7 @@ class KubeSource:
             if key is None:
                 continue
             seen.add(key)
-            if informer.kind == "Secret":
-                self._secret_meta[key] = obj.get("metadata") or {}
+            self._meta[key] = obj.get("metadata") or {}
         fetched = await asyncio.gather(*(self._observe(i.kind, obj) for i, obj in items))
         changes += [c for c in fetched if c is not None]
         changes += await self._fetch_referenced()
@@ -170,8 +186,8 @@ class KubeSource:
             lambda k: any(k.kind == i.kind and (i.namespace is None or i.namespace == k.namespace) for i in scopes))
         for key in [k for k in list(self._objects) if k not in seen and in_scope(k)]:
             changes.append(self._forget(key))
-        for key in [k for k in list(self._secret_meta) if k not in seen and in_scope(k)]:
-            del self._secret_meta[key]
+        for key in [k for k in list(self._meta) if k not in seen and in_scope(k)]:
+            del self._meta[key]
         return changes
 
     async def event(self, informer: Informer, type_: str, obj: dict[str, Any]) -> None:
@@ -179,15 +195,14 @@ class KubeSource:
         if key is None:
             return
         if type_ == "DELETED":
-            self._secret_meta.pop(key, None)
+            self._meta.pop(key, None)
             if key in self._objects:
                 await self._hand_over([self._forget(key)])
             return
-        if informer.kind == "Secret":
-            self._secret_meta[key] = obj.get("metadata") or {}
-            if key in self._writing:
-                self._writing[key] = max(self._writing[key], _version(obj))
-                return
+        self._meta[key] = obj.get("metadata") or {}
+        if key in self._writing:
+            self._writing[key] = max(self._writing[key], _version(obj))
+            return
         change = await self._observe(informer.kind, obj)
         changes = [change] if change is not None else []
         changes += await self._fetch_referenced()
@@ -197,20 +212,19 @@ class KubeSource:
         self.on_health(informer.kind, up, restart_reason)
 
     async def _observe(self, kind: str, obj: dict[str, Any]) -> Change | None:
-        """Keep (fetching a Secret's data first, if wanted) an object seen in a list or watch."""
+        """Keep (fetching its data first, if wanted) an object seen in a list or watch as metadata."""
         key = _key(kind, obj)
         assert key is not None
         if _version(obj) and _version(obj) <= self._versions.get(key, -1):
             return None  # seen already: our own write's echo, or a replay
-        if kind == "Secret":
-            meta = {**obj, "kind": "Secret"}
-            if not (self.wanted(meta) or key in self._referenced):
-                return self._forget(key) if key in self._objects else None
-            full = await self._fetch(key)
-            if full is None:
-                return self._forget(key) if key in self._objects else None
-            obj = full
-        return self._keep(key, {**obj, "kind": kind, "apiVersion": obj.get("apiVersion", API_VERSIONS.get(kind, "v1"))})
+        if kind in self.extra_kinds:  # listed and watched whole (HostedControlPlanes): kept as they come
+            return self._keep(key, {**obj, "kind": kind, "apiVersion": obj.get("apiVersion", API_VERSIONS.get(kind, "v1"))})
+        if not (self.wanted({**obj, "kind": kind}) or key in self._referenced):
+            return self._forget(key) if key in self._objects else None
+        full = await self._fetch(key)
+        if full is None:
+            return self._forget(key) if key in self._objects else None
+        return self._keep(key, {**full, "kind": kind, "apiVersion": full.get("apiVersion", "v1")})
 
     async def _fetch(self, key: ObjectKey) -> dict[str, Any] | None:
         async with self._fetches:
@@ -232,22 +246,24 @@ class KubeSource:
                 del self._referenced[gone]
         for named in new - old:
             self._referenced[named] += 1
-            if named.kind == "Secret" and named not in self._objects:
+            if named not in self._objects:
                 self._to_fetch.add(named)
 
     async def _fetch_referenced(self) -> list[Change]:
-        new = [k for k in self._to_fetch if k in self._secret_meta and k not in self._objects and k in self._referenced]
+        new = [k for k in self._to_fetch if k in self._meta and k not in self._objects and k in self._referenced]
         self._to_fetch.difference_update(new)
         changes = []
         for key in new:
             full = await self._fetch(key)
             if full is not None:
-                change = self._keep(key, {**full, "kind": "Secret"})
+                change = self._keep(key, {**full, "kind": key.kind, "apiVersion": full.get("apiVersion", "v1")})
                 if change is not None:
                     changes.append(change)
         return changes
 
     def _keep(self, key: ObjectKey, obj: dict[str, Any]) -> Change | None:
+        if not self._within_budget(key, obj):
+            return None  # its namespace keeps what it had: the last good state of each object
         self._versions[key] = _version(obj)
         self._track_references(key, obj)
         fingerprint = _fingerprint(obj)
@@ -258,7 +274,42 @@ class KubeSource:
             return None
         return Change("MODIFIED" if previous is not None else "ADDED", key, obj)
 
+    def _within_budget(self, key: ObjectKey, obj: Mapping[str, Any]) -> bool:
+        """Account for keeping `obj`; False (said once per namespace, and an Event on the object)
+        when that would take its namespace past the budget."""
+        size, namespace = _size(obj), key.namespace
+        total = self._namespace_bytes[namespace] - self._sizes.get(key, 0) + size
+        if self.namespace_budget and total > self.namespace_budget:
+            self.on_over_budget(namespace)
+            if namespace not in self._over_budget:
+                self._over_budget.add(namespace)
+                log.error("namespace %s holds more than %d MiB of objects this server reads: %s (%d KiB) refused, "
+                          "its last good state kept; delete what its NodePools do not need", namespace,
+                          self.namespace_budget >> 20, key.ref, size >> 10)
+            self._tell_later(key, "NamespaceOverBudget",
+                             f"not read: namespace {namespace} holds more than {self.namespace_budget >> 20} MiB of "
+                             "objects the ignition server reads")
+            return False
+        if namespace in self._over_budget and total <= self.namespace_budget * 0.9:
+            self._over_budget.discard(namespace)
+            log.info("namespace %s is within its budget again", namespace)
+        self._namespace_bytes[namespace] = total
+        self._sizes[key] = size
+        return True
+
+    def _tell_later(self, about: ObjectKey, reason: str, message: str) -> None:
+        async def tell() -> None:
+            try:
+                await self.record_event(about, reason, message)
+            except Exception as exc:  # the log said it already
+                log.debug("could not record an Event on %s: %s", about, exc)
+
+        asyncio.get_running_loop().create_task(tell(), name=f"event {about.ref}")
+
     def _forget(self, key: ObjectKey) -> Change:
+        size = self._sizes.pop(key, 0)
+        if size:
+            self._namespace_bytes[key.namespace] -= size
         self._track_references(key, None)
         self._fingerprints.pop(key, None)
         self._versions.pop(key, None)
