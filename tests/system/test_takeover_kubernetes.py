@@ -186,6 +186,8 @@ def test_an_annotated_hcp_gets_what_the_cpo_stops_writing(api: KubeAPI, replicas
     assert api.get("secrets", PLAIN, ca_cert.NAME) is None
     read_there = {r[2] for r in api.server.reads if r[0] == "secrets" and r[1] == PLAIN}
     assert read_there <= {"pull-secret"}, read_there
+    read_there = {r[2] for r in api.server.reads if r[0] == "configmaps" and r[1] == PLAIN}
+    assert not read_there & {"kubelet-client-ca", "trusted-ca-bundle-managed", "machine-config-server"}, read_there
 
     # A token Secret made by the NodePool controller for this configuration is served.
     written_hash = api.get("configmaps", NAMESPACE, "machine-config-server")["data"]["configuration-hash"]
