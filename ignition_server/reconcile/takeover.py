@@ -13,8 +13,9 @@
 The dispatcher (reconciler.py) only calls `changed` for each source change, which queues the
 HCPs it concerns: the HCP itself, an input it reads (root-ca, pull-secret, kubelet-client-ca,
 trusted-ca-bundle-managed, its SSH key Secret), a ConfigMap it keeps, the CA Secret. Everything
-is read from the source as it keeps it (the HCP and ConfigMaps whole; the Secrets fetched only
-for annotated HCPs, trimmed of private keys: `ca_cert.trim_secret`).
+is read from the source as it keeps it: the HCP as watched, the Secrets and ConfigMaps it reads
+fetched whole for annotated HCPs only (`ca_cert.references`), the Secrets trimmed of private keys
+(`ca_cert.trim_secret`).
 """
 
 from __future__ import annotations
