@@ -21,6 +21,7 @@ from .reconcile.interest import inputs_referenced, object_wanted
 from .reconcile.tenancy import Tenancy
 from .sources.kube import KubeClient, KubeError, KubeSource, LeaderElector
 from .sources.kube.client import MERGE_PATCH, collection_path, item_path
+from .takeover import ca_cert
 from .tls.ca_rotation import FILES as CA_FILES, CAState
 from .tls.certificates import CA_VALIDITY, TLSFiles, ensure_self_signed
 
@@ -49,9 +50,14 @@ async def connect(settings: ServeSettings, metrics: ServerMetrics, on_watch: "Wa
     tenancy = Tenancy(frozenset(settings.shared_namespaces))
     source = KubeSource(
         # A reference past the wall is never fetched: only those the tenancy allows are named.
-        api, wanted=object_wanted, references=lambda obj: inputs_referenced(obj, tenancy), namespaces=settings.namespaces,
-        watch_timeout=settings.watch_timeout, on_health=on_watch, namespace_budget=settings.namespace_budget,
+        # --take-over: HostedControlPlanes too, and the Secrets and ConfigMaps an annotated one's takeover
+        # reads (in its own namespace only), kept without the private keys beside them (ca_cert.trim_secret).
+        api, wanted=lambda meta: object_wanted(meta) or (settings.take_over and ca_cert.is_ours(meta)),
+        references=lambda obj: [*inputs_referenced(obj, tenancy), *ca_cert.references(obj)],
+        namespaces=settings.namespaces, watch_timeout=settings.watch_timeout, on_health=on_watch,
+        namespace_budget=settings.namespace_budget,
         on_over_budget=lambda namespace: metrics.tenancy_refusals.labels(what="namespace-budget").inc(),
+        extra_kinds=("HostedControlPlane",) if settings.take_over else (), trim=ca_cert.trim_secret,
     )
     elector = LeaderElector(
         api, namespace=settings.pod_namespace, identity=settings.replica_id,

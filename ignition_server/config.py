@@ -179,6 +179,9 @@ class ServeSettings:
     replica_id: str = "ignition-server"
     lease_duration: float = 15.0
     prune_grace: float = 60.0
+    # Keep what HyperShift's control plane stops writing for HostedControlPlanes annotated
+    # disable-ignition-server (README, "Taking over from HyperShift's ignition server").
+    take_over: bool = False
     # The self-made CA: its lifetime (renewed at 80% of it, with an overlap of one token TTL).
     ca_lifetime: float = 3650 * 86400.0
     ca_check_interval: float = 60.0

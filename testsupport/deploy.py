@@ -66,7 +66,7 @@ def readme_rbac_table(heading: str) -> set[tuple[str, str, str]]:
     for line in section.splitlines():
         cells = [c.strip().strip("`") for c in line.strip().strip("|").split("|")]
         if len(cells) >= 3 and cells[0] not in ("verb", "---") and not set(cells[0]) <= {"-"}:
-            group, _, resource = cells[1].rpartition("/")
+            group, _, resource = cells[1].partition("/")  # `group/resource/subresource`
             table |= {(group, resource, verb.strip()) for verb in cells[0].split(",")}
     return table
 

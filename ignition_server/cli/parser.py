@@ -113,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add(serve, "--lease-duration", default=_serve_default("lease_duration"), help="how long a Lease holder that stops renewing keeps it")
     _add(serve, "--ca-lifetime", default=_serve_default("ca_lifetime"), help="lifetime of the self-made CA (renewed at 80%% of it, overlapping one token TTL)")
     _add(serve, "--ca-check-interval", default=_serve_default("ca_check_interval"), help="how often the CA's age is checked")
+    _add(serve, "--take-over", action="store_true",
+         help="--kubernetes: for every HostedControlPlane annotated hypershift.openshift.io/disable-ignition-server, "
+              "keep the ConfigMaps and CA Secret HyperShift's control plane stops writing (README, Taking over)")
     _add(serve, "--namespace-memory", default="64Mi",
          help="--kubernetes: what the objects this server reads may hold per namespace (0: unbounded); an object "
               "past it is refused, logged and told (an Event), its namespace keeping its last good state")

@@ -21,7 +21,7 @@ log = logging.getLogger("ignition_server.reconcile")
 RETRY_MIN, RETRY_MAX = 1.0, 300.0
 
 # The steps of handling one object, as the `step` label of ign_server_watch_errors_total.
-STEPS = ("parse", "render", "write-back", "status", "rotation", "expiry", "user-data", "edge")
+STEPS = ("parse", "render", "write-back", "status", "rotation", "expiry", "user-data", "edge", "takeover")
 
 
 def backoff(attempts: int) -> float:

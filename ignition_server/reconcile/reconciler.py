@@ -45,6 +45,7 @@ from .release_waits import ReleaseWaits
 from .releases import Releases, is_catalog, release_key
 from .rotation import Rotation
 from .status import Status
+from .takeover import Takeover
 from .tenancy import Tenancy, generation_group, oldest_first
 from .token_secrets import TokenSecrets
 from .trust import TrustWatcher, is_trust_object
@@ -73,6 +74,7 @@ class Reconciler:
     trust: TrustWatcher | None = None  # service-account signing keys
     claims: Claims | None = None  # who held a contested key or token first
     claims_namespace: str | None = None  # where the writer publishes them (Kubernetes mode): read from there only
+    takeover: Takeover | None = None  # --take-over: told of every change, queues the HCPs it concerns
     _listed: bool = False
 
     # -- source events -------------------------------------------------------------
@@ -88,6 +90,8 @@ class Reconciler:
             # One object's fault stays with that object: logged once, retried with back-off,
             # while every other change of the batch (and every later one) is applied.
             self.work.discard(change.key.ref, "parse")  # a retry of an older version is moot
+            if self.takeover is not None:
+                self.takeover.changed(change)
             try:
                 nodepool = await self._handle_one(change)
             except Exception as exc:
@@ -233,4 +237,6 @@ class Reconciler:
         """Let write-backs in flight finish (a draining shutdown loses no status or rotation);
         reconciles not begun are left to the next start (the cache says what is current)."""
         self.nodepools.queue.cancel()
+        if self.takeover is not None:
+            self.takeover.cancel()
         await self.work.drain(timeout)

@@ -17,7 +17,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 from payload_cache import CacheConfig, PayloadCache
 
@@ -47,6 +47,7 @@ from .reconciler import Reconciler
 from .release_waits import ReleaseWaits
 from .releases import Releases
 from .rotation import Rotation
+from .takeover import Takeover, TakeoverSource
 from .tenancy import Tenancy
 from .token_secrets import TokenSecrets
 from .trust import TrustWatcher
@@ -101,6 +102,7 @@ def build_reconciliation(
     share_namespace: str | None = None,  # several replicas: the writer publishes releases and generated bases here
     debounce: float = NodePools.debounce, render_concurrency: int = NodePools.render_concurrency,
     prune_grace: float = WriteBacks.prune_grace,
+    take_over: Callable[[], bytes | None] | None = None,  # --take-over: the CA bundle to publish (None: off)
 ) -> Reconciliation:
     releases = releases if releases is not None else Releases()
     tenancy = tenancy if tenancy is not None else Tenancy()
@@ -136,11 +138,13 @@ def build_reconciliation(
         debounce=debounce, render_concurrency=render_concurrency)
     rotation = Rotation(tokens=tokens, cache=cache, policy=policy, write_backs=write_backs, work=work,
                         faults=faults, metrics=metrics, persist_index=persist_index, clock=clock)
+    takeover = None if take_over is None else Takeover(  # a source that creates and replaces: the Kubernetes one
+        source=cast(TakeoverSource, source), writer=writer, ca_pem=take_over, faults=faults)
     reconciler = Reconciler(
         source=source, cache=cache, metrics=metrics, tokens=tokens, rotation=rotation, nodepools=nodepools,
         input_graph=input_graph, write_backs=write_backs, release_waits=release_waits, base_waits=base_waits,
         releases=releases, bases=bases, tenancy=tenancy, faults=faults, work=work, trust=trust, claims=claims,
-        claims_namespace=share_namespace)
+        claims_namespace=share_namespace, takeover=takeover)
     housekeeping = Housekeeping(
         tokens=tokens, rotation=rotation, write_backs=write_backs, release_waits=release_waits,
         cache=cache, faults=faults, metrics=metrics, persist_index=persist_index, clock=clock)
@@ -170,6 +174,9 @@ def reconciliation_for(
         generator=_generator(settings, releases, cache, metrics, generated),
         share_namespace=settings.pod_namespace if settings.kubernetes else None,
         render_concurrency=settings.render_concurrency, prune_grace=settings.prune_grace,
+        # What pointer configs trust is what the NodePool controller must put in its own.
+        take_over=(lambda: outputs.pointer.ca_pem if outputs.pointer is not None else None)
+        if settings.kubernetes and settings.take_over else None,
     )
     return reconciliation, session
 

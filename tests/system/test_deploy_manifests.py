@@ -149,7 +149,7 @@ def watched_namespaces(docs: list[dict]) -> set[str] | None:
 def test_rbac_is_one_role_per_feature_bound_in_the_watched_namespaces_or_cluster_wide_as_an_option() -> None:
     docs = kustomize(DEPLOY)
     features = {d["metadata"]["name"] for d in docs if d["kind"] == "ClusterRole"}
-    assert features == {"ignition-server-read", "ignition-server-write", "ignition-server-prune"}
+    assert features == {"ignition-server-read", "ignition-server-write", "ignition-server-prune", "ignition-server-takeover"}
     # Reading never comes with writing: a replica that is not the writer needs only the first.
     read = rbac_rules([d for d in docs if d["metadata"]["name"] == "ignition-server-read"])
     assert {v for _g, _r, v in read} == {"get", "list", "watch"}

@@ -233,3 +233,47 @@ def test_protobuf_bodies_are_decoded_as_the_api_server_decodes_them(api: KubeAPI
     assert put(body) == 409  # its resourceVersion is a precondition, as in JSON
     assert put(b"k8s\x00" + _pb(1, _pb(1, b"v1") + _pb(2, b"Pod")) + _pb(2, b"")) == 415  # a kind not decoded here
     assert put(b'{"not": "protobuf"}') == 415
+
+
+HCP = {"apiVersion": "hypershift.openshift.io/v1beta1", "kind": "HostedControlPlane",
+       "metadata": {"name": "hc1", "namespace": "clusters-hc1", "annotations": {"a": "b"}},
+       "spec": {"releaseImage": "quay.io/openshift-release-dev/ocp-release:4.21.0-x86_64"}}
+
+
+def test_kubectl_reads_and_writes_hosted_control_planes_through_discovery(api: KubeAPI, kubectl) -> None:
+    api.namespace("clusters-hc1")
+    kubectl("apply", "--validate=false", "-f", "-", stdin=json.dumps(HCP))
+    assert "hc1" in kubectl("get", "hostedcontrolplanes", "-A").stdout
+    assert "hc1" in kubectl("get", "hostedcontrolplanes.hypershift.openshift.io", "-n", "clusters-hc1").stdout
+    shown = json.loads(kubectl("get", "hostedcontrolplane", "hc1", "-n", "clusters-hc1", "-o", "json").stdout)
+    assert shown["apiVersion"] == "hypershift.openshift.io/v1beta1" and shown["spec"] == HCP["spec"]
+    kubectl("annotate", "hostedcontrolplane", "hc1", "-n", "clusters-hc1", "hypershift.openshift.io/disable-ignition-server=true")
+    assert "hypershift.openshift.io/disable-ignition-server" in api.get("hostedcontrolplanes", "clusters-hc1", "hc1")["metadata"]["annotations"]
+    kubectl("delete", "hostedcontrolplane", "hc1", "-n", "clusters-hc1")
+    assert api.get("hostedcontrolplanes", "clusters-hc1", "hc1") is None
+
+
+def test_a_finalizer_holds_a_deleted_object_readable_until_it_is_removed(api: KubeAPI, kubectl) -> None:
+    api.create({**SECRET, "metadata": {**SECRET["metadata"], "finalizers": ["example.com/keep"]}})
+    # A DELETE sets deletionTimestamp and keeps the object, readable; a second one changes nothing.
+    kubectl("delete", "secret", "s1", "-n", "ns1", "--wait=false")
+    kept = json.loads(kubectl("get", "secret", "s1", "-n", "ns1", "-o", "json").stdout)
+    assert kept["metadata"]["deletionTimestamp"] and kept["data"] == SECRET["data"]
+    kubectl("delete", "secret", "s1", "-n", "ns1", "--wait=false")
+    assert api.get("secrets", "ns1", "s1")["metadata"]["resourceVersion"] == kept["metadata"]["resourceVersion"]
+    # It can still be updated, but takes no new finalizer, and its deletionTimestamp stays.
+    kubectl("patch", "secret", "s1", "-n", "ns1", "--type", "merge", "-p", '{"data":{"b":"Yg=="}}')
+    refused = kubectl("patch", "secret", "s1", "-n", "ns1", "--type", "merge", "-p",
+                      '{"metadata":{"finalizers":["example.com/keep","example.com/more"]}}', ok=False)
+    assert refused.returncode != 0 and "no new finalizers can be added if the object is being deleted" in refused.stderr
+    kubectl("patch", "secret", "s1", "-n", "ns1", "--type", "merge", "-p", '{"metadata":{"deletionTimestamp":null}}')
+    assert api.get("secrets", "ns1", "s1")["metadata"]["deletionTimestamp"] == kept["metadata"]["deletionTimestamp"]
+    # The last finalizer removed: it is gone.
+    kubectl("patch", "secret", "s1", "-n", "ns1", "--type", "json", "-p", '[{"op":"remove","path":"/metadata/finalizers"}]')
+    missing = kubectl("get", "secret", "s1", "-n", "ns1", ok=False)
+    assert missing.returncode != 0 and 'secrets "s1" not found' in missing.stderr
+    # Without finalizers a DELETE deletes at once; a create never carries a deletionTimestamp.
+    api.create({**SECRET, "metadata": {**SECRET["metadata"], "deletionTimestamp": "2026-01-01T00:00:00Z"}})
+    assert "deletionTimestamp" not in api.get("secrets", "ns1", "s1")["metadata"]
+    kubectl("delete", "secret", "s1", "-n", "ns1")
+    assert api.get("secrets", "ns1", "s1") is None

@@ -36,6 +36,7 @@ RESOURCES = (
     Resource("", "v1", "namespaces", "Namespace", namespaced=False),
     Resource("coordination.k8s.io", "v1", "leases", "Lease"),
     Resource("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice"),
+    Resource("hypershift.openshift.io", "v1beta1", "hostedcontrolplanes", "HostedControlPlane"),
 )
 
 
@@ -134,6 +135,8 @@ class Store:
         if (resource, namespace, name) in self.objects:
             raise ApiError(409, "AlreadyExists", f'{resource.plural} "{name}" already exists')
         obj["apiVersion"], obj["kind"] = resource.api_version, resource.kind
+        meta.pop("deletionTimestamp", None)  # rest.BeforeCreate clears what only a deletion sets
+        meta.pop("deletionGracePeriodSeconds", None)
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         meta["resourceVersion"] = self._next_rv()
@@ -157,9 +160,16 @@ class Store:
         if resource.namespaced:
             meta["namespace"] = namespace
         obj["apiVersion"], obj["kind"] = resource.api_version, resource.kind
+        _deletion_unchanged(resource, name, current["metadata"], meta)
         if _without_rv(obj) == _without_rv(current):
             return current  # a no-op write takes no new version and sends no event
         meta["resourceVersion"] = self._next_rv()
+        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+            # The last finalizer removed from an object being deleted: it goes (the registry's
+            # ShouldDeleteDuringUpdate).
+            del self.objects[(resource, namespace, name)]
+            await self._record("DELETED", resource, obj)
+            return obj
         self.objects[(resource, namespace, name)] = obj
         await self._record("MODIFIED", resource, obj)
         return obj
@@ -170,6 +180,18 @@ class Store:
             raise conflict(resource, name)
         if preconditions.get("uid") and preconditions["uid"] != current["metadata"]["uid"]:
             raise conflict(resource, name)
+        if current["metadata"].get("finalizers"):
+            # Graceful deletion: the object stays, readable, with a deletionTimestamp, until its
+            # finalizers are removed (a second DELETE changes nothing).
+            if current["metadata"].get("deletionTimestamp"):
+                return current
+            deleting = copy.deepcopy(current)
+            deleting["metadata"]["deletionTimestamp"] = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+            deleting["metadata"]["deletionGracePeriodSeconds"] = 0
+            deleting["metadata"]["resourceVersion"] = self._next_rv()
+            self.objects[(resource, namespace, name)] = deleting
+            await self._record("MODIFIED", resource, deleting)
+            return deleting
         del self.objects[(resource, namespace, name)]
         gone = copy.deepcopy(current)
         gone["metadata"]["resourceVersion"] = self._next_rv()
@@ -183,6 +205,26 @@ class Store:
                 await asyncio.wait_for(condition.wait_for(lambda: self.rv > rv), timeout)
             except asyncio.TimeoutError:
                 pass
+
+
+def _deletion_unchanged(resource: Resource, name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
+    """What an update may not do to a deletion (rest.BeforeUpdate, ValidateObjectMetaUpdate): the
+    deletionTimestamp is kept as it was (only a DELETE sets it), and an object being deleted takes
+    no new finalizer."""
+    for field_name in ("deletionTimestamp", "deletionGracePeriodSeconds"):
+        if field_name in old:
+            new[field_name] = old[field_name]
+        elif new.get(field_name) is not None:
+            raise ApiError(422, "Invalid", f'{resource.kind} "{name}" is invalid: metadata.{field_name}: '
+                           "Invalid value: field is immutable; may only be changed via deletion")
+        else:
+            new.pop(field_name, None)
+    if old.get("deletionTimestamp"):
+        added = [f for f in new.get("finalizers") or [] if f not in (old.get("finalizers") or [])]
+        if added:
+            listed = ", ".join(f'"{f}"' for f in added)
+            raise ApiError(422, "Invalid", f'{resource.kind} "{name}" is invalid: metadata.finalizers: Forbidden: '
+                           f"no new finalizers can be added if the object is being deleted, found new finalizers []string{{{listed}}}")
 
 
 def _without_rv(obj: dict[str, Any]) -> dict[str, Any]:

@@ -25,7 +25,9 @@ _PATHS = {
     "ConfigMap": ("/api/v1", "configmaps"),
     "Event": ("/api/v1", "events"),
     "Lease": ("/apis/coordination.k8s.io/v1", "leases"),
+    "HostedControlPlane": ("/apis/hypershift.openshift.io/v1beta1", "hostedcontrolplanes"),
 }
+API_VERSIONS = {"HostedControlPlane": "hypershift.openshift.io/v1beta1"}  # the rest: v1 or as they say
 
 
 class KubeError(Exception):

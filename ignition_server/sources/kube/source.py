@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from ...model.objects import ObjectKey, object_key
 from ..events import Change, ChangeHandler, Mutation
-from .client import MERGE_PATCH, KubeClient, KubeError, collection_path, item_path
+from .client import API_VERSIONS, MERGE_PATCH, KubeClient, KubeError, collection_path, item_path
 from .informer import Informer
 
 log = logging.getLogger("ignition_server.sources.kube")
@@ -86,6 +86,11 @@ class KubeSource:
     # Objects a fetched token Secret names as its inputs (fetched too, whatever their name).
     references: Callable[[Mapping[str, Any]], Iterable[ObjectKey]] = lambda _obj: ()
     namespaces: tuple[str, ...] = ()  # empty: every namespace the RBAC allows
+    # Kinds listed and watched whole besides ConfigMaps and Secrets (HostedControlPlane: the takeover).
+    extra_kinds: tuple[str, ...] = ()
+    # What of a fetched Secret is kept (a private key the server never uses is dropped before
+    # the object is kept anywhere: takeover.trim_secret).
+    trim: Callable[[dict[str, Any]], dict[str, Any]] = lambda obj: obj
     watch_timeout: float = 300.0
     on_health: Callable[[str, bool, str | None], None] = lambda _kind, _up, _reason: None  # metrics, readiness
     namespace_budget: int = NAMESPACE_BUDGET  # 0: unbounded
@@ -143,8 +148,9 @@ class KubeSource:
         self.attach(handler)
         scopes: list[str | None] = list(self.namespaces) or [None]
         self._informers = [
-            Informer(self.client, kind, namespace, self, metadata_only=True, watch_timeout=self.watch_timeout)
-            for kind in ("ConfigMap", "Secret") for namespace in scopes
+            Informer(self.client, kind, namespace, self, metadata_only=kind not in self.extra_kinds,
+                     watch_timeout=self.watch_timeout)
+            for kind in ("ConfigMap", "Secret", *self.extra_kinds) for namespace in scopes
         ]
         tasks = [asyncio.create_task(i.run(iterations=iterations), name=f"watch {i.scope}") for i in self._informers]
         try:
@@ -215,6 +221,8 @@ class KubeSource:
         assert key is not None
         if _version(obj) and _version(obj) <= self._versions.get(key, -1):
             return None  # seen already: our own write's echo, or a replay
+        if kind in self.extra_kinds:  # listed and watched whole (HostedControlPlanes): kept as they come
+            return self._keep(key, {**obj, "kind": kind, "apiVersion": obj.get("apiVersion", API_VERSIONS.get(kind, "v1"))})
         if not (self.wanted({**obj, "kind": kind}) or key in self._referenced):
             return self._forget(key) if key in self._objects else None
         full = await self._fetch(key)
@@ -225,7 +233,7 @@ class KubeSource:
     async def _fetch(self, key: ObjectKey) -> dict[str, Any] | None:
         async with self._fetches:
             try:
-                return await self.client.request("get", "GET", item_path(key.kind, key.namespace, key.name))
+                return self.trim(await self.client.request("get", "GET", item_path(key.kind, key.namespace, key.name)))
             except KubeError as exc:
                 if exc.status == 404:
                     return None
@@ -407,7 +415,7 @@ class KubeSource:
         body = {
             "apiVersion": "v1", "kind": "Event",
             "metadata": {"generateName": f"{about.name}.", "namespace": about.namespace},
-            "involvedObject": {"apiVersion": "v1", "kind": about.kind, "namespace": about.namespace, "name": about.name,
+            "involvedObject": {"apiVersion": self._objects.get(about, {}).get("apiVersion", "v1"), "kind": about.kind, "namespace": about.namespace, "name": about.name,
                                "uid": involved.get("uid"), "resourceVersion": involved.get("resourceVersion")},
             "reason": reason, "message": message[:1024], "type": "Warning" if warning else "Normal",
             "source": {"component": "ignition-server"}, "firstTimestamp": now, "lastTimestamp": now, "count": 1,
@@ -426,3 +434,32 @@ class KubeSource:
                 return False
             raise
         return True
+
+    async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Create an object as it is (a KubeError 409 when one of its name exists); kept and
+        handed over as the API server answered."""
+        key = object_key(obj)
+        if key is None:
+            raise ValueError("an object needs kind and metadata.name")
+        created = await self.client.request("create", "POST", collection_path(key.kind, key.namespace), body=obj)
+        await self._wrote(key, created)
+        return created
+
+    async def replace(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Replace an object whole (PUT) at the resourceVersion it carries: a KubeError 409 when
+        someone wrote since, 404 when it is gone. Kept and handed over as the API server answered."""
+        key = object_key(obj)
+        if key is None:
+            raise ValueError("an object needs kind and metadata.name")
+        written = await self.client.request("update", "PUT", item_path(key.kind, key.namespace, key.name), body=obj)
+        await self._wrote(key, written)
+        return written
+
+    async def _wrote(self, key: ObjectKey, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+            change: Change | None = self._forget(key) if key in self._objects else None  # its last finalizer went: gone
+        else:
+            change = self._keep(key, {**self.trim(obj), "kind": key.kind})
+        if change is not None:
+            await self._hand_over([change])
