@@ -46,10 +46,13 @@ class Cluster:
 
 async def connect(settings: ServeSettings, metrics: ServerMetrics, on_watch: "WatchHealth") -> Cluster:
     api = await KubeClient.connect(settings.kubeconfig, count=lambda verb: metrics.api_requests.labels(verb=verb).inc())
-    tenancy = Tenancy(frozenset(settings.shared_namespaces))
+    # The shareable mark is judged on what the source keeps: of a shared namespace, only what the
+    # server reads for itself and the objects marked shareable (kept whole, so they can be named).
+    tenancy = Tenancy(frozenset(settings.shared_namespaces), lookup=lambda key: source.get(key))
     source = KubeSource(
         # A reference past the wall is never fetched: only those the tenancy allows are named.
-        api, wanted=object_wanted, references=lambda obj: inputs_referenced(obj, tenancy), namespaces=settings.namespaces,
+        api, wanted=lambda meta: object_wanted(meta) or tenancy.offers(meta),
+        references=lambda obj: inputs_referenced(obj, tenancy), namespaces=settings.namespaces,
         watch_timeout=settings.watch_timeout, on_health=on_watch, namespace_budget=settings.namespace_budget,
         on_over_budget=lambda namespace: metrics.tenancy_refusals.labels(what="namespace-budget").inc(),
     )
