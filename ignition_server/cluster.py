@@ -22,7 +22,7 @@ from .reconcile.tenancy import Tenancy
 from .sources.kube import KubeClient, KubeError, KubeSource, LeaderElector
 from .sources.kube.client import MERGE_PATCH, collection_path, item_path
 from .tls.ca_rotation import FILES as CA_FILES, CAState
-from .tls.certificates import CA_VALIDITY, TLSFiles, ensure_self_signed
+from .tls.certificates import CA_VALIDITY, TLSFiles, ensure_self_signed, write_private_key
 
 log = logging.getLogger("ignition_server.cluster")
 
@@ -79,8 +79,10 @@ class WatchHealth:
 
 
 async def shared_tls(client: KubeClient, namespace: str, directory: Path, public_url: str | None,
-                     ca_validity: dt.timedelta = CA_VALIDITY) -> TLSFiles:
-    """The replicas' one CA and serving certificate, from the Secret (made here if none yet)."""
+                     ca_validity: dt.timedelta = CA_VALIDITY, *, password: bytes | None = None) -> TLSFiles:
+    """The replicas' one CA and serving certificate, from the Secret (made here if none yet).
+    The Secret holds the keys in plaintext (as any Kubernetes TLS Secret); the copies in the
+    cache dir are encrypted under `password` (certificates.py)."""
     path = item_path("Secret", namespace, TLS_SECRET)
     try:
         secret = await client.request("get", "GET", path)
@@ -103,10 +105,13 @@ async def shared_tls(client: KubeClient, namespace: str, directory: Path, public
     for name in _TLS_FILES:
         target = directory / name
         content = base64.b64decode(secret["data"][name])
-        if not target.exists() or target.read_bytes() != content:
+        if name.endswith(".key"):
+            write_private_key(target, content, password)  # encrypted; left alone if it holds that key
+        elif not target.exists() or target.read_bytes() != content:
             target.write_bytes(content)
-            target.chmod(0o600 if name.endswith(".key") else 0o644)
-    return ensure_self_signed(directory, public_url)  # reads them back (and checks they belong together)
+            target.chmod(0o644)
+    # Reads them back (and checks they belong together).
+    return ensure_self_signed(directory, public_url, password=password)
 
 
 @dataclass
