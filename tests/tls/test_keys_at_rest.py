@@ -167,3 +167,17 @@ def test_replicas_share_the_secrets_pair_and_keep_it_encrypted_in_their_cache_di
         for proc in (r1, again):
             proc.stop()
 
+
+
+def test_the_password_outlives_an_aes_key_rotation_and_differs_per_key_file(tmp_path: Path) -> None:
+    """Derived from the index key, which never changes: `add_key` + `rekey` + `prune_keys` (the
+    cache key's rotation) leave the TLS keys readable. Another key file gives another password."""
+    from payload_cache.keys import add_key, create_key_file, prune_keys
+
+    key_file = tmp_path / "cache.key"
+    before = create_key_file(key_file).derived(PURPOSE)
+    add_key(key_file)
+    prune_keys(key_file)
+    assert load_key_file(key_file).derived(PURPOSE) == before
+    assert create_key_file(tmp_path / "other.key").derived(PURPOSE) != before
+    assert load_key_file(key_file).derived("something else") != before
