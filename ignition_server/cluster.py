@@ -22,7 +22,7 @@ from .reconcile.tenancy import Tenancy
 from .sources.kube import KubeClient, KubeError, KubeSource, LeaderElector
 from .sources.kube.client import MERGE_PATCH, collection_path, item_path
 from .tls.ca_rotation import FILES as CA_FILES, CAState
-from .tls.certificates import CA_VALIDITY, TLSFiles, ensure_self_signed, write_private_key
+from .tls.certificates import CA_VALIDITY, TLSFiles, ensure_self_signed, plaintext_key_pem, write_private_key
 
 log = logging.getLogger("ignition_server.cluster")
 
@@ -89,9 +89,10 @@ async def shared_tls(client: KubeClient, namespace: str, directory: Path, public
     except KubeError as exc:
         if exc.status != 404:
             raise
-        with tempfile.TemporaryDirectory() as scratch:
-            made = ensure_self_signed(Path(scratch), public_url, ca_validity)
-            data = {name: base64.b64encode((made.cert.parent / name).read_bytes()).decode() for name in _TLS_FILES}
+        with tempfile.TemporaryDirectory() as scratch:  # made encrypted there too; the Secret gets them plaintext
+            made = ensure_self_signed(Path(scratch), public_url, ca_validity, password=password)
+            data = {name: base64.b64encode(plaintext_key_pem(content, password) if name.endswith(".key") else content).decode()
+                    for name in _TLS_FILES for content in [(made.cert.parent / name).read_bytes()]}
         body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "data": data,
                 "metadata": {"name": TLS_SECRET, "namespace": namespace}}
         try:
