@@ -23,7 +23,7 @@ from .sources.kube import KubeClient, KubeError, KubeSource, LeaderElector
 from .sources.kube.client import MERGE_PATCH, collection_path, item_path
 from .takeover import ca_cert
 from .tls.ca_rotation import FILES as CA_FILES, CAState
-from .tls.certificates import CA_VALIDITY, TLSFiles, ensure_self_signed
+from .tls.certificates import CA_VALIDITY, TLSFiles, ensure_self_signed, plaintext_key_pem, write_private_key
 
 log = logging.getLogger("ignition_server.cluster")
 
@@ -47,12 +47,14 @@ class Cluster:
 
 async def connect(settings: ServeSettings, metrics: ServerMetrics, on_watch: "WatchHealth") -> Cluster:
     api = await KubeClient.connect(settings.kubeconfig, count=lambda verb: metrics.api_requests.labels(verb=verb).inc())
-    tenancy = Tenancy(frozenset(settings.shared_namespaces))
+    # The shareable mark is judged on what the source keeps: of a shared namespace, only what the
+    # server reads for itself and the objects marked shareable (kept whole, so they can be named).
+    tenancy = Tenancy(frozenset(settings.shared_namespaces), lookup=lambda key: source.get(key))
     source = KubeSource(
         # A reference past the wall is never fetched: only those the tenancy allows are named.
         # --take-over: HostedControlPlanes too, and the Secrets and ConfigMaps an annotated one's takeover
         # reads (in its own namespace only), kept without the private keys beside them (ca_cert.trim_secret).
-        api, wanted=lambda meta: object_wanted(meta) or (settings.take_over and ca_cert.is_ours(meta)),
+        api, wanted=lambda meta: object_wanted(meta) or tenancy.offers(meta) or (settings.take_over and ca_cert.is_ours(meta)),
         references=lambda obj: [*inputs_referenced(obj, tenancy), *ca_cert.references(obj)],
         namespaces=settings.namespaces, watch_timeout=settings.watch_timeout, on_health=on_watch,
         namespace_budget=settings.namespace_budget,
@@ -82,17 +84,20 @@ class WatchHealth:
 
 
 async def shared_tls(client: KubeClient, namespace: str, directory: Path, public_url: str | None,
-                     ca_validity: dt.timedelta = CA_VALIDITY) -> TLSFiles:
-    """The replicas' one CA and serving certificate, from the Secret (made here if none yet)."""
+                     ca_validity: dt.timedelta = CA_VALIDITY, *, password: bytes | None = None) -> TLSFiles:
+    """The replicas' one CA and serving certificate, from the Secret (made here if none yet).
+    The Secret holds the keys in plaintext (as any Kubernetes TLS Secret); the copies in the
+    cache dir are encrypted under `password` (certificates.py)."""
     path = item_path("Secret", namespace, TLS_SECRET)
     try:
         secret = await client.request("get", "GET", path)
     except KubeError as exc:
         if exc.status != 404:
             raise
-        with tempfile.TemporaryDirectory() as scratch:
-            made = ensure_self_signed(Path(scratch), public_url, ca_validity)
-            data = {name: base64.b64encode((made.cert.parent / name).read_bytes()).decode() for name in _TLS_FILES}
+        with tempfile.TemporaryDirectory() as scratch:  # made encrypted there too; the Secret gets them plaintext
+            made = ensure_self_signed(Path(scratch), public_url, ca_validity, password=password)
+            data = {name: base64.b64encode(plaintext_key_pem(content, password) if name.endswith(".key") else content).decode()
+                    for name in _TLS_FILES for content in [(made.cert.parent / name).read_bytes()]}
         body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "data": data,
                 "metadata": {"name": TLS_SECRET, "namespace": namespace}}
         try:
@@ -106,10 +111,13 @@ async def shared_tls(client: KubeClient, namespace: str, directory: Path, public
     for name in _TLS_FILES:
         target = directory / name
         content = base64.b64decode(secret["data"][name])
-        if not target.exists() or target.read_bytes() != content:
+        if name.endswith(".key"):
+            write_private_key(target, content, password)  # encrypted; left alone if it holds that key
+        elif not target.exists() or target.read_bytes() != content:
             target.write_bytes(content)
-            target.chmod(0o600 if name.endswith(".key") else 0o644)
-    return ensure_self_signed(directory, public_url)  # reads them back (and checks they belong together)
+            target.chmod(0o644)
+    # Reads them back (and checks they belong together).
+    return ensure_self_signed(directory, public_url, password=password)
 
 
 @dataclass

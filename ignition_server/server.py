@@ -43,7 +43,14 @@ from .render.payload import render_payload
 from .sources.events import Source
 from .sources.files import FileSource
 from .tls.ca_rotation import CARotation, CAStore, DirectoryStore
-from .tls.certificates import TLSFiles, ensure_self_signed, make_ca, reload_on_change, serving_context
+from .tls.certificates import (
+    PASSWORD_PURPOSE,
+    TLSFiles,
+    ensure_self_signed,
+    make_ca,
+    reload_on_change,
+    serving_context,
+)
 from .tls.fips import describe as fips_describe
 from .workers.pool import WorkerPool
 
@@ -155,7 +162,7 @@ class IgnitionServer:
             self.cluster = cluster = await connect_cluster(settings, self.metrics, self.watch_health)
             if settings.tls.cert_file is None:
                 self.tls_files = await shared_tls(cluster.client, settings.pod_namespace, settings.cache_dir / "tls",
-                                                  settings.public_url, self._ca_validity())
+                                                  settings.public_url, self._ca_validity(), password=self._tls_password())
             return cluster.source, cluster
         return FileSource(
             settings.source_dir, poll_interval=settings.poll_interval, read_only=settings.source_read_only,
@@ -227,8 +234,9 @@ class IgnitionServer:
         if settings.tls.cert_file is None and self.tls_files is not None:
             rotation = CARotation(
                 store=_secret_store(cluster, settings.pod_namespace) if cluster is not None
-                else DirectoryStore(self.tls_files.cert.parent),
+                else DirectoryStore(self.tls_files.cert.parent, self._tls_password()),
                 directory=self.tls_files.cert.parent, public_url=settings.public_url, overlap=settings.token_ttl,
+                password=self._tls_password(),
                 make_ca=lambda: make_ca(self._ca_validity()), is_writer=running.writer,
                 on_bundle=running.outputs.trust_changed, interval=settings.ca_check_interval,
             )
@@ -284,7 +292,7 @@ class IgnitionServer:
         writer = EdgePublisher(
             keys=keys, directory=settings.edge_dir,
             backend=f"[{host}]:{settings.listen[1]}" if ":" in host else f"{host}:{settings.listen[1]}",
-            cert_pem=self.tls_files.cert.read_bytes() + self.tls_files.key.read_bytes(),
+            cert_pem=self.tls_files.cert.read_bytes() + self.tls_files.key_pem(),  # HAProxy reads it plaintext
             ca_file=self.tls_files.ca, token_map=settings.edge_token_map,
         )
         writer.keys_changed()  # published at start too: opaque-token clusters have no keys to announce it
@@ -300,6 +308,12 @@ class IgnitionServer:
         items = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in proxy.items() if v)
         return PointerSettings(s.public_url, ca.read_bytes(), proxy=items)
 
+    def _tls_password(self) -> bytes:
+        """What the self-made pair's private keys are encrypted under in the cache dir: derived
+        from the cache key, which is kept outside it (README, "What a copy reveals")."""
+        assert self.cache is not None
+        return self.cache.derived_secret(PASSWORD_PURPOSE)
+
     def _ca_validity(self) -> dt.timedelta:
         return dt.timedelta(seconds=self.settings.ca_lifetime)
 
@@ -311,7 +325,7 @@ class IgnitionServer:
                 self.tls_files = TLSFiles(tls.cert_file, tls.key_file, None)
             else:
                 self.tls_files = ensure_self_signed(self.settings.cache_dir / "tls", self.settings.public_url,
-                                                   self._ca_validity())
+                                                   self._ca_validity(), password=self._tls_password())
                 log.info("TLS: self-made CA at %s (put it in pointer configs' certificateAuthorities)", self.tls_files.ca)
         return serving_context(self.tls_files, tls.profile)
 

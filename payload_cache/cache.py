@@ -12,6 +12,7 @@ guarded by locks, single-key index reads are lock-free.
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import threading
@@ -116,6 +117,10 @@ class PayloadCache:
     @property
     def key_file(self) -> Path:
         return self._keys.path
+
+    def derived_secret(self, purpose: str) -> bytes:
+        """A secret for `purpose` derived from the cache key (keys.KeyRing.derived), printable."""
+        return base64.b64encode(self._keys.ring.derived(purpose))
 
     def key_ids(self) -> list[str]:
         """AES key ids (hex), newest (encrypting) first."""

@@ -24,8 +24,10 @@ Rotating the AES key:
      re-rendered), so only prune after rekey reported success.
 
 The file lives outside the cache directory (default ``<cache_dir>.key``) so a
-copy of the directory alone reveals no payload, token or rotation state (the
-server's TLS private keys beside them are not under this key: README, Security).
+copy of the directory alone reveals no payload, token or rotation state, nor the
+server's TLS private keys beside them: those are encrypted under a password derived
+from the index key (``KeyRing.derived``), which never changes, so a rotation of the
+``aes`` keys leaves them readable.
 """
 
 from __future__ import annotations
@@ -39,7 +41,9 @@ import os
 import stat
 from pathlib import Path
 
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from .errors import CacheKeyError
 from .fsio import atomic_write, fsync_dir, make_dir, temp_path_for, write_exclusive
@@ -88,6 +92,13 @@ class KeyRing:
         mac = self._index_mac.copy()
         mac.update(data)
         return mac.digest()
+
+    def derived(self, purpose: str) -> bytes:
+        """A secret for `purpose` (32 bytes), from the index key: the same as long as the key file
+        lasts, and unrelated to any HMAC the cache computes (HKDF, not HMAC of a chosen text:
+        a token or payload cannot be made to hash to it)."""
+        return HKDF(hashes.SHA256(), KEY_BYTES, salt=b"ignition-server derived secrets",
+                    info=purpose.encode()).derive(self.index_key)
 
     def cipher(self, kid: bytes) -> AESGCM | None:
         return self._ciphers.get(kid)

@@ -221,6 +221,24 @@ class ServerProcess:
     def ssl_context(self) -> ssl.SSLContext:
         return ssl.create_default_context(cafile=str(self.ca_file))
 
+    def tls_password(self) -> bytes:
+        """What the self-made CA's and serving keys in its cache dir are encrypted under (derived
+        from the cache key beside the cache dir, `<cache-dir>.key`, as server.py derives it)."""
+        from ignition_server.tls.certificates import PASSWORD_PURPOSE
+        from payload_cache.keys import load_key_file
+
+        return base64.b64encode(load_key_file(Path(str(self.cache_dir) + ".key")).derived(PASSWORD_PURPOSE))
+
+    def serving_key(self, to: Path) -> Path:
+        """Its serving key in the clear at `to` (0600): for another process given the same pair."""
+        from ignition_server.tls.certificates import TLSFiles
+
+        tls = self.cache_dir / "tls"
+        to.unlink(missing_ok=True)
+        to.touch(mode=0o600)
+        to.write_bytes(TLSFiles(tls / "serving.crt", tls / "serving.key", None, self.tls_password()).key_pem())
+        return to
+
     def get(self, path: str, headers: dict[str, str] | None = None, method: str = "GET") -> tuple[int, dict[str, str], bytes]:
         request = urllib.request.Request(self.url + path, headers=headers or {}, method=method)
         try:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ignition_server.reconcile.inputs import ANNOTATION_INPUT_PREFIX
+from ignition_server.reconcile.tenancy import ANNOTATION_SHAREABLE
 from testsupport import fleet as fleetgen
 
 SHARED_NAMESPACE, SHARED_NAME = "ignition-server", "ca"  # the server's own: shared by default
@@ -36,7 +37,7 @@ def write_configmap(source: Path, seed: str, variant: int, kib: int) -> str:
     fleetgen.write_manifest(configmap_path(source), {
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": SHARED_NAME, "namespace": SHARED_NAMESPACE,
-                     "annotations": {VARIANT_ANNOTATION: str(variant)}},
+                     "annotations": {VARIANT_ANNOTATION: str(variant), ANNOTATION_SHAREABLE: "true"}},
         "data": {"ca-bundle.crt": bundle},
     })
     return bundle

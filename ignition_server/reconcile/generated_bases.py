@@ -119,7 +119,7 @@ def generated_key(secret: TokenSecret, notes: Mapping[str, str], lookup: Lookup,
     cloud = cloud_config_input(config)
     cloud_fingerprint = ""
     if cloud is not None:
-        cloud_key = input_key(secret, cloud, notes)
+        cloud_key = input_key(secret, cloud, notes, tenancy)
         deps.add(cloud_key)
         cloud_fingerprint = fingerprint(lookup(cloud_key))
     digest = releases.digest(secret.release) if secret.release else None
@@ -294,7 +294,7 @@ class GeneratedBaseWaits:
         cloud = cloud_config_input(config)
         cloud_config = None
         if cloud is not None:
-            obj = self.source.get_full(input_key(secret, cloud, notes))
+            obj = self.source.get_full(input_key(secret, cloud, notes, self.tenancy))
             if obj is not None:  # as HyperShift writes it: the ConfigMap, YAML
                 meta = obj.get("metadata") or {}
                 cloud_config = config_map(meta.get("namespace"), meta.get("name"), data_text(obj))

@@ -2,7 +2,8 @@
 
 By namespace convention (the token Secret's namespace), unless an annotation on the token
 Secret, `ignition-server.openshift.io/input-<name>: <namespace>/<object>`, points one input
-elsewhere, only into a namespace the tenancy allows (tenancy.py). gather.py reads them.
+elsewhere, only into a namespace the tenancy allows and, there, only at an object the operator
+marked shareable (tenancy.py). gather.py reads them.
 """
 
 from __future__ import annotations
@@ -56,6 +57,6 @@ def input_key(secret: TokenSecret, wanted: InputObject, notes: Mapping[str, str]
         if not name:
             raise ManifestError(f"annotation {ANNOTATION_INPUT_PREFIX}{wanted.name} must be <namespace>/<name>, got {ref!r}")
         if tenancy is not None:
-            tenancy.check(secret.key.namespace, namespace, name, f"annotation {ANNOTATION_INPUT_PREFIX}{wanted.name}")
+            tenancy.check(secret.key.namespace, wanted.kind, namespace, name, f"annotation {ANNOTATION_INPUT_PREFIX}{wanted.name}")
         return ObjectKey(wanted.kind, namespace, name)
     return ObjectKey(wanted.kind, secret.key.namespace, wanted.name)

@@ -169,6 +169,8 @@ class NodePools:
                                   generated=self.base_waits.known, tenancy=self.tenancy)
         except OutsideTenancy as exc:
             self.metrics.tenancy_refusals.labels(what="input").inc()
+            if exc.key is not None:  # judged again when the operator marks (or adds) that object
+                self.input_graph.track(secret.key, frozenset({exc.key}))
             raise InvalidConfig(str(exc)) from None
         except ManifestError as exc:
             raise InvalidConfig(str(exc)) from None

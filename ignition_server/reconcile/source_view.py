@@ -38,6 +38,7 @@ class SourceView:
         """The view of one listing (`FileSource.read_once()` and its `get_full`)."""
         catalog = ReleaseCatalog()
         bases = BaseIndex()
+        tenancy = tenancy.reading(objects.get) if tenancy is not None else None  # the shareable mark
         for key, obj in objects.items():
             if is_catalog(obj) and (tenancy is None or tenancy.is_shared(key.namespace)):
                 catalog.update(key, get_full(key))

@@ -105,7 +105,7 @@ def build_reconciliation(
     take_over: Callable[[], bytes | None] | None = None,  # --take-over: the CA bundle to publish (None: off)
 ) -> Reconciliation:
     releases = releases if releases is not None else Releases()
-    tenancy = tenancy if tenancy is not None else Tenancy()
+    tenancy = (tenancy if tenancy is not None else Tenancy()).reading(source.get)  # the shareable mark
     bases = bases if bases is not None else BaseIndex()
     faults = Faults(count=lambda step: metrics.watch_errors.labels(step=step).inc())
     work = ObjectWork(faults)

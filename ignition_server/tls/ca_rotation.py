@@ -12,7 +12,9 @@ from an old pointer config never meets a certificate it cannot verify.
 `overlap` is the token TTL: a pointer config's token stays accepted at most that long after a
 newer pointer config replaced it. `plan` is pure (a CA maker is passed in); `CARotation` runs
 it where the material lives (a directory, or the Secret the replicas share) and only on the
-writer; every process installs what the material says.
+writer; every process installs what the material says. A CAState holds its keys in plaintext
+(in memory, and in the replicas' Secret); in a directory they are encrypted under the cache
+key's password (certificates.py), read and written through `password`.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Awaitable, Callable, Mapping, Protocol
 
@@ -29,7 +31,7 @@ from cryptography import x509
 
 from payload_cache.fsio import atomic_write
 
-from .certificates import ensure_self_signed
+from .certificates import ensure_self_signed, plaintext_key_pem, write_private_key
 
 log = logging.getLogger("ignition_server.tls")
 
@@ -96,21 +98,26 @@ class DirectoryStore:
     """The material in the TLS directory itself (one server, or one writer per directory)."""
 
     directory: Path
+    password: bytes | None = field(default=None, repr=False)  # what the keys are encrypted under
 
     async def load(self) -> tuple[CAState | None, str | None]:
         files = {name: (self.directory / name).read_bytes() for name in FILES if (self.directory / name).exists()}
+        files = {name: plaintext_key_pem(content, self.password) if name.endswith(".key") else content
+                 for name, content in files.items()}
         return (CAState.from_files(files) if "ca.crt" in files and "ca.key" in files else None), None
 
     async def save(self, state: CAState, version: str | None) -> bool:
-        install_files(self.directory, state)
+        install_files(self.directory, state, self.password)
         return True
 
 
-def install_files(directory: Path, state: CAState) -> None:
+def install_files(directory: Path, state: CAState, password: bytes | None = None) -> None:
     for name, content in state.files().items():
         path = directory / name
-        if not path.exists() or path.read_bytes() != content:
-            atomic_write(path, content, 0o600 if name.endswith(".key") else 0o644)
+        if name.endswith(".key"):
+            write_private_key(path, content, password)  # encrypted; only if the key differs
+        elif not path.exists() or path.read_bytes() != content:
+            atomic_write(path, content, 0o644)
     if state.next_key is None and (directory / "next-ca.key").exists():
         (directory / "next-ca.key").unlink()
 
@@ -126,6 +133,7 @@ class CARotation:
     on_bundle: Callable[[bytes], Awaitable[None] | None] = lambda _bundle: None
     interval: float = 60.0
     clock: Callable[[], float] = time.time
+    password: bytes | None = field(default=None, repr=False)  # the directory's keys are encrypted under it
     _installed: CAState | None = None
 
     async def run(self) -> None:
@@ -160,7 +168,7 @@ class CARotation:
             self._installed = state
 
     def _install(self, state: CAState) -> None:
-        install_files(self.directory, state)
+        install_files(self.directory, state, self.password)
         # A serving certificate not signed by the CA that signs now is made again (and the
         # running server reloads it from disk).
-        ensure_self_signed(self.directory, self.public_url)
+        ensure_self_signed(self.directory, self.public_url, password=self.password)

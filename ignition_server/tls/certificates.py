@@ -3,6 +3,13 @@
 Without `--tls-cert` the server makes a CA and a serving certificate in the cache dir on
 first start and reuses them later, so the embedded default runs with TLS out of the box;
 pointer configs trust that CA.
+
+The private keys it keeps there are encrypted PKCS#8 (PBES2: PBKDF2-HMAC-SHA256, AES-256-CBC)
+under a password derived from the cache key (`PayloadCache.derived_secret`), which lives
+outside the cache dir: a copy of the cache dir, or a snapshot of its volume, holds no key that
+could pose as this server. OpenSSL loads them with the password (`load_cert_chain`); a key
+found in plaintext (written by an older server) is encrypted in place, the same key, so the
+certificate stays. Without a password (`password=None`: the tests, tools) keys are plaintext.
 """
 
 from __future__ import annotations
@@ -14,15 +21,17 @@ import logging
 import os
 import socket
 import ssl
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from payload_cache.fsio import atomic_write
 
 from .profiles import TLSProfile
 
@@ -32,12 +41,29 @@ CA_VALIDITY = dt.timedelta(days=3650)
 SERVING_VALIDITY = dt.timedelta(days=365)
 RENEW_BEFORE = dt.timedelta(days=30)
 
+PrivateKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
+# What the cache key derives the private keys' password for (PayloadCache.derived_secret).
+PASSWORD_PURPOSE = "tls-private-keys"
+
 
 @dataclass(frozen=True)
 class TLSFiles:
     cert: Path
     key: Path
     ca: Path | None  # the CA pointer configs must trust, when we made it
+    # What the key file is encrypted under (the self-made pair in the cache dir); None: plaintext.
+    password: bytes | None = field(default=None, repr=False, compare=False)
+
+    def key_pem(self) -> bytes:
+        """The private key, plaintext PKCS#8 PEM (for a front proxy that terminates TLS with it)."""
+        return _key_pem(read_private_key(self.key, self.password))
+
+
+class KeyUnreadable(ValueError):
+    """A private key file that cannot be read with the password at hand (or at all)."""
+
+
+_ENCRYPTED = b"-----BEGIN ENCRYPTED PRIVATE KEY-----"
 
 
 def subject_names(public_url: str | None) -> list[str]:
@@ -65,8 +91,63 @@ def _write_private(path: Path, data: bytes) -> None:
         handle.write(data)
 
 
-def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+def _key_pem(key: PrivateKey, password: bytes | None = None) -> bytes:
+    encryption: serialization.KeySerializationEncryption = (
+        serialization.BestAvailableEncryption(password) if password else serialization.NoEncryption())
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption)
+
+
+def is_encrypted(pem: bytes) -> bool:
+    return pem.lstrip().startswith(_ENCRYPTED)
+
+
+def parse_private_key(pem: bytes, password: bytes | None, where: object = "a private key") -> PrivateKey:
+    """A PEM private key, encrypted (with `password`) or not."""
+    try:
+        key = serialization.load_pem_private_key(pem, password=password if is_encrypted(pem) else None)
+    except (ValueError, TypeError) as exc:
+        if is_encrypted(pem):
+            raise KeyUnreadable(f"{where} is encrypted under another cache key (or none is at hand): restore the cache "
+                                "key file it was made with, or remove the TLS directory to make a new CA (pointer "
+                                "configs must then trust it)") from None
+        raise KeyUnreadable(f"{where} is not a PEM private key: {exc}") from None
+    if not isinstance(key, (ec.EllipticCurvePrivateKey, rsa.RSAPrivateKey)):
+        raise KeyUnreadable(f"{where} is a {type(key).__name__}, not an EC or RSA key")
+    return key
+
+
+def read_private_key(path: Path, password: bytes | None) -> PrivateKey:
+    return parse_private_key(path.read_bytes(), password, path)
+
+
+def plaintext_key_pem(pem: bytes, password: bytes | None) -> bytes:
+    """`pem` (encrypted or not) as plaintext PKCS#8 PEM: what two copies of one key compare by."""
+    return _key_pem(parse_private_key(pem, password))
+
+
+def sealed_key_pem(pem: bytes, password: bytes | None) -> bytes:
+    """A plaintext PEM key (a Secret's, a new CA's) as it is kept on disk: encrypted under `password`."""
+    return _key_pem(parse_private_key(pem, None), password) if password else pem
+
+
+def write_private_key(path: Path, pem: bytes, password: bytes | None) -> None:
+    """Write a key (given as plaintext PEM) encrypted under `password`, unless the file holds it already."""
+    if path.exists():
+        try:
+            current = path.read_bytes()
+            if plaintext_key_pem(current, password) == plaintext_key_pem(pem, None) \
+                    and (is_encrypted(current) or not password):
+                return
+        except (OSError, KeyUnreadable):
+            pass
+    atomic_write(path, sealed_key_pem(pem, password), 0o600)
+
+
+def seal_in_place(path: Path, password: bytes | None) -> None:
+    """A plaintext key left by an older server, encrypted: the same key, so its certificate stays."""
+    if password and path.exists() and not is_encrypted(path.read_bytes()):
+        atomic_write(path, _key_pem(read_private_key(path, None), password), 0o600)
+        log.info("encrypted %s under the cache key", path)
 
 
 def make_ca(validity: dt.timedelta = CA_VALIDITY) -> tuple[bytes, bytes]:
@@ -90,27 +171,32 @@ def make_ca(validity: dt.timedelta = CA_VALIDITY) -> tuple[bytes, bytes]:
     return ca_cert.public_bytes(serialization.Encoding.PEM), _key_pem(ca_key)
 
 
-def ensure_self_signed(directory: Path, public_url: str | None, ca_validity: dt.timedelta = CA_VALIDITY) -> TLSFiles:
-    """Make (or reuse) a CA and a serving certificate for `public_url` under `directory`.
+def ensure_self_signed(directory: Path, public_url: str | None, ca_validity: dt.timedelta = CA_VALIDITY,
+                       password: bytes | None = None) -> TLSFiles:
+    """Make (or reuse) a CA and a serving certificate for `public_url` under `directory`, their
+    private keys encrypted under `password` (KeyUnreadable: a key is under another password).
 
     `ca.crt` may hold several CAs (a CA rotation's overlap): the first one signs."""
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     ca_cert_path, ca_key_path = directory / "ca.crt", directory / "ca.key"
     cert_path, key_path = directory / "serving.crt", directory / "serving.key"
     now = dt.datetime.now(dt.timezone.utc)
+    for path in (ca_key_path, directory / "next-ca.key", key_path):
+        seal_in_place(path, password)
     if ca_cert_path.exists() and ca_key_path.exists():
         ca_cert = x509.load_pem_x509_certificate(ca_cert_path.read_bytes())
-        ca_key = serialization.load_pem_private_key(ca_key_path.read_bytes(), password=None)
+        ca_key = read_private_key(ca_key_path, password)
     else:
         cert_pem, key_pem = make_ca(ca_validity)
-        _write_private(ca_key_path, key_pem)
+        _write_private(ca_key_path, sealed_key_pem(key_pem, password))
         ca_cert_path.write_bytes(cert_pem)
         ca_cert = x509.load_pem_x509_certificate(cert_pem)
-        ca_key = serialization.load_pem_private_key(key_pem, password=None)
+        ca_key = parse_private_key(key_pem, None)
         log.info("made a new CA for the serving certificate: %s", ca_cert_path)
     names = subject_names(public_url)
     if cert_path.exists() and key_path.exists() and _still_good(cert_path, names, now, ca_cert):
-        return TLSFiles(cert_path, key_path, ca_cert_path)
+        read_private_key(key_path, password)  # readable with this password, or say so now
+        return TLSFiles(cert_path, key_path, ca_cert_path, password)
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (
         x509.CertificateBuilder()
@@ -124,13 +210,13 @@ def ensure_self_signed(directory: Path, public_url: str | None, ca_validity: dt.
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False  # type: ignore[arg-type]
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
         )
-        .sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
+        .sign(ca_key, hashes.SHA256())
     )
-    _write_private(key_path, _key_pem(key))
+    _write_private(key_path, _key_pem(key, password))
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM) + ca_cert.public_bytes(serialization.Encoding.PEM))
-    return TLSFiles(cert_path, key_path, ca_cert_path)
+    return TLSFiles(cert_path, key_path, ca_cert_path, password)
 
 
 def _still_good(cert_path: Path, names: list[str], now: dt.datetime, ca_cert: x509.Certificate) -> bool:
@@ -171,18 +257,21 @@ def load_pair(context: ssl.SSLContext, files: TLSFiles) -> None:
     OpenSSL takes the certificate into the context before it checks the key: a live context
     handed a new certificate and an old key served that mismatched pair, and every handshake
     failed. So both files are read once, tried on a scratch context, and the same bytes (not
-    the files again, which may change meanwhile) then go into the live one, from memory."""
+    the files again, which may change meanwhile) then go into the live one, from memory.
+    An encrypted key is loaded with `files.password` (never OpenSSL's prompt: an empty one
+    when there is none, which fails)."""
     pem = files.cert.read_bytes() + b"\n" + files.key.read_bytes()
+    password = files.password or b""
     fd = os.memfd_create("tls-pair", os.MFD_CLOEXEC)
     try:
         os.write(fd, pem)
         path = f"/proc/self/fd/{fd}"
         try:
-            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(path)
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(path, password=password)
         except ssl.SSLError as exc:
             raise ssl.SSLError(f"the key in {files.key} does not match the certificate in {files.cert} "
                                f"(or either is unreadable): {exc}") from None
-        context.load_cert_chain(path)
+        context.load_cert_chain(path, password=password)
     finally:
         os.close(fd)
 

@@ -62,7 +62,7 @@ class Fleet:
         self.a1 = dual_stack(self.source_a, tmp / "a1" / "cache", "--edge-dir", str(self.edge_a), *common)
         tls = self.a1.cache_dir / "tls"  # one CA for the replicas of a cluster
         self.a2 = dual_stack(self.source_a, tmp / "a2" / "cache", "--source-read-only", "--tls-cert", str(tls / "serving.crt"),
-                             "--tls-key", str(tls / "serving.key"), *common)
+                             "--tls-key", str(self.a1.serving_key(tmp / "a1-serving.key")), *common)
         self.b1 = dual_stack(self.source_b, tmp / "b1" / "cache", "--edge-dir", str(self.edge_b), *common)
         self.servers = [self.a1, self.a2, self.b1]
         wait_for(lambda: (self.edge_a / "publication.json").exists() and (self.edge_b / "publication.json").exists(),
@@ -298,8 +298,8 @@ def test_new_certificate_is_served_without_a_reload(fleet: Fleet, tmp_path: Path
     issuer.mkdir()
     for name in ("ca.crt", "ca.key"):
         (issuer / name).write_bytes((fleet.a1.cache_dir / "tls" / name).read_bytes())
-    files = ensure_self_signed(issuer, None)
-    (fleet.edge_a / "edge.pem").write_bytes(files.cert.read_bytes() + files.key.read_bytes())
+    files = ensure_self_signed(issuer, None, password=fleet.a1.tls_password())  # the keys as a1 keeps them
+    (fleet.edge_a / "edge.pem").write_bytes(files.cert.read_bytes() + files.key_pem())
     new = x509.load_pem_x509_certificate(files.cert.read_bytes()).public_bytes(Encoding.DER)
     assert new != before
     wait_for(lambda: served_certificate(fleet.port, HOST_A, fleet.a1.ca_file) == new, timeout=20,

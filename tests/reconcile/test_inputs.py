@@ -119,14 +119,15 @@ async def test_full_payload_has_join_files_haproxy_and_ibm_and_passes_the_real_t
 async def test_a_shared_input_rerenders_exactly_its_nodepools(world) -> None:
     reconciler, source, cache, source_dir, _clock, outputs = world
     shared = {"ignition-server.openshift.io/input-user-ca-bundle": "shared/ca"}
-    write_manifests(source_dir / "shared.yaml", kube_object("ConfigMap", "shared", "ca", {"ca-bundle.crt": CA_PEM}))
+    marked = {"ignition-server.openshift.io/shareable": "true"}
+    write_manifests(source_dir / "shared.yaml", kube_object("ConfigMap", "shared", "ca", {"ca-bundle.crt": CA_PEM}, marked))
     write_manifests(source_dir / "a.yaml", *[token_secret("clusters-a", f"a{i}", f"tok-a{i}") for i in range(3)],
                     kube_object("ConfigMap", "clusters-a", "user-ca-bundle", {"ca-bundle.crt": CA_PEM}))
     write_manifests(source_dir / "b.yaml", *[token_secret("clusters-b", f"b{i}", f"tok-b{i}", shared) for i in range(2)])
     await settle(reconciler, source, outputs)
     assert renders(reconciler) == 5
     before = renders(reconciler)
-    write_manifests(source_dir / "shared.yaml", kube_object("ConfigMap", "shared", "ca", {"ca-bundle.crt": CA_PEM + CA_PEM.replace("MIIB", "MIIC")}))
+    write_manifests(source_dir / "shared.yaml", kube_object("ConfigMap", "shared", "ca", {"ca-bundle.crt": CA_PEM + CA_PEM.replace("MIIB", "MIIC")}, marked))
     await settle(reconciler, source, outputs)
     assert renders(reconciler) - before == 2
     before = renders(reconciler)

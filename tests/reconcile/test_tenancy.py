@@ -21,13 +21,13 @@ from ignition_server.model.token_secret import ANNOTATION_TOKEN_EXPIRATION, pars
 from ignition_server.reconcile.reconciler import Reconciler
 from ignition_server.reconcile.releases import ANNOTATION_RELEASE_CATALOG
 from ignition_server.reconcile.source_view import SourceView
-from ignition_server.reconcile.tenancy import Tenancy
+from ignition_server.reconcile.tenancy import ANNOTATION_SHAREABLE, OutsideTenancy, Tenancy
 from ignition_server.render.payload import render_payload
 from ignition_server.sources.files import FileSource
 from payload_cache import PayloadCache, TokenState
 from testsupport.clock import T0, Clock
 from testsupport.harness import EXAMPLE_MACHINECONFIG, write_manifests
-from testsupport.manifests import build_token_secret, kube_object
+from testsupport.manifests import CA_PEM, build_token_secret, kube_object
 from testsupport.reconcile_world import file_reconciler, renders, settle
 from testsupport.service_accounts import keys_configmap, legacy_jwt
 
@@ -128,12 +128,63 @@ async def test_inputs_named_in_another_tenants_namespace_are_refused_and_never_r
     # The victim is untouched; an input in a shared namespace stays allowed.
     assert "victim-admin" in payload(cache, VICTIM_REF)
     write_manifests(source_dir / "shared-proxy.yaml", kube_object("ConfigMap", SHARED, "proxy", {
-        "listenIP": "172.20.0.1", "listenPort": "6443", "backends": "shared.example.com:32167"}))
+        "listenIP": "172.20.0.1", "listenPort": "6443", "backends": "shared.example.com:32167"}, {ANNOTATION_SHAREABLE: "true"}))
     write_manifests(source_dir / "evil.yaml", token_secret(
         EVIL, "clusters/evil", "evil-token", annotations={"ignition-server.openshift.io/input-apiserver-proxy": f"{SHARED}/proxy"}))
     await settle(reconciler, source, reconciler.tokens.outputs)
     assert parse_token_secret(secret_in(source_dir, "evil.yaml", "token-evil-00000000")).reason == "AsExpected"
     assert "shared.example.com:32167" in payload(cache, f"{EVIL}/token-evil-00000000")
+
+
+OPERATOR_PULL = '{"auths":{"registry.mgmt.example.com":{"auth":"b3BlcmF0b3I6aHVudGVyMg=="}}}'
+OPERATOR_KUBECONFIG = VICTIM_KUBECONFIG.replace("victim-admin", "management-admin")
+
+
+async def test_the_servers_own_secrets_cannot_be_named_until_the_operator_marks_one(world) -> None:
+    """Issue 31, item 5: the default shared namespace is the server's own, which also holds the
+    operator's image pull secret and a management kubeconfig. A tenant naming them by `input-*`
+    is refused, says why, and gets nothing of them; the shared CA bundle the operator marks
+    shareable is served, and marking it re-renders the refused NodePool by itself. The server's
+    own catalog there keeps working unmarked (it is not read through `input-*`)."""
+    reconciler, source, cache, source_dir, _ = world
+    write_manifests(source_dir / "shared.yaml", catalog(SHARED, GOOD_HAPROXY),
+                    kube_object("Secret", SHARED, "pull-secret", {".dockerconfigjson": OPERATOR_PULL}),
+                    kube_object("Secret", SHARED, "management-kubeconfig", {"kubeconfig": OPERATOR_KUBECONFIG}),
+                    kube_object("ConfigMap", SHARED, "ca", {"ca-bundle.crt": CA_PEM}))
+    write_manifests(source_dir / "victim.yaml", *victim_cluster())
+    steal = {"ignition-server.openshift.io/input-pull-secret": f"{SHARED}/pull-secret",
+             "ignition-server.openshift.io/input-bootstrap-kubeconfig": f"{SHARED}/management-kubeconfig"}
+    write_manifests(source_dir / "evil.yaml", token_secret(EVIL, "clusters/evil", "evil-token", annotations=steal))
+    await settle(reconciler, source, reconciler.tokens.outputs)
+    evil = parse_token_secret(secret_in(source_dir, "evil.yaml", "token-evil-00000000"))
+    assert evil.reason == "InvalidConfig", evil.message
+    assert f"{SHARED}/pull-secret" in evil.message and "not marked shareable" in evil.message
+    assert ANNOTATION_SHAREABLE in evil.message
+    assert payload(cache, f"{EVIL}/token-evil-00000000") is None
+    assert refusals(reconciler, "input") >= 1
+    assert GOOD_HAPROXY in payload(cache, VICTIM_REF)  # the server's own catalog, unmarked, still counts
+    # A CA bundle the operator shares: refused while unmarked, served once marked, with no change to the tenant's Secret.
+    share = {"ignition-server.openshift.io/input-user-ca-bundle": f"{SHARED}/ca"}
+    write_manifests(source_dir / "evil.yaml", token_secret(EVIL, "clusters/evil", "evil-token", annotations=share))
+    await settle(reconciler, source, reconciler.tokens.outputs)
+    evil = parse_token_secret(secret_in(source_dir, "evil.yaml", "token-evil-00000000"))
+    assert evil.reason == "InvalidConfig" and f"{SHARED}/ca" in evil.message
+    write_manifests(source_dir / "shared.yaml", catalog(SHARED, GOOD_HAPROXY),
+                    kube_object("Secret", SHARED, "pull-secret", {".dockerconfigjson": OPERATOR_PULL}),
+                    kube_object("Secret", SHARED, "management-kubeconfig", {"kubeconfig": OPERATOR_KUBECONFIG}),
+                    kube_object("ConfigMap", SHARED, "ca", {"ca-bundle.crt": CA_PEM}, {ANNOTATION_SHAREABLE: "true"}))
+    await settle(reconciler, source, reconciler.tokens.outputs)
+    evil = parse_token_secret(secret_in(source_dir, "evil.yaml", "token-evil-00000000"))
+    assert evil.reason == "AsExpected", evil.message
+    served = payload(cache, f"{EVIL}/token-evil-00000000") or ""
+    assert CA_PEM.strip().splitlines()[1] in served
+    assert "registry.mgmt.example.com" not in served and "management-admin" not in served
+    # The render command judges alike.
+    write_manifests(source_dir / "evil.yaml", token_secret(EVIL, "clusters/evil", "evil-token", annotations=steal))
+    once = FileSource(source_dir)
+    view = SourceView.of(once.read_once(), once.get_full, Tenancy(frozenset({SHARED})))
+    with pytest.raises(OutsideTenancy, match="not marked shareable"):
+        view.render_inputs(view.newest_secret("clusters/evil"))
 
 
 async def test_a_release_catalog_outside_the_shared_namespaces_changes_no_payload(world) -> None:

@@ -213,3 +213,36 @@ def test_a_tenant_filling_its_namespace_runs_no_replica_out_of_memory(api: KubeA
                  timeout=30, what="an Event on a refused object")
     finally:
         server.kill()
+
+
+def test_the_servers_own_secrets_are_never_fetched_for_a_tenant_until_marked_shareable(api: KubeAPI, server) -> None:
+    """Issue 31, item 5, Kubernetes: the server's own namespace (shared by default) holds the
+    operator's Secrets. A tenant naming one by `input-*` gets `InvalidConfig` saying why and an
+    Event, and the Secret is never fetched; a CA bundle the operator marks shareable there is
+    served to the NodePool that names it, re-rendered when marked, with no change to its Secret."""
+    from ignition_server.reconcile.tenancy import ANNOTATION_SHAREABLE
+
+    api.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "management-kubeconfig", "namespace": "ignition"},
+                "data": {"kubeconfig": base64.b64encode(b"management-admin-credential").decode()}})
+    api.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ca", "namespace": "ignition"},
+                "data": {"ca-bundle.crt": CA_PEM}})
+    evil = token_secret(EVIL, "clusters/evil", "tok-evil", "token-evil-1")
+    evil["metadata"]["annotations"]["ignition-server.openshift.io/input-bootstrap-kubeconfig"] = "ignition/management-kubeconfig"
+    api.create(evil)
+    shares = token_secret(EVIL, "clusters/shares", "tok-shares", "token-shares-1")
+    shares["metadata"]["annotations"]["ignition-server.openshift.io/input-user-ca-bundle"] = "ignition/ca"
+    api.create(shares)
+    server.start()
+    wait_for(lambda: reason(api, EVIL, "token-evil-1") == "InvalidConfig", timeout=30, what="InvalidConfig on the Secret")
+    message = base64.b64decode(api.get("secrets", EVIL, "token-evil-1")["data"]["message"]).decode()
+    assert "ignition/management-kubeconfig" in message and "not marked shareable" in message, message
+    wait_for(lambda: any(e["involvedObject"]["name"] == "token-evil-1" and "shareable" in e["message"]
+                         for e in api.list("events", EVIL)), timeout=30, what="an Event saying why")
+    assert server.get("/ignition", bearer("tok-evil"))[0] != 200
+    wait_for(lambda: reason(api, EVIL, "token-shares-1") == "InvalidConfig", timeout=30, what="the unmarked CA refused")
+    api.patch("configmaps", "ignition", "ca", {"metadata": {"annotations": {ANNOTATION_SHAREABLE: "true"}}})
+    wait_for(lambda: server.get("/ignition", bearer("tok-shares"))[0] == 200, timeout=30, what="the marked CA served")
+    assert CA_PEM.strip().splitlines()[1] in contents(server.get("/ignition", bearer("tok-shares"))[2])
+    assert reason(api, EVIL, "token-shares-1") == "AsExpected"
+    assert ("secrets", "ignition", "management-kubeconfig") not in api.server.reads  # never fetched
+    assert server.metrics().get('ign_server_tenancy_refusals_total{what="input"}', 0) >= 2

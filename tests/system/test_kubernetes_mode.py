@@ -444,7 +444,9 @@ def test_an_input_secret_named_by_annotation_is_fetched(api: KubeAPI, replicas) 
     from ignition_server.reconcile.inputs import ANNOTATION_INPUT_PREFIX
 
     auth = base64.b64encode(b"user:pa55word-marker").decode()
-    api.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "shared-pull", "namespace": "shared"},
+    api.create({"apiVersion": "v1", "kind": "Secret", "metadata": {
+                    "name": "shared-pull", "namespace": "shared",
+                    "annotations": {"ignition-server.openshift.io/shareable": "true"}},  # the operator shares it
                 "type": "kubernetes.io/dockerconfigjson",
                 "data": {".dockerconfigjson": base64.b64encode(
                     ('{"auths":{"quay.io":{"auth":"%s"}}}' % auth).encode()).decode()}})
