@@ -342,6 +342,13 @@ def test_a_trusted_peer_may_send_a_proxy_header_or_none(tmp_path: Path) -> None:
             pass
         with with_header("192.0.2.8") as other:
             assert served(other)
+        # A header whose first bytes arrive alone (a prefix of "PROXY ") is waited for, not taken for TLS.
+        raw = socket.create_connection(("127.0.0.1", proc.port), timeout=10)
+        raw.sendall(b"PRO")
+        time.sleep(0.3)
+        raw.sendall(f"XY TCP4 192.0.2.10 127.0.0.1 40000 {proc.port}\r\n".encode())
+        with ssl.create_default_context(cafile=str(proc.ca_file)).wrap_socket(raw, server_hostname="127.0.0.1") as split:
+            assert served(split)
         assert boot(proc).startswith(b"HTTP/1.1 200")  # the proxy's own address is not at its quota
         # An untrusted peer's header is not a header: its connection is TLS or nothing.
         raw = socket.create_connection(("127.0.0.1", proc.port), timeout=10, source_address=("127.0.0.8", 0))
