@@ -1,6 +1,6 @@
 """Through the front proxy vs the server alone, in one run: `python -m bench proxy`.
 
-    python -m bench proxy [--seconds 6] [--rounds 2] [--connections 32] [--payload-kib 290]
+    python -m bench proxy [--seconds 6] [--rounds 2] [--connections 32] [--payload-kib 290] [--send-proxy]
 
 One server (`serve --edge-dir`) and one `ignition-proxy run` (the real HAProxy) with two routes
 to that server on one port: `localhost` in *terminate* mode (HAProxy ends TLS, checks the
@@ -9,7 +9,8 @@ Targets, interleaved over `--rounds`: `server` (direct), `passthrough`, `termina
 `storm` (a full TLS handshake per request, as booting nodes) and `keepalive`. The load client
 is bench/loadclient.c with the SNI name set. All of it shares the machine's cores, so read the
 ratios (proxy / server, same run) and the added p50/p99 milliseconds, not absolute req/s.
-Writes bench/results/proxy.json; the last lines print the ratios.
+Writes bench/results/proxy.json; the last lines print the ratios. `--send-proxy` runs both
+routes as deploy/proxy ships its route: PROXY v2 to a server that trusts it (`--proxy-protocol-from`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--payload-kib", type=int, default=290)
     parser.add_argument("--work", type=Path, default=_REPO / "bench" / "out" / "proxy")
     parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--send-proxy", action="store_true", help="PROXY v2 to the server, as deploy/proxy ships its route")
     args = parser.parse_args(argv)
     haproxy = shutil.which("haproxy")
     if haproxy is None:
@@ -47,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     client = build_client(args.work)
     setup = prepare(args.work, args.payload_kib, [])
     edge = args.work / "edge"
-    server = ServerProcess(setup.source, setup.cache_dir, extra=["--edge-dir", str(edge)]).start()
+    trust = ["--proxy-protocol-from", "127.0.0.1/32"] if args.send_proxy else []
+    server = ServerProcess(setup.source, setup.cache_dir, extra=["--edge-dir", str(edge), *trust]).start()
     shutil.rmtree(args.work / "proxy", ignore_errors=True)
     proxy = ProxyProcess(args.work / "proxy" / "state")
     passthrough_host = socket.gethostname()
@@ -57,8 +60,10 @@ def main(argv: list[str] | None = None) -> int:
                  what="the payload")
         backend = [f"127.0.0.1:{server.port}"]
         proxy.write_table([
-            {"host": "localhost", "mode": "terminate", "publication": str(edge), "backends": backend},
-            {"host": passthrough_host, "mode": "passthrough", "publication": str(edge), "backends": backend},
+            {"host": "localhost", "mode": "terminate", "publication": str(edge), "backends": backend,
+             "send_proxy": args.send_proxy},
+            {"host": passthrough_host, "mode": "passthrough", "publication": str(edge), "backends": backend,
+             "send_proxy": args.send_proxy},
         ], check_interval="1s")
         proxy.start(haproxy)
         wait_for(proxy.servers_up, what="the backend healthy")
@@ -99,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
             entry["p99_vs_server"] = round(entry["p99_ms"] / base["p99_ms"], 3) if base["p99_ms"] else None
     summary = {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "load_average": os.getloadavg(),
                "cpus": len(os.sched_getaffinity(0)), "payload_bytes": setup.payload.stat().st_size,
-               "connections": args.connections, "seconds": args.seconds, "rounds": args.rounds, "best": best, "runs": runs}
+               "connections": args.connections, "seconds": args.seconds, "rounds": args.rounds, "send_proxy": args.send_proxy,
+               "best": best, "runs": runs}
     (args.results / "proxy.json").write_text(json.dumps(summary, indent=1) + "\n")
     for mode in MODES:
         b = best["server"][mode]

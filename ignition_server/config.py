@@ -164,6 +164,9 @@ class ServeSettings:
     auth_failure_window: float = 10.0
     # A connection's first request headers must be in within this; connections per address and in all.
     header_timeout: float = 10.0
+    # A connection's PROXY header and TLS handshake must be done within this (ClientHello, then
+    # the client's one or two answering flights: round trips, not a download).
+    handshake_timeout: float = 2.0
     connections_per_source: int = 256
     connections_total: int = 10_000
     shutdown_timeout: float = 10.0

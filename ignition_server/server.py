@@ -197,7 +197,7 @@ class IgnitionServer:
         running.connections = connections = ConnectionTable.create(1, shared=False)
         self.metrics.watch_connections(connections.counts, ["main"])
         guard = ConnectionGuard(settings.header_timeout, settings.connections_per_source, settings.connections_total,
-                                connections.row(0))
+                                connections.row(0), handshake_timeout=settings.handshake_timeout)
         running.runners.append(await self._start(build_dispatch(handlers), settings.listen, running.ssl_context,
                                                  "serving", guard))
         running.guards.append(guard)

@@ -29,6 +29,11 @@ from .publication import Publication
 from .table import Backend, Route, Table
 
 OPEN_PATHS = ("/healthz", "/readyz")  # health endpoints carry no token
+# How long a new connection may take to send its ClientHello (the ingress frontend's
+# inspect-delay) and, on a terminating route, to finish its TLS handshake: a node sends its
+# ClientHello at once and answers the server's flight within a round trip. A stalled
+# handshake (one that sent nothing, or stopped after its ClientHello) is cut here.
+HANDSHAKE_TIMEOUT = "3s"
 
 
 def stats_socket(table: Table) -> Path:
@@ -126,6 +131,10 @@ def _terminate(table: Table, route: Route, publication: Publication) -> list[str
         "",
         f"frontend {route.name}_tls",
         "    mode http",
+        "    # HAProxy 2.6 bounds a TLS handshake by the client timeout only (2.8's client-hs is not",
+        "    # there): a ClientHello, then nothing, held its connection 60 s. A client idle this long",
+        "    # (no byte sent or read) is cut; waiting on the server is not idleness (timeout server).",
+        f"    timeout client {HANDSHAKE_TIMEOUT}",
         f"    bind unix@{sock} mode 600 accept-proxy ssl crt {cert_path(table, route)}{_tls_options(publication.tls)}",
         "    option http-buffer-request",
         *checks,
@@ -168,7 +177,7 @@ def render_config(table: Table, publications: Mapping[str, Publication]) -> str:
         "frontend ingress",
         "    mode tcp",
         f"    bind :::{table.listen} v4v6",
-        "    tcp-request inspect-delay 5s",
+        f"    tcp-request inspect-delay {HANDSHAKE_TIMEOUT}",
     ]
     # Allow-lists before the accept: an accept ends the content rules.
     for route in table.routes:

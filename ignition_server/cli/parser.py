@@ -99,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add(serve, "--auth-failure-burst", default=_serve_default("auth_failure_burst"), help="failed authentications per source address before 503 + Retry-After")
     _add(serve, "--auth-failure-window", default=_serve_default("auth_failure_window"), help="the window of --auth-failure-burst")
     _add(serve, "--header-timeout", default=_serve_default("header_timeout"), help="a connection whose request headers take longer is closed")
+    _add(serve, "--handshake-timeout", default=_serve_default("handshake_timeout"), help="a connection whose PROXY header and TLS handshake take longer is closed (a stalled handshake holds its place in the per-source count until then)")
     _add(serve, "--connections-per-source", default=_serve_default("connections_per_source"), help="open connections one address may hold (the whole server's, across workers)")
     _add(serve, "--connections-total", default=_serve_default("connections_total"), help="open connections in all (the whole server's, across workers)")
     _add(serve, "--kubernetes", action="store_true", help="read and write the objects in a live cluster instead of --source")

@@ -76,6 +76,7 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         auth_failure_burst=max(1, int(args.auth_failure_burst)),
         auth_failure_window=parse_duration(args.auth_failure_window),
         header_timeout=parse_duration(args.header_timeout),
+        handshake_timeout=parse_duration(args.handshake_timeout),
         connections_per_source=max(1, int(args.connections_per_source)),
         connections_total=max(1, int(args.connections_total)),
         log_format=args.log_format,

@@ -12,7 +12,11 @@ connection table (`connection_table`).
 A connection counts from accept to close. asyncio hands a TLS connection to its protocol only
 once the handshake is done, so a client that opens connections and never finishes a
 handshake held 300 from one address with a limit of 20: with TLS, connections are accepted
-here (`serve_connections`) and counted before the handshake starts. And a connection's first
+here (`serve_connections`) and counted before the handshake starts. The handshake (and a
+trusted proxy's PROXY header) has `handshake_timeout` (2 s), not the header timeout: a
+ClientHello followed by nothing held its place in the count 10 s, so one client opening 30 such
+connections a second kept an address at its quota of 256 (behind a proxy that sends no
+header, every node's address). And a connection's first
 request may send at most `header_bytes` before its headers end (incomplete headers cost
 ~1.8 MB each in aiohttp's parser: 128 fields of 8 KiB); later requests on a kept-alive
 connection are bounded by aiohttp's own field limits and the short keep-alive timeout.
@@ -51,6 +55,9 @@ class ConnectionGuard:
     total: int = 10_000
     row: ConnectionRow = field(default_factory=lambda: ConnectionTable.create(1, shared=False).row(0))
     header_bytes: int = HEADER_BYTES
+    # The PROXY header and TLS handshake, before `header_timeout` starts: a stalled handshake
+    # (a ClientHello, then nothing) holds its place in the per-source count until then.
+    handshake_timeout: float = 2.0
     _all_closed: asyncio.Event | None = field(default=None, init=False, repr=False)
 
     def wrap(self, factory: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
@@ -244,12 +251,12 @@ class GuardedSite(web.TCPSite):
             guard = self._guard
             task = asyncio.create_task(serve_connections(
                 sock, guard.admitted(server), networks=self._proxy_from, ssl_context=self._ssl_context,
-                header_timeout=guard.header_timeout, admit=guard.admit, release=guard.row.release), name="accept")
+                handshake_timeout=guard.handshake_timeout, admit=guard.admit, release=guard.row.release), name="accept")
             self._server = _AcceptServer(task, sock)  # type: ignore[assignment]
         else:
             self._server = await asyncio.get_running_loop().create_server(
                 self._guard.wrap(server), sock=sock, ssl=self._ssl_context, backlog=self._backlog,
-                # A client that never finishes its TLS handshake is bounded the same way.
-                ssl_handshake_timeout=self._guard.header_timeout if self._ssl_context is not None else None,
+                # Unused: with TLS, connections are accepted by serve_connections (above).
+                ssl_handshake_timeout=self._guard.handshake_timeout if self._ssl_context is not None else None,
             )
         self._bound_port = sock.getsockname()[1]

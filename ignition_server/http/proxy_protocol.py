@@ -1,11 +1,16 @@
 """PROXY protocol (v1 and v2) on the serving port, for trusted peers only.
 
-A front proxy (HAProxy with `send-proxy-v2`) opens the connection, so without this the access
-log would show the proxy's address for every node. With `--proxy-protocol-from CIDR,...` a
-connection from one of those addresses must start with a PROXY header (before TLS); the
-address in it becomes the connection's peer for everything above (the connection guard's
-per-source limits, the access log, auth-failure limits). A connection from any other address
-is served as it is: an untrusted client cannot claim an address.
+A front proxy (HAProxy with `send-proxy-v2`) opens the connection, so without this the server
+would count every node behind it under the proxy's address: one client holding connections
+there (handshakes left stalled after the ClientHello) filled that one address's quota for all of
+them. With `--proxy-protocol-from CIDR,...` a connection from one of those addresses may start
+with a PROXY header (before TLS); the address in it becomes the connection's peer for
+everything above (the connection guard's per-source limits, the access log, auth-failure
+limits). A connection from a trusted address without a header (a kubelet probe from inside the
+pod network, the proxy's own address) is served as that address, which is all it could have
+claimed anyway; whether a header follows is decided by peeking at the first bytes, which a
+TLS record (0x16) never shares with a header. A connection from any other address is served as
+it is, its bytes never read as a header: an untrusted client cannot claim an address.
 """
 
 from __future__ import annotations
@@ -72,6 +77,37 @@ async def _read_exactly(loop: asyncio.AbstractEventLoop, conn: socket.socket, si
             raise ProxyHeaderError("closed inside the header")
         data += chunk
     return data
+
+
+_MAGICS = (V1_PREFIX, V2_SIGNATURE)
+
+
+async def _readable(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> None:
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(conn.fileno(), wake)
+    try:
+        await ready
+    finally:
+        loop.remove_reader(conn.fileno())
+
+
+async def header_follows(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> bool:
+    """Whether the connection's first bytes are a PROXY header's (peeked: nothing is read)."""
+    while True:
+        await _readable(loop, conn)
+        first = conn.recv(len(V2_SIGNATURE), socket.MSG_PEEK)
+        if not first:
+            raise ProxyHeaderError("closed before its first byte")
+        if any(first.startswith(magic) for magic in _MAGICS):
+            return True
+        if not any(magic.startswith(first) for magic in _MAGICS):
+            return False
+        await asyncio.sleep(0.01)  # a header's first bytes only (split): the rest is on its way
 
 
 async def read_header(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> Peer | None:
@@ -156,7 +192,7 @@ async def serve_connections(
     *,
     networks: Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network],
     ssl_context: ssl.SSLContext | None,
-    header_timeout: float,
+    handshake_timeout: float,
     admit: Callable[[str], int],
     release: Callable[[int], None],
 ) -> None:
@@ -165,7 +201,8 @@ async def serve_connections(
     Each connection is counted (`admit`: its bucket, or -1 to refuse it) as it is accepted, or
     for a trusted proxy's connection once its header names the client; `factory(bucket)` makes
     its protocol, which releases the count when it closes. One that never gets that far (a
-    handshake that fails or times out) is released here."""
+    handshake that fails, or is not done `handshake_timeout` after the accept: the header and
+    the TLS handshake share that deadline) is released here."""
     loop = asyncio.get_running_loop()
     pending: set[asyncio.Task[None]] = set()
 
@@ -173,9 +210,11 @@ async def serve_connections(
         protocol: Any = None
         try:
             real = peer[:2]
+            deadline = loop.time() + handshake_timeout
             if bucket < 0:  # a trusted proxy's: counted under the address its header gives
-                announced = await asyncio.wait_for(read_header(loop, conn), header_timeout)
-                real = announced or real
+                async def announced() -> Peer | None:
+                    return await read_header(loop, conn) if await header_follows(loop, conn) else None
+                real = await asyncio.wait_for(announced(), handshake_timeout) or real
                 bucket = admit(plain_address(str(real[0])))
                 if bucket < 0:
                     conn.close()
@@ -187,7 +226,8 @@ async def serve_connections(
                 return _PeerProtocol(protocol, (plain_address(str(real[0])), int(real[1])))  # type: ignore[return-value]
 
             await loop.connect_accepted_socket(
-                made, conn, ssl=ssl_context, ssl_handshake_timeout=header_timeout if ssl_context else None)
+                made, conn, ssl=ssl_context,
+                ssl_handshake_timeout=max(0.001, deadline - loop.time()) if ssl_context else None)
         except (ProxyHeaderError, asyncio.TimeoutError, OSError, ssl.SSLError) as error:
             log.debug("connection from %s closed: %s %s", peer[0] if peer else "?", type(error).__name__, error)
             conn.close()

@@ -121,7 +121,7 @@ class Worker:
         settings = self.spec.settings
         ssl_context, tls_loaded = serving_context(self.spec.tls_files, settings.tls.profile)
         guard = ConnectionGuard(settings.header_timeout, settings.connections_per_source, settings.connections_total,
-                                self.connections.row(self.spec.number))
+                                self.connections.row(self.spec.number), handshake_timeout=settings.handshake_timeout)
         runner, _port = await start_site(build_dispatch(self.handlers), (settings.listen[0], self.spec.port), ssl_context,
                                          guard=guard, shutdown_timeout=settings.shutdown_timeout, reuse_port=True,
                                          proxy_from=settings.proxy_protocol_from)

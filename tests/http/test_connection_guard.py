@@ -239,7 +239,7 @@ def open_and_silent(source_ip: str, port: int, count: int) -> list[socket.socket
 def test_connections_still_in_their_handshake_count(tmp_path: Path) -> None:
     """300 connections held in the TLS handshake from one address passed a limit of 20: the
     count started only once the handshake was done."""
-    proc = server(tmp_path, "--connections-per-source", "20", "--header-timeout", "60s")
+    proc = server(tmp_path, "--connections-per-source", "20", "--header-timeout", "60s", "--handshake-timeout", "60s")
     silent: list[socket.socket] = []
     try:
         silent = open_and_silent("127.0.0.3", proc.port, 60)
@@ -250,6 +250,113 @@ def test_connections_still_in_their_handshake_count(tmp_path: Path) -> None:
         assert boot(proc, "127.0.0.4").startswith(b"HTTP/1.1 200")  # ...another is not
     finally:
         for conn in silent:
+            conn.close()
+        proc.kill()
+
+
+def client_hello() -> tuple[ssl.SSLObject, ssl.MemoryBIO, ssl.MemoryBIO, bytes]:
+    """A TLS client driven by hand: its object, its two BIOs, and its ClientHello."""
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls_object = context.wrap_bio(incoming, outgoing, server_hostname="127.0.0.1")
+    with contextlib.suppress(ssl.SSLWantReadError):
+        tls_object.do_handshake()
+    return tls_object, incoming, outgoing, outgoing.read()
+
+
+def seconds_open(conn: socket.socket, limit: float = 30.0) -> float:
+    started = time.monotonic()
+    conn.settimeout(limit)
+    with contextlib.suppress(OSError):
+        while conn.recv(65536):
+            pass
+    return time.monotonic() - started
+
+
+def test_a_stalled_handshake_is_cut_soon_and_a_slow_boot_is_not(tmp_path: Path) -> None:
+    """Issue 31, item 3: a handshake left stalled (a ClientHello, then nothing; or no byte at
+    all) held its connection, and its place in the per-source count, for the whole header
+    timeout (10 s). It is cut at --handshake-timeout (2 s), while a client that answers the
+    server's flight after 1.2 s and then dribbles its request headers over 4 s is served."""
+    proc = server(tmp_path)
+    try:
+        _, _, _, hello = client_hello()
+        with socket.create_connection(("127.0.0.1", proc.port), source_address=("127.0.0.6", 0)) as stalled:
+            stalled.sendall(hello)
+            after_hello = seconds_open(stalled)
+        with socket.create_connection(("127.0.0.1", proc.port), source_address=("127.0.0.6", 0)) as silent:
+            nothing = seconds_open(silent)
+        assert 1.5 < after_hello < 4 and 1.5 < nothing < 4, (after_hello, nothing)
+
+        tls_object, incoming, outgoing, hello = client_hello()
+        with socket.create_connection(("127.0.0.1", proc.port), timeout=10, source_address=("127.0.0.7", 0)) as raw:
+            raw.sendall(hello)
+            while True:  # the server's flight, until our side of the handshake is done
+                incoming.write(raw.recv(65536))
+                try:
+                    tls_object.do_handshake()
+                    break
+                except ssl.SSLWantReadError:
+                    continue
+            time.sleep(1.2)  # slow, but within the handshake's bound
+            raw.sendall(outgoing.read())
+            token = base64.b64encode(b"tok-good").decode()
+            request = f"GET /ignition HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
+            for part in (request[:20], request[20:60], request[60:]):  # headers over 4 s: the header timeout's
+                tls_object.write(part.encode())
+                raw.sendall(outgoing.read())
+                time.sleep(2)
+            answer = b""
+            while not answer.startswith(b"HTTP/1.1") or len(answer) < 12:
+                incoming.write(raw.recv(65536))
+                with contextlib.suppress(ssl.SSLWantReadError):
+                    answer += tls_object.read(65536)
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:64]
+    finally:
+        proc.kill()
+
+
+def test_a_trusted_peer_may_send_a_proxy_header_or_none(tmp_path: Path) -> None:
+    """From --proxy-protocol-from, a connection with a header counts under the address it
+    names; one without (a kubelet probe from inside the pod network) is served as itself,
+    where it was closed. An untrusted peer's header is never read."""
+    proc = server(tmp_path, "--proxy-protocol-from", "127.0.0.1/32", "--connections-per-source", "2",
+                  "--header-timeout", "60s", "--workers", "0")
+    held: list[ssl.SSLSocket] = []
+    try:
+        assert boot(proc).startswith(b"HTTP/1.1 200")  # no header: served (the harness' readiness probe too)
+
+        def with_header(claimed: str) -> ssl.SSLSocket:
+            raw = socket.create_connection(("127.0.0.1", proc.port), timeout=10)
+            raw.sendall(f"PROXY TCP4 {claimed} 127.0.0.1 40000 {proc.port}\r\n".encode())
+            return ssl.create_default_context(cafile=str(proc.ca_file)).wrap_socket(raw, server_hostname="127.0.0.1")
+
+        held = [with_header("192.0.2.7") for _ in range(2)]  # 192.0.2.7's quota, not 127.0.0.1's
+        wait_for(lambda: sum(connections(proc)[0].values()) == 2, what="both counted")
+        try:  # over 192.0.2.7's quota: closed before its handshake
+            third = with_header("192.0.2.7")
+            third.settimeout(5)
+            assert closed(third)
+        except (ConnectionError, ssl.SSLError):
+            pass
+        with with_header("192.0.2.8") as other:
+            assert served(other)
+        # A header whose first bytes arrive alone (a prefix of "PROXY ") is waited for, not taken for TLS.
+        raw = socket.create_connection(("127.0.0.1", proc.port), timeout=10)
+        raw.sendall(b"PRO")
+        time.sleep(0.3)
+        raw.sendall(f"XY TCP4 192.0.2.10 127.0.0.1 40000 {proc.port}\r\n".encode())
+        with ssl.create_default_context(cafile=str(proc.ca_file)).wrap_socket(raw, server_hostname="127.0.0.1") as split:
+            assert served(split)
+        assert boot(proc).startswith(b"HTTP/1.1 200")  # the proxy's own address is not at its quota
+        # An untrusted peer's header is not a header: its connection is TLS or nothing.
+        raw = socket.create_connection(("127.0.0.1", proc.port), timeout=10, source_address=("127.0.0.8", 0))
+        raw.sendall(b"PROXY TCP4 192.0.2.9 127.0.0.1 40000 9090\r\n")
+        assert seconds_open(raw, 10) < 5
+        raw.close()
+    finally:
+        for conn in held:
             conn.close()
         proc.kill()
 

@@ -260,6 +260,43 @@ def test_backend_moves_without_reload_and_key_change_reloads(fleet: Fleet) -> No
     assert fleet.proxy.reloads() == 0
 
 
+def stalled_for(port: int, host: str | None) -> float:
+    """Seconds the proxy keeps a connection that sends a ClientHello for `host` (None: nothing
+    at all) and then waits."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        if host is not None:
+            incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+            client = ssl.create_default_context().wrap_bio(incoming, outgoing, server_hostname=host)
+            try:
+                client.do_handshake()
+            except ssl.SSLWantReadError:
+                pass
+            conn.sendall(outgoing.read())
+        started = time.monotonic()
+        conn.settimeout(90)
+        try:
+            while conn.recv(65536):
+                pass
+        except OSError:
+            pass
+        return time.monotonic() - started
+
+
+def test_stalled_handshakes_are_cut_well_before_10s_in_both_modes(fleet: Fleet) -> None:
+    """Issue 31, item 3: a connection that sends nothing is closed at the ingress' inspect-delay
+    (3 s; it was 5 s), one that stops after its ClientHello by the server on a passthrough route
+    (its --handshake-timeout, 2 s) and by HAProxy on a terminating one (the TLS frontend's
+    client timeout, 3 s: HAProxy 2.6 has no handshake timeout of its own, and it was 60 s)."""
+    fleet.table("terminate", "passthrough")
+    fleet.start_proxy()
+    times = {"nothing": stalled_for(fleet.port, None), "terminate": stalled_for(fleet.port, HOST_A),
+             "passthrough": stalled_for(fleet.port, HOST_B)}
+    assert all(1.5 < t < 5 for t in times.values()), times
+    # Cutting stalls cuts no honest client, in either mode.
+    assert fleet.via_proxy(HOST_A, "/healthz") == 200
+    assert fleet.via_proxy(HOST_B, "/healthz", ca=fleet.b1.ca_file) == 200
+
+
 def test_over_ipv6_loopback(fleet: Fleet) -> None:
     fleet.table("terminate", "passthrough")
     fleet.start_proxy()

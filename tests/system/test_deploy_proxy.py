@@ -6,10 +6,14 @@ unprivileged as the server's."""
 from __future__ import annotations
 
 import base64
+import contextlib
+import ipaddress
 import socket
 import ssl
 import subprocess
 import sys
+import threading
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -179,6 +183,17 @@ def via_proxy(port: int, host: str, path: str, token: str, ca: Path) -> int:
     return int(data.split(b" ", 2)[1])
 
 
+def shipped_proxy_protocol_from() -> str:
+    env = {e["name"]: e.get("value") for e in server_object("StatefulSet")["spec"]["template"]["spec"]["containers"][0]["env"]}
+    return str(env.get("IGNITION_SERVER_PROXY_PROTOCOL_FROM") or "")
+
+
+def shipped_trust() -> list[str]:
+    """The server's flags for the shipped trust: the pod network, where the proxy pods are,
+    stands here for the test proxy's own address (HAProxy reaches the server from 127.0.0.1)."""
+    return ["--proxy-protocol-from", "127.0.0.1/32"] if shipped_proxy_protocol_from() else []
+
+
 def probe(port: int, path: str) -> int:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
         return response.status
@@ -197,7 +212,7 @@ def test_the_shipped_table_routes_a_node_and_the_role_is_exactly_what_it_asks(tm
     assert route.endpoints is not None
     source = write_manifests(tmp_path / "src" / "a.yaml", build_token_secret(
         namespace="clusters-a", nodepool="clusters-a/workers", token="tok-a")).parent
-    server = ServerProcess(source, tmp_path / "server" / "cache").start()
+    server = ServerProcess(source, tmp_path / "server" / "cache", extra=shipped_trust()).start()
     proxy = ProxyProcess(tmp_path / "proxy" / "state")
     prometheus = free_port()
     proxy.table_path.parent.mkdir(parents=True)
@@ -228,3 +243,147 @@ def test_the_shipped_table_routes_a_node_and_the_role_is_exactly_what_it_asks(tm
     assert binding["roleRef"]["name"] == one("Role")["metadata"]["name"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": one("ServiceAccount")["metadata"]["name"],
                                     "namespace": one("ServiceAccount")["metadata"]["namespace"]}]
+
+
+# -- one client stalling handshakes through the shipped proxy (issue 31, item 3) ------------
+
+def client_hello(host: str) -> bytes:
+    """A real ClientHello for `host` (SNI), as a TLS client's first flight."""
+    context = ssl.create_default_context()
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = context.wrap_bio(incoming, outgoing, server_hostname=host)
+    with contextlib.suppress(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()
+
+
+def seconds_until_closed(conn: socket.socket, limit: float = 30.0) -> float:
+    """How long the peer keeps `conn` open from now (reading and dropping what it sends)."""
+    started = time.monotonic()
+    conn.settimeout(limit)
+    with contextlib.suppress(OSError):
+        while conn.recv(65536):
+            pass
+    return time.monotonic() - started
+
+
+class StallFlood:
+    """One client (one address) opening connections to the proxy at `rate` a second, each
+    sending a ClientHello for the route and then nothing, and never closing them itself."""
+
+    def __init__(self, port: int, host: str, source: str, rate: float) -> None:
+        self.port, self.source, self.rate = port, source, rate
+        self.hello = client_hello(host)
+        self.opened: list[socket.socket] = []
+        self.failed = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        started = time.monotonic()
+        while not self.stop.is_set():
+            due = started + len(self.opened) / self.rate
+            if (wait := due - time.monotonic()) > 0:
+                self.stop.wait(wait)
+                continue
+            try:
+                conn = socket.create_connection(("127.0.0.1", self.port), timeout=2, source_address=(self.source, 0))
+                conn.sendall(self.hello)
+            except OSError:
+                self.failed += 1
+                self.stop.wait(1 / self.rate)
+                continue
+            self.opened.append(conn)
+
+    def __enter__(self) -> StallFlood:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        self.thread.join(10)
+        for conn in self.opened:
+            conn.close()
+
+
+def node_boot(port: int, host: str, source: str, token: str, ca: Path) -> int:
+    """A node's fetch through the proxy from `source`: its status, or 0 when the connection failed."""
+    context = ssl.create_default_context(cafile=str(ca))
+    context.check_hostname = False
+    bearer = base64.b64encode(token.encode()).decode()
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(source, 0)) as raw, \
+                context.wrap_socket(raw, server_hostname=host) as tls:
+            tls.sendall(f"GET /ignition HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {bearer}\r\n"
+                        "Connection: close\r\n\r\n".encode())
+            data = b""
+            while chunk := tls.recv(65536):
+                data += chunk
+        return int(data.split(b" ", 2)[1])
+    except (OSError, ssl.SSLError, IndexError, ValueError):
+        return 0
+
+
+def test_the_shipped_server_trusts_the_proxys_header_and_names_its_network() -> None:
+    """The table sends PROXY v2, and the server is told to read it from the pod network, which
+    a node's own address (outside it) is not, and whose choice the manifest explains."""
+    (route,) = load_table(table_text()).routes
+    assert route.send_proxy
+    cidrs = [ipaddress.ip_network(c.strip()) for c in shipped_proxy_protocol_from().split(",") if c.strip()]
+    assert cidrs, "the server trusts no proxy: every node behind it shares the proxy's connection quota"
+    assert not any(ipaddress.ip_network("0.0.0.0/0").subnet_of(c) for c in cidrs if c.version == 4)  # not everyone
+    assert "pod network" in (DEPLOY / "statefulset.yaml").read_text()
+    nodeport = next(d for d in documents() if d["kind"] == "Service" and d["spec"].get("type") == "NodePort")
+    assert nodeport["spec"]["externalTrafficPolicy"] == "Local"  # the node's address reaches HAProxy
+
+
+@pytest.mark.haproxy
+def test_one_client_stalling_handshakes_through_the_shipped_proxy_fails_no_nodes_boot(tmp_path: Path) -> None:
+    """Issue 31, item 3: the shipped table, run by the real controller and HAProxy in front of a
+    server started with the shipped trust (the test proxy's own address, 127.0.0.1, in place of
+    the pod network). One client opens ~100 connections a second from one address, each a
+    ClientHello and then nothing; 20 nodes, each from its own address, boot through the proxy
+    meanwhile. Before: no PROXY header, so the server counted everything under HAProxy's address,
+    the stalled handshakes held that address's quota of 256 (10 s each), and 20 of 20 boots
+    failed. Now each node has its own quota, and a stalled handshake is cut within 2 s at the
+    server (3 s at HAProxy for one that never sends its ClientHello)."""
+    haproxy = require_tool("haproxy", "apt-get install haproxy")
+    from testsupport.kubeapi import KubeAPI
+
+    (route,) = load_table(table_text()).routes
+    assert route.endpoints is not None
+    source = write_manifests(tmp_path / "src" / "a.yaml", build_token_secret(
+        namespace="clusters-a", nodepool="clusters-a/workers", token="tok-a")).parent
+    server = ServerProcess(source, tmp_path / "server" / "cache", extra=shipped_trust()).start()
+    proxy = ProxyProcess(tmp_path / "proxy" / "state")
+    proxy.table_path.parent.mkdir(parents=True)
+    proxy.table_path.write_text(local_table(proxy.state_dir, listen=proxy.port, metrics=proxy.metrics_port,
+                                            prometheus=free_port()))
+    with KubeAPI(tmp_path / "kubeapi") as api:
+        api.namespace(route.endpoints.namespace)
+        api.create(endpoint_slice(route.endpoints.namespace, route.endpoints.service, str(route.endpoints.port), server.port))
+        try:
+            proxy.start(haproxy, "--kubeconfig", str(api.kubeconfig))
+            wait_for(proxy.servers_up, timeout=20, what="the EndpointSlice's server healthy")
+            assert node_boot(proxy.port, route.host, "127.0.0.10", "tok-a", server.ca_file) == 200
+            # Stalled handshakes are cut well before 10 s: after the ClientHello by the server
+            # (passthrough), before it by HAProxy's inspect-delay.
+            with socket.create_connection(("127.0.0.1", proxy.port), source_address=("127.0.0.5", 0)) as stalled:
+                stalled.sendall(client_hello(route.host))
+                after_hello = seconds_until_closed(stalled)
+            with socket.create_connection(("127.0.0.1", proxy.port), source_address=("127.0.0.5", 0)) as silent:
+                silent_for = seconds_until_closed(silent)
+            assert after_hello < 5 and silent_for < 5, (after_hello, silent_for)
+
+            with StallFlood(proxy.port, route.host, "127.0.0.5", rate=100) as flood:
+                # Past the quota at the old 10 s hold (~4 s at this rate; longer on a slow machine).
+                wait_for(lambda: len(flood.opened) >= 300, timeout=30, what="300 stalled connections")
+                statuses = [node_boot(proxy.port, route.host, f"127.0.0.{20 + n}", "tok-a", server.ca_file)
+                            for n in range(20)]
+                opened = len(flood.opened)
+            print(f"\nstall flood: {opened} stalled connections opened; node boots: {statuses.count(200)}/20 succeeded;"
+                  f" stalled at {after_hello:.1f} s after a ClientHello, {silent_for:.1f} s before one")
+            assert statuses == [200] * 20, statuses
+        finally:
+            proxy.stop()
+            server.stop()
