@@ -7,6 +7,7 @@ the event handler: a write-back re-enters the handler, and one object's failure 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Mapping
@@ -39,7 +40,12 @@ class WriteBacks:
     writer: Callable[[], bool] = lambda: True
     clock: Callable[[], float] = time.time
     prune_grace: float = 60.0  # an expired token Secret is deleted this long after its expiry (sources that can)
+    # Write-backs in flight at once: thousands queued (a fleet's first statuses) must not stand
+    # between the source and its next reading (the file source's lock is first come, first
+    # served), nor flood an API server.
+    concurrency: int = 4
     _reached_written: set[ObjectKey] = field(default_factory=set)
+    _slots: asyncio.Semaphore | None = None
 
     def status_later(self, key: ObjectKey, obj: dict[str, Any] | None, status: Status, *,
                      durable: Callable[[], Awaitable[None]] | None = None) -> None:
@@ -75,10 +81,13 @@ class WriteBacks:
         if not self.source.writable:
             log.debug("source %s is read-only: %s of %s not written back", self.source.describe(), what, key)
             return False
-        try:
-            return await self.source.write_back(key, mutate) is not None
-        except KeyError:
-            return False  # gone from the source meanwhile: nothing to write to
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.concurrency)
+        async with self._slots:
+            try:
+                return await self.source.write_back(key, mutate) is not None
+            except KeyError:
+                return False  # gone from the source meanwhile: nothing to write to
 
     def note_served(self, secret_ref: str) -> None:
         """Set `ignition-reached` once per Secret, off the request path (the reference paid a GET+UPDATE per request)."""
