@@ -191,10 +191,15 @@ class GeneratedBaseWaits:
     def blocked(self, secret: TokenSecret, inputs: NodePoolInputs) -> Status | Waiting | None:
         """None: render. Waiting: the base is being generated. A Status: why it cannot be."""
         generator = self.generator
-        if generator is None or inputs.mco_base_yaml is not None or not secret.release:
+        if generator is None or not secret.release:
             return None
         if self.bases.find(secret.key.namespace, secret.release, secret.release_version) is not None:
-            return None
+            return None  # a given base: nothing to generate, no preconditions of its own
+        if inputs.mco_base_yaml is not None:
+            # The generated base is known; the token Secret's preconditions still hold it back, as
+            # HyperShift's GetPayload checks them for every payload (a Secret made for another
+            # cluster configuration must not be served the current one's).
+            return self._configuration_pending(secret) or self._cloud_config_pending(secret)
         key, _deps = generated_key(secret, secret.annotations, self.source.get, self.releases, self.tenancy)
         release = self.releases.get(secret.release)
         if key is None or release is None:

@@ -14,13 +14,17 @@ from urllib.parse import unquote
 import pytest
 import yaml
 
+from ignition_server.basegen.generator import BaseGenerator
+from ignition_server.model.objects import ObjectKey
 from ignition_server.model.token_secret import parse_token_secret
+from ignition_server.reconcile.generated_bases import generated_key
 from ignition_server.reconcile.releases import ANNOTATION_RELEASE_CATALOG
 from payload_cache import PayloadCache
+from testsupport import mco_base
 from testsupport.clock import T0, Clock
 from testsupport.harness import EXAMPLE_MACHINECONFIG, write_manifests
 from testsupport.ignition_client import ignition_files_stage
-from testsupport.manifests import CA_PEM, KUBECONFIG, build_token_secret, kube_object
+from testsupport.manifests import CA_PEM, KUBECONFIG, build_token_secret, join_objects, kube_object
 from testsupport.realtools import require_tool
 from testsupport.reconcile_world import file_reconciler, inputs_world, renders, settle
 
@@ -202,3 +206,49 @@ async def test_user_data_with_a_large_ca_follows_rotations(tmp_path: Path) -> No
     pointer = json.loads(base64.b64decode(obj["data"]["value"]))
     header = pointer["ignition"]["config"]["merge"][0]["httpHeaders"][0]
     assert header["value"] == "Bearer " + base64.b64encode(current.encode()).decode()
+
+
+async def test_a_generated_base_does_not_lift_the_token_secrets_configuration_precondition(tmp_path: Path) -> None:
+    """HyperShift's GetPayload checks a token Secret's `hc-configuration-hash` on every payload:
+    a Secret made for another cluster configuration waits (InvalidConfig, in HyperShift's words),
+    even once the generated base for the current configuration is known (as it is after the
+    first NodePool of the cluster, or a restart)."""
+    reconciler, source, cache, source_dir, _clock, outputs = inputs_world(tmp_path)
+    store: dict[str, bytes] = {}
+    generator = BaseGenerator(files=None, load=store.get, save=store.__setitem__,  # type: ignore[arg-type]
+                              work_dir=tmp_path / "work")
+    reconciler.base_waits.generator = generator
+    release = mco_base.RELEASE
+    images = {"rhel-coreos": mco_base.RHCOS, "rhel-coreos-extensions": mco_base.RHCOS_EXTENSIONS,
+              "machine-config-operator": "quay.io/x/mco@sha256:" + "e" * 64}
+    write_manifests(source_dir / "catalog.yaml", kube_object("ConfigMap", "ignition-server", "catalog", {
+        "releases.yaml": yaml.safe_dump([{"pullSpec": release, "version": mco_base.RELEASE_VERSION, "images": images}])},
+        {ANNOTATION_RELEASE_CATALOG: "true"}))
+    pull = '{"auths":{"quay.io":{"auth":"dTpw"}}}'
+    write_manifests(source_dir / "inputs.yaml", *join_objects("clusters-a", pull, CA_PEM)[:3],
+                    kube_object("ConfigMap", "clusters-a", "machine-config-server",
+                                {"configuration-hash": "c1", "cluster-infrastructure-02-config.yaml": "x"}))
+
+    def nodepool(name: str, configuration_hash: str) -> dict:
+        secret = build_token_secret(namespace="clusters-a", nodepool=f"clusters/{name}", token=f"tok-{name}",
+                                    release=release, release_version=mco_base.RELEASE_VERSION,
+                                    machineconfigs_yaml=EXAMPLE_MACHINECONFIG.format(name=name))
+        secret["data"]["hc-configuration-hash"] = base64.b64encode(configuration_hash.encode()).decode()
+        return secret
+
+    write_manifests(source_dir / "a.yaml", nodepool("current", "c1"))
+    await settle(reconciler, source, outputs)
+    current = reconciler.tokens.get(ObjectKey("Secret", "clusters-a", "token-current-00000000"))
+    assert current is not None
+    key, _deps = generated_key(current, current.annotations, source.get, reconciler.releases, reconciler.tenancy)
+    assert key is not None
+    generator.adopt(key, mco_base.base_yaml())  # the base of configuration c1, generated
+    reconciler.base_waits.generated(key)
+    await settle(reconciler, source, outputs)
+    assert cache.get_render("clusters-a/token-current-00000000") is not None
+
+    write_manifests(source_dir / "b.yaml", nodepool("stale", "c0"))  # made for configuration c0
+    await settle(reconciler, source, outputs)
+    assert cache.get_render("clusters-a/token-stale-00000000") is None
+    stale = parse_token_secret(next(d for d in yaml.safe_load_all((source_dir / "b.yaml").read_text())))
+    assert stale.reason == "InvalidConfig" and "machine-config-server configmap is out of date" in stale.message
