@@ -33,8 +33,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from ignition_server.tls.certificates import PASSWORD_PURPOSE, TLSFiles
-from payload_cache.keys import load_key_file
 from testsupport import fleet as fleetgen
 from testsupport.harness import ServerProcess, free_port, wait_for_port
 
@@ -209,11 +207,7 @@ def prepare(work: Path, payload_kib: int, server_args: list[str]) -> Setup:
     tls = cache_dir / "tls"
     # The server keeps its key encrypted under the cache key; nginx and bare aiohttp get it in
     # the clear, in the benchmark's own directory.
-    password = base64.b64encode(load_key_file(Path(str(cache_dir) + ".key")).derived(PASSWORD_PURPOSE))
-    key = work / "serving.key"
-    key.unlink(missing_ok=True)
-    key.touch(mode=0o600)
-    key.write_bytes(TLSFiles(tls / "serving.crt", tls / "serving.key", None, password).key_pem())
+    key = server.serving_key(work / "serving.key")
     return Setup(work=work, payload=payload, cert=tls / "serving.crt", key=key, ca=tls / "ca.crt",
                  headers=headers, server_args=server_args, source=Path(meta["source"]), cache_dir=cache_dir)
 

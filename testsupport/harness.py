@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.client
 import os
 import re
@@ -123,6 +124,16 @@ def raw_status(connection: http.client.HTTPConnection, target: str, headers: lis
         return connection.getresponse().status
     finally:
         connection.close()
+
+
+def seconds_until_closed(conn: socket.socket, limit: float = 30.0) -> float:
+    """How long the peer keeps `conn` open from now (reading and dropping what it sends)."""
+    started = time.monotonic()
+    conn.settimeout(limit)
+    with contextlib.suppress(OSError):
+        while conn.recv(65536):
+            pass
+    return time.monotonic() - started
 
 
 def wait_for_port(port: int, timeout: float = 10.0) -> None:

@@ -160,7 +160,8 @@ def claims_secret(namespace: str, claims: Mapping[str, Claim]) -> dict[str, Any]
 @dataclass
 class ClaimsPublisher:
     """The writer publishes the record for the other replicas (Kubernetes mode), soon after a
-    change, one write for a burst; a failed write is tried again at the next change or tick."""
+    change, one write for a burst; a failed write (or a change while not the writer) is written
+    with the next change the writer records."""
 
     claims: Claims
     source: Source

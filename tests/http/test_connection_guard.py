@@ -16,7 +16,14 @@ from pathlib import Path
 
 from aiohttp import web
 
-from testsupport.harness import EXAMPLE_MACHINECONFIG, ServerProcess, wait_for, worker_pids, write_manifests
+from testsupport.harness import (
+    EXAMPLE_MACHINECONFIG,
+    ServerProcess,
+    seconds_until_closed,
+    wait_for,
+    worker_pids,
+    write_manifests,
+)
 from testsupport.manifests import build_token_secret
 
 
@@ -265,15 +272,6 @@ def client_hello() -> tuple[ssl.SSLObject, ssl.MemoryBIO, ssl.MemoryBIO, bytes]:
     return tls_object, incoming, outgoing, outgoing.read()
 
 
-def seconds_open(conn: socket.socket, limit: float = 30.0) -> float:
-    started = time.monotonic()
-    conn.settimeout(limit)
-    with contextlib.suppress(OSError):
-        while conn.recv(65536):
-            pass
-    return time.monotonic() - started
-
-
 def test_a_stalled_handshake_is_cut_soon_and_a_slow_boot_is_not(tmp_path: Path) -> None:
     """Issue 31, item 3: a handshake left stalled (a ClientHello, then nothing; or no byte at
     all) held its connection, and its place in the per-source count, for the whole header
@@ -284,9 +282,9 @@ def test_a_stalled_handshake_is_cut_soon_and_a_slow_boot_is_not(tmp_path: Path) 
         _, _, _, hello = client_hello()
         with socket.create_connection(("127.0.0.1", proc.port), source_address=("127.0.0.6", 0)) as stalled:
             stalled.sendall(hello)
-            after_hello = seconds_open(stalled)
+            after_hello = seconds_until_closed(stalled)
         with socket.create_connection(("127.0.0.1", proc.port), source_address=("127.0.0.6", 0)) as silent:
-            nothing = seconds_open(silent)
+            nothing = seconds_until_closed(silent)
         assert 1.5 < after_hello < 4 and 1.5 < nothing < 4, (after_hello, nothing)
 
         tls_object, incoming, outgoing, hello = client_hello()
@@ -353,7 +351,7 @@ def test_a_trusted_peer_may_send_a_proxy_header_or_none(tmp_path: Path) -> None:
         # An untrusted peer's header is not a header: its connection is TLS or nothing.
         raw = socket.create_connection(("127.0.0.1", proc.port), timeout=10, source_address=("127.0.0.8", 0))
         raw.sendall(b"PROXY TCP4 192.0.2.9 127.0.0.1 40000 9090\r\n")
-        assert seconds_open(raw, 10) < 5
+        assert seconds_until_closed(raw, 10) < 5
         raw.close()
     finally:
         for conn in held:

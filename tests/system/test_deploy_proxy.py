@@ -23,7 +23,7 @@ import yaml
 
 from proxy.table import Table, load_table
 from testsupport.deploy import DEPLOY, check_unprivileged_pod, named_stage, one as server_object, readme_rbac_table
-from testsupport.harness import ProxyProcess, ServerProcess, free_port, wait_for, write_manifests
+from testsupport.harness import ProxyProcess, ServerProcess, free_port, seconds_until_closed, wait_for, write_manifests
 from testsupport.manifests import build_token_secret
 from testsupport.realtools import require_tool
 
@@ -255,16 +255,6 @@ def client_hello(host: str) -> bytes:
     with contextlib.suppress(ssl.SSLWantReadError):
         tls.do_handshake()
     return outgoing.read()
-
-
-def seconds_until_closed(conn: socket.socket, limit: float = 30.0) -> float:
-    """How long the peer keeps `conn` open from now (reading and dropping what it sends)."""
-    started = time.monotonic()
-    conn.settimeout(limit)
-    with contextlib.suppress(OSError):
-        while conn.recv(65536):
-            pass
-    return time.monotonic() - started
 
 
 class StallFlood:
