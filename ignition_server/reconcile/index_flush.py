@@ -1,7 +1,7 @@
 """The cache's index (tokens and renders) to disk soon: callers arriving together share one flush.
 
 A render is durable before its status says so, and a rotation's new token before it is
-written anywhere (renders.py, rotation.py); the housekeeping tick flushes what is left.
+written anywhere (the status job nodepools.py hands WriteBacks, rotation.py); the housekeeping tick flushes what is left.
 """
 
 from __future__ import annotations

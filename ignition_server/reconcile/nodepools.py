@@ -24,7 +24,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field, replace
-from typing import Awaitable, Callable, Literal
+from typing import Any, Awaitable, Callable, Literal, Protocol
 
 from payload_cache import PayloadCache, RenderRecord
 
@@ -49,8 +49,13 @@ log = logging.getLogger("ignition_server.reconcile")
 
 Renderer = Callable[[NodePoolInputs], RenderedPayload]
 Outcome = Literal["current", "rendered", "waiting", "failed", "backing-off", "gone"]
-# Writes a token Secret's status (queued per object, never awaited); `durable` runs first.
-StatusWriter = Callable[..., None]
+
+
+class StatusWriter(Protocol):
+    """Writes a token Secret's status (queued per object, never awaited); `durable` runs first."""
+
+    def __call__(self, key: ObjectKey, obj: dict[str, Any] | None, status: Status, *,
+                 durable: Callable[[], Awaitable[None]] | None = None) -> None: ...
 
 
 @dataclass
