@@ -30,6 +30,10 @@ def run(args: argparse.Namespace) -> int:
         result = {"reencrypted": cache.rekey()}
     cache.flush()
     print(json.dumps(_plain(result), indent=2, sort_keys=True))
+    # A script running `verify` after a restore must learn from the exit code that blobs were
+    # bad, not by parsing the report: quarantined or missing blobs are a failed verification.
+    if args.action == "verify" and (result.quarantined or result.missing):
+        return 1
     return 0
 
 

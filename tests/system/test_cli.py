@@ -36,8 +36,10 @@ def test_cache_commands_on_a_served_cache(tmp_path: Path) -> None:
     data = bytearray(blob.read_bytes())
     data[-1] ^= 1
     blob.write_bytes(bytes(data))
-    report = json.loads(run("cache", "verify", "--cache-dir", str(tmp_path / "cache")).stdout)
+    tampered = run("cache", "verify", "--cache-dir", str(tmp_path / "cache"))
+    report = json.loads(tampered.stdout)
     assert report["ok"] == 0 and len(report["quarantined"]) == 1
+    assert tampered.returncode == 1  # a failed verification says so in its exit code
     gc = run("cache", "gc", "--cache-dir", str(tmp_path / "cache"))
     assert gc.returncode == 0 and "deleted" in json.loads(gc.stdout)
 
