@@ -1,4 +1,5 @@
-"""`ignition-server cache stats|verify|gc|rekey`: the payload cache's upkeep (payload_cache/upkeep.py), as JSON."""
+"""`ignition-server cache stats|verify|gc|rekey|add-key|prune-keys`: the payload cache's upkeep
+(payload_cache/upkeep.py) and its key rotation (payload_cache/keys.py), as JSON."""
 
 from __future__ import annotations
 
@@ -9,13 +10,20 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from payload_cache import CacheConfig, PayloadCache, stats_report
+from payload_cache import CacheConfig, PayloadCache, add_key, prune_keys, stats_report
 
 
 def run(args: argparse.Namespace) -> int:
-    cache = PayloadCache.open(
-        CacheConfig(cache_dir=Path(args.cache_dir), key_file=Path(args.cache_key_file) if args.cache_key_file else None)
-    )
+    config = CacheConfig(cache_dir=Path(args.cache_dir), key_file=Path(args.cache_key_file) if args.cache_key_file else None)
+    # The key file alone: a running server re-reads it on its next write, so these need no
+    # cache opened.
+    if args.action == "add-key":
+        print(json.dumps({"added": add_key(config.resolved_key_file)}, indent=2))
+        return 0
+    if args.action == "prune-keys":
+        print(json.dumps({"dropped": prune_keys(config.resolved_key_file)}, indent=2))
+        return 0
+    cache = PayloadCache.open(config)
     if args.action == "stats":
         result: Any = stats_report(cache)
     elif args.action == "verify":

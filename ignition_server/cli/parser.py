@@ -170,7 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add(base, "--output", help="write the ConfigMap YAML here (default: stdout)")
 
     cache = commands.add_parser("cache", help="inspect or maintain the payload cache")
-    cache.add_argument("action", choices=["stats", "verify", "gc", "rekey"])
+    cache.add_argument("action", choices=["stats", "verify", "gc", "rekey", "add-key", "prune-keys"],
+                       help="add-key, rekey, prune-keys rotate the AES key (in that order)")
     _add(cache, "--cache-dir", required=True, help="the cache directory")
     _add(cache, "--cache-key-file", help="key file (default: <cache-dir>.key)")
     return parser

@@ -44,6 +44,28 @@ def test_cache_commands_on_a_served_cache(tmp_path: Path) -> None:
     assert gc.returncode == 0 and "deleted" in json.loads(gc.stdout)
 
 
+def test_cache_key_rotation_through_the_cli(tmp_path: Path) -> None:
+    """add-key, rekey, prune-keys: the blob ends under the new key only, and still verifies."""
+    source = tmp_path / "source"
+    write_manifests(source / "p.yaml", build_token_secret(
+        namespace="ns", nodepool="ns/p", token="tok", machineconfigs_yaml=EXAMPLE_MACHINECONFIG.format(name="p"),
+        generation_time=time.time()))
+    proc = ServerProcess(source, tmp_path / "cache").start()
+    wait_for(lambda: proc.metrics().get("ign_server_payload_cache_total") == 1, what="the payload rendered")
+    assert proc.stop() == 0
+    cache_dir = ("--cache-dir", str(tmp_path / "cache"))
+    old_keys = json.loads(run("cache", "stats", *cache_dir).stdout)["key_ids"]
+    added = run("cache", "add-key", *cache_dir)
+    assert added.returncode == 0, added.stderr
+    new_key = json.loads(added.stdout)["added"]
+    assert new_key not in old_keys
+    assert json.loads(run("cache", "rekey", *cache_dir).stdout)["reencrypted"] == 1
+    pruned = json.loads(run("cache", "prune-keys", *cache_dir).stdout)["dropped"]
+    assert sorted(pruned) == sorted(old_keys)
+    report = json.loads(run("cache", "verify", *cache_dir).stdout)
+    assert report["ok"] == 1 and report["by_key"] == {new_key: 1}
+
+
 def test_userdata_command_and_environment_flags(tmp_path: Path) -> None:
     write_manifests(tmp_path / "p.yaml", build_token_secret(namespace="ns", nodepool="ns/p", token="tok-u"))
     ca = tmp_path / "ca.crt"
