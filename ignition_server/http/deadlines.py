@@ -14,6 +14,9 @@ import asyncio
 from typing import Callable, Generic, Hashable, TypeVar
 
 K = TypeVar("K", bound=Hashable)
+# The event loop's clock and timers tick in milliseconds (uvloop): a deadline less than a tick
+# away is due now. Re-armed for it instead, the timer fired again and again within one tick.
+TICK = 0.001
 
 
 class Deadlines(Generic[K]):
@@ -47,15 +50,18 @@ class Deadlines(Generic[K]):
     def _fire(self) -> None:
         self._timer = None
         assert self._loop is not None
-        now = self._loop.time()
-        due = self._due
-        while due:
-            key, at = next(iter(due.items()))
+        now = self._loop.time() + TICK
+        # One pass in order: the dict keeps a hole where each key was, so looking for the
+        # first key again after each one expired went over every hole before it each time.
+        expired: list[K] = []
+        for key, at in self._due.items():
             if at > now:
                 self._timer = self._loop.call_at(at, self._fire)
-                return
-            del due[key]
-            self._expire(key)
+                break
+            expired.append(key)
+        for key in expired:
+            if self._due.pop(key, None) is not None:
+                self._expire(key)
 
     def close(self) -> None:
         if self._timer is not None:

@@ -199,6 +199,7 @@ class _NoLingerClose:
     def __init__(self, transport: asyncio.BaseTransport, cuts: Deadlines[_NoLingerClose]) -> None:
         self._transport = transport
         self._cuts = cuts  # the guard's: one timer for every connection's cut
+        self._gone = False
         # aiohttp writes through these on every response: looked up once, not through __getattr__.
         self.write = transport.write  # type: ignore[attr-defined]
         self.writelines = transport.writelines  # type: ignore[attr-defined]
@@ -207,7 +208,9 @@ class _NoLingerClose:
     def close(self) -> None:
         transport = self._transport
         transport.close()
-        if self not in self._cuts and transport.get_write_buffer_size() == 0:  # type: ignore[attr-defined]
+        # aiohttp closes its transport once more after the connection is lost: nothing to cut
+        # then (a cut armed there outlived every connection of a boot storm by LINGER_SECONDS).
+        if not self._gone and self not in self._cuts and transport.get_write_buffer_size() == 0:  # type: ignore[attr-defined]
             self._cuts.set(self)
 
     def cut(self) -> None:
@@ -215,6 +218,7 @@ class _NoLingerClose:
 
     def closed(self) -> None:
         """The connection is gone: nothing left to cut."""
+        self._gone = True
         self._cuts.drop(self)
 
     def __getattr__(self, name: str) -> Any:

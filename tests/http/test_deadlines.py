@@ -45,3 +45,38 @@ async def test_one_timer_at_a_time_however_many_keys() -> None:
         del asyncio.get_running_loop().call_at  # type: ignore[attr-defined]
     assert expired == list(range(1000))
     assert len(timers) <= 3
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.closes = self.aborts = 0
+
+    def close(self) -> None:
+        self.closes += 1
+
+    def abort(self) -> None:
+        self.aborts += 1
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    write = writelines = close
+
+    def is_closing(self) -> bool:
+        return self.closes > 0
+
+
+async def test_a_close_after_the_connection_is_gone_arms_no_cut() -> None:
+    """aiohttp closes its transport once more after connection_lost: in a boot storm every
+    connection then kept a cut armed, and fired, a second after it was gone (fails before)."""
+    from ignition_server.http.guard import ConnectionGuard, _NoLingerClose
+
+    guard = ConnectionGuard()
+    transport = _Transport()
+    closing = _NoLingerClose(transport, guard.cuts_due)  # type: ignore[arg-type]
+    closing.close()  # the server's close, nothing queued: cut if the client does not close
+    assert len(guard.cuts_due) == 1
+    closing.closed()  # the client closed
+    closing.close()  # aiohttp's late close
+    assert len(guard.cuts_due) == 0
+    assert transport.aborts == 0
