@@ -57,7 +57,9 @@ class Desired:
         """The config with every route's backends left out: when it changes, HAProxy reloads;
         when only backends change, the runtime API does it."""
         bare = dataclasses.replace(
-            self.table, routes=tuple(dataclasses.replace(r, backends=()) for r in self.table.routes))
+            self.table, routes=tuple(
+                # A unix socket's path cannot be set through the runtime API: it is structure.
+                dataclasses.replace(r, backends=tuple(b for b in r.backends if b.unix)) for r in self.table.routes))
         return render_config(bare, self.publications)
 
 

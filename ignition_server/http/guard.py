@@ -276,3 +276,30 @@ class GuardedSite(web.TCPSite):
                 ssl_handshake_timeout=self._guard.handshake_timeout if self._ssl_context is not None else None,
             )
         self._bound_port = sock.getsockname()[1]
+
+
+class GuardedUnixSite(web.BaseSite):
+    """Plain HTTP on a listening unix socket (made by the owner, shared by every serving
+    process) for the pod's own TLS edge: each connection starts with the edge's PROXY v2
+    header naming the node, which the guard counts and everything above sees as the client.
+    TLS has ended at the edge, in the same pod; the socket never leaves it."""
+
+    def __init__(self, runner: web.BaseRunner, sock: socket.socket, *, guard: ConnectionGuard, shared: bool,
+                 **kwargs: Any) -> None:
+        super().__init__(runner, **kwargs)
+        self._sock, self._guard, self._shared = sock, guard, shared
+
+    @property
+    def name(self) -> str:
+        return f"http://unix:{self._sock.getsockname()}:"
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)
+        server = self._runner.server
+        assert server is not None
+        guard = self._guard
+        task = asyncio.create_task(serve_connections(
+            self._sock, guard.admitted(server), networks=(), ssl_context=None, handshake_timeout=guard.handshake_timeout,
+            admit=guard.admit, release=guard.row.release, trust_all=True, batch=1 if self._shared else 128),
+            name="accept-edge")
+        self._server = _AcceptServer(task, self._sock)  # type: ignore[assignment]

@@ -110,6 +110,28 @@ async def header_follows(loop: asyncio.AbstractEventLoop, conn: socket.socket) -
         await asyncio.sleep(0.01)  # a header's first bytes only (split): the rest is on its way
 
 
+NOT_YET = ("", -1)  # header_now: cannot be told without waiting for more bytes
+
+
+def header_now(conn: socket.socket) -> Peer | None:
+    """A v2 header that has arrived whole (as a proxy sends it, in the connection's first
+    segment), read off the socket exactly: its peer, or None (LOCAL, no address). `NOT_YET`
+    when that cannot be told from what is there (nothing yet, a v1 header, a split one, no
+    header at all): the caller takes the careful path (`header_follows`, `read_header`)."""
+    try:
+        first = conn.recv(512, socket.MSG_PEEK)
+    except (BlockingIOError, InterruptedError):
+        return NOT_YET
+    if len(first) < 16 or not first.startswith(V2_SIGNATURE):
+        return NOT_YET
+    (length,) = struct.unpack("!H", first[14:16])
+    if len(first) < 16 + length:
+        return NOT_YET
+    peer = parse_v2(first[:16], first[16:16 + length])
+    conn.recv(16 + length)  # exactly the header, which has arrived: this does not block
+    return peer
+
+
 async def read_header(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> Peer | None:
     """Read exactly the header off the socket (nothing after it: TLS starts there)."""
     first = await _read_exactly(loop, conn, 6)
@@ -190,6 +212,8 @@ def trusted(peer: Any, networks: Sequence[ipaddress.IPv4Network | ipaddress.IPv6
     return any(address in network for network in networks)
 
 
+# A unix socket's peer has no address: one that sends no PROXY header is the pod itself.
+LOCAL_PEER: Peer = ("127.0.0.1", 0)
 # Connections taken off the listener per wake-up, at most (asyncio's own servers take `backlog`).
 ACCEPT_BATCH = 128
 # After accept fails for want of file descriptors (EMFILE): how long to leave the listener be.
@@ -205,6 +229,8 @@ async def serve_connections(
     handshake_timeout: float,
     admit: Callable[[str], int],
     release: Callable[[int], None],
+    trust_all: bool = False,
+    batch: int = ACCEPT_BATCH,
 ) -> None:
     """Accept on `listener` until cancelled; trusted peers' connections start with a header.
 
@@ -218,7 +244,12 @@ async def serve_connections(
     listener is read whenever it is readable, as many connections at a time as are waiting
     (not one future and one reader registration per connection, as `loop.sock_accept` does),
     and an untrusted peer's connection goes straight to the event loop's TLS handshake with
-    no coroutine of its own around it."""
+    no coroutine of its own around it.
+
+    `trust_all`: every peer may send a header (the in-pod edge's unix socket, which only the
+    pod reaches); one that sends none is the pod itself (`LOCAL_PEER`). `batch`: connections
+    taken per wake-up; several processes accepting on one socket take one each, so that none
+    takes every waiting connection while the others idle."""
     loop = asyncio.get_running_loop()
     pending: set[asyncio.Task[Any]] = set()
 
@@ -260,7 +291,8 @@ async def serve_connections(
 
             async def header() -> Peer | None:
                 return await read_header(loop, conn) if await header_follows(loop, conn) else None
-            real = await asyncio.wait_for(header(), handshake_timeout) or peer[:2]
+            real = await asyncio.wait_for(header(), handshake_timeout) or (
+                peer[:2] if isinstance(peer, tuple) else LOCAL_PEER)
         except (ProxyHeaderError, asyncio.TimeoutError, OSError) as error:
             closed_early(peer, error)
             conn.close()
@@ -275,7 +307,7 @@ async def serve_connections(
         start(conn, real, bucket, max(0.001, deadline - loop.time()), translate=True)
 
     def accept_waiting() -> None:
-        for _ in range(ACCEPT_BATCH):
+        for _ in range(batch):
             try:
                 conn, peer = listener.accept()
             except (BlockingIOError, InterruptedError):
@@ -286,7 +318,21 @@ async def serve_connections(
                 loop.call_later(ACCEPT_PAUSE, resume)
                 return
             conn.setblocking(False)
-            if trusted(peer, networks):
+            if trust_all or trusted(peer, networks):
+                try:
+                    real = header_now(conn)
+                except (ProxyHeaderError, OSError) as error:
+                    closed_early(peer, error)
+                    conn.close()
+                    continue
+                if real is not NOT_YET:  # the usual case: read with the accept, no coroutine
+                    real = real or (peer[:2] if isinstance(peer, tuple) else LOCAL_PEER)
+                    bucket = admit(plain_address(str(real[0])))
+                    if bucket < 0:
+                        conn.close()
+                        continue
+                    start(conn, real, bucket, handshake_timeout, translate=True)
+                    continue
                 task = loop.create_task(announced(conn, peer))
                 pending.add(task)
                 task.add_done_callback(pending.discard)
