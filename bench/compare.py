@@ -7,6 +7,10 @@ Targets, each started, measured and stopped in turn, interleaved over `--rounds`
   nginx   Debian nginx, 2 workers (--processes), the same payload bytes as a static file, the same certificate,
           `ssl_session_tickets off; ssl_session_cache off;`
   bare    bare aiohttp + uvloop, two processes (--processes) on one port (SO_REUSEPORT), no auth (bench/bare.py)
+  edge    the server with its TLS ended in C in its own pod: `ignition-proxy run` (HAProxy) on an `in_pod`
+          table, TLS with the server's published certificate and the token pre-check at the edge, each
+          request handed to the serving processes over `serve --edge-socket` (plain HTTP, PROXY v2).
+          Its CPU counts every process: the server's, the controller's and HAProxy's (skipped without haproxy)
 Modes: `storm` (a new TLS connection per request, full handshake, `Connection: close`, as a
 booting node) and `keepalive`.
 
@@ -34,14 +38,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from testsupport import fleet as fleetgen
-from testsupport.harness import ServerProcess, free_port, wait_for_port
+from testsupport.harness import ProxyProcess, ServerProcess, free_port, wait_for, wait_for_port
 
 _REPO = Path(__file__).resolve().parents[1]
 
 ACCEPT = "application/vnd.coreos.ignition+json;version=3.4.0, */*;q=0.1"
 RESULTS = _REPO / "bench" / "results"
 MODES = ("storm", "keepalive")
-TARGETS = ("nginx", "bare", "server")
+TARGETS = ("nginx", "bare", "server", "edge")
 
 
 def say(line: str) -> None:
@@ -174,7 +178,34 @@ def make_targets(setup: Setup) -> dict[str, Any]:
         assert server.proc is not None
         return [server.proc]
 
-    return {"nginx": Target("nginx", nginx), "bare": Target("bare", bare), "server": Target("server", ours)}
+    targets = {"nginx": Target("nginx", nginx), "bare": Target("bare", bare), "server": Target("server", ours)}
+    haproxy = shutil.which("haproxy")
+    if haproxy is not None:
+        targets["edge"] = Target("edge", lambda port: _in_pod_edge(setup, haproxy, port, logs))
+    return targets
+
+
+EDGE_HOST = "localhost"  # the SNI the client sends the edge (the in-pod route does not route on it)
+
+
+def _in_pod_edge(setup: Setup, haproxy: str, port: int, logs: Path) -> list[subprocess.Popen[bytes]]:
+    """The server with --edge-socket, and ignition-proxy with its in-pod table listening on `port`."""
+    edge = setup.work / "edge"
+    shutil.rmtree(edge, ignore_errors=True)
+    edge.mkdir(parents=True)
+    sock = edge / "serve.sock"
+    server = ServerProcess(source=setup.source, cache_dir=setup.cache_dir,
+                           extra=[*setup.server_args, "--edge-dir", str(edge / "publication"), "--edge-socket", str(sock)])
+    server.start(wait=True)
+    assert server.proc is not None
+    wait_for(lambda: (edge / "publication" / "publication.json").exists(), what="the publication")
+    proxy = ProxyProcess(edge / "proxy" / "state", port=port)
+    proxy.write_table([{"host": EDGE_HOST, "mode": "terminate", "publication": str(edge / "publication"),
+                        "backends": [f"unix@{sock}"]}], in_pod=True, check_interval="1s")
+    proxy.start(haproxy)
+    wait_for(proxy.servers_up, what="the server healthy behind the edge")
+    assert proxy.proc is not None
+    return [server.proc, proxy.proc]
 
 
 # -- set-up ---------------------------------------------------------------------------------
@@ -213,10 +244,11 @@ def prepare(work: Path, payload_kib: int, server_args: list[str]) -> Setup:
 
 
 def cpu_seconds_tree(procs: list[subprocess.Popen[bytes]]) -> float:
-    """CPU seconds of the given processes and their children (nginx workers, server workers)."""
+    """CPU seconds of the given processes and all their descendants (nginx workers, server
+    workers, the proxy controller's HAProxy master and its worker)."""
     tick = os.sysconf("SC_CLK_TCK")
-    pids = {p.pid for p in procs}
-    total = 0.0
+    parent: dict[int, int] = {}
+    used: dict[int, float] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -224,9 +256,20 @@ def cpu_seconds_tree(procs: list[subprocess.Popen[bytes]]) -> float:
             fields = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()
         except OSError:
             continue
-        if int(entry) in pids or int(fields[1]) in pids:
-            total += (int(fields[11]) + int(fields[12])) / tick
-    return total
+        parent[int(entry)] = int(fields[1])
+        used[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+    roots = {p.pid for p in procs}
+
+    def ours(pid: int) -> bool:
+        for _ in range(16):  # the depth of any tree started here
+            if pid in roots:
+                return True
+            pid = parent.get(pid, 0)
+            if pid <= 1:
+                return False
+        return False
+
+    return sum(seconds for pid, seconds in used.items() if ours(pid))
 
 
 # -- the run --------------------------------------------------------------------------------
@@ -234,15 +277,16 @@ def cpu_seconds_tree(procs: list[subprocess.Popen[bytes]]) -> float:
 
 def measure(setup: Setup, client: Path, args: argparse.Namespace) -> dict[str, Any]:
     targets = make_targets(setup)
-    runs: dict[str, dict[str, list[dict[str, Any]]]] = {t: {m: [] for m in MODES} for t in TARGETS}
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {t: {m: [] for m in MODES} for t in targets}
     for round_ in range(1, args.rounds + 1):
-        for name in TARGETS:
+        for name in targets:
             target = targets[name]
             port = target.start()
             try:
                 for mode in MODES:
                     cpu0 = cpu_seconds_tree(target.procs)
-                    got = run_client(client, port, setup.ca if args.verify else None, args.seconds, args.connections, mode, setup.headers)
+                    got = run_client(client, port, setup.ca if args.verify else None, args.seconds, args.connections, mode,
+                                     setup.headers, sni=EDGE_HOST if name == "edge" else None)
                     got["server_cpu_share"] = round((cpu_seconds_tree(target.procs) - cpu0) / got["elapsed_s"], 3)
                     got["round"] = round_
                     runs[name][mode].append(got)
@@ -268,8 +312,17 @@ def summarise(runs: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any
     for name in best:
         for mode in MODES:
             entry = best[name][mode]
+            # CPU per request of every process of the target (its best round): on a shared
+            # machine the fairer reading of "on the same cores" than req/s.
+            entry["cpu_ms_per_req"] = round(1000 * entry["server_cpu_share"] / entry["rps"], 4) if entry["rps"] else 0.0
+    for name in best:
+        for mode in MODES:
+            entry = best[name][mode]
             entry["vs_nginx"] = round(entry["rps"] / best["nginx"][mode]["rps"], 3)
             entry["vs_bare"] = round(entry["rps"] / best["bare"][mode]["rps"], 3)
+            for other in ("nginx", "bare"):
+                mine = entry["cpu_ms_per_req"]
+                entry[f"per_core_vs_{other}"] = round(best[other][mode]["cpu_ms_per_req"] / mine, 3) if mine else 0.0
     return best
 
 
@@ -283,10 +336,10 @@ def plot(runs: dict[str, dict[str, list[dict[str, Any]]]], best: dict[str, Any],
         say("matplotlib not installed (pip install -e '.[bench]'): no plot")
         return False
     fig, (bars, lat) = plt.subplots(1, 2, figsize=(12, 4.5))
-    width = 0.25
-    for i, name in enumerate(TARGETS):
+    width = 0.8 / len(best)
+    for i, name in enumerate(best):
         values = [best[name][m]["rps"] for m in MODES]
-        drawn = bars.bar([x + (i - 1) * width for x in range(len(MODES))], values, width, label=name)
+        drawn = bars.bar([x + (i - (len(best) - 1) / 2) * width for x in range(len(MODES))], values, width, label=name)
         for rect, mode in zip(drawn, MODES):
             bars.annotate(f"{best[name][mode]['vs_nginx']:.2f}x", (rect.get_x() + rect.get_width() / 2, rect.get_height()),
                           ha="center", va="bottom", fontsize=8)
@@ -294,7 +347,7 @@ def plot(runs: dict[str, dict[str, list[dict[str, Any]]]], best: dict[str, Any],
     bars.set_ylabel("req/s (best round)")
     bars.set_title("throughput; label = ratio to nginx")
     bars.legend()
-    for name in TARGETS:
+    for name in best:
         last = runs[name]["storm"][-1]
         points = [(s, p99) for s, ok, _err, _p50, p99 in last["timeline"] if ok > 0]
         lat.plot([p[0] for p in points], [p[1] for p in points], label=f"{name} p99")
@@ -339,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         f"per target and mode, {args.rounds} rounds; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     runs = measure(setup, client, args)
     best = summarise(runs)
-    resumed = sum(best[t][m]["resumed_sessions"] for t in TARGETS for m in MODES)
+    resumed = sum(best[t][m]["resumed_sessions"] for t in best for m in MODES)
     if resumed:
         say(f"WARNING: {resumed} TLS sessions were resumed: the boot-storm figures are not full handshakes")
     summary = {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "load_average": os.getloadavg(),
@@ -349,11 +402,15 @@ def main(argv: list[str] | None = None) -> int:
     (args.results / "latest.json").write_text(json.dumps(summary, indent=1) + "\n")
     plot(runs, best, args.results / "latest.png", [])
     for mode in MODES:
-        for name in TARGETS:
+        for name in best:
             b = best[name][mode]
             say(f"best {mode:9s} {name:7s} {b['rps']:8.1f} req/s  p50 {b['p50_ms']:.1f} ms  p99 {b['p99_ms']:.1f} ms  "
-                f"errors {b['errors']}  {b['vs_nginx']:.2f}x nginx  {b['vs_bare']:.2f}x bare aiohttp")
-    s, k = best["server"]["storm"], best["server"]["keepalive"]
-    say(f"server vs nginx: storm {s['vs_nginx']:.2f}x, keep-alive {k['vs_nginx']:.2f}x; "
-        f"server vs bare aiohttp: storm {s['vs_bare']:.2f}x, keep-alive {k['vs_bare']:.2f}x")
+                f"errors {b['errors']}  {b['vs_nginx']:.2f}x nginx  {b['vs_bare']:.2f}x bare aiohttp  "
+                f"cpu {b['cpu_ms_per_req']:.3f} ms/req ({b['per_core_vs_nginx']:.2f}x nginx's req per core)")
+    for name in ("server", "edge"):
+        if name in best:
+            s, k = best[name]["storm"], best[name]["keepalive"]
+            say(f"{name} vs nginx: storm {s['vs_nginx']:.2f}x, keep-alive {k['vs_nginx']:.2f}x (per core: "
+                f"{s['per_core_vs_nginx']:.2f}x, {k['per_core_vs_nginx']:.2f}x); vs bare aiohttp: storm {s['vs_bare']:.2f}x, "
+                f"keep-alive {k['vs_bare']:.2f}x (per core: {s['per_core_vs_bare']:.2f}x, {k['per_core_vs_bare']:.2f}x)")
     return 0

@@ -146,6 +146,9 @@ class ServeSettings:
     edge_dir: Path | None = None
     # Peers trusted to start a connection with a PROXY header (the front proxy's addresses).
     proxy_protocol_from: tuple[IPNetwork, ...] = ()
+    # A unix socket for the pod's own TLS edge (HAProxy terminating TLS in a container beside
+    # the server): plain HTTP, each connection starting with a PROXY v2 header. None: off.
+    edge_socket: Path | None = None
     public_url: str | None = None
     # The proxy a booting node needs to reach public_url: pointer configs carry it as
     # `ignition.proxy` (httpProxy, httpsProxy, noProxy); "" / () when none.

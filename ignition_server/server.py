@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
+import os
 import socket
 import ssl
 import time
@@ -40,6 +41,7 @@ from .reconcile.outputs import PointerSettings, TokenOutputs
 from .reconcile.trust import TrustWatcher
 from .reconcile.wiring import Reconciliation, reconciliation_for
 from .render.payload import render_payload
+from .sockets import unix_listening_socket
 from .sources.events import Source
 from .sources.files import FileSource
 from .tls.ca_rotation import CARotation, CAStore, DirectoryStore
@@ -94,6 +96,7 @@ class _Running:
     registry_session: Any
     pool: WorkerPool | None = None
     reserved: socket.socket | None = None  # the serving port, held for the workers
+    edge_listener: socket.socket | None = None  # --edge-socket: the pod's TLS edge hands requests over here
     runners: list[web.BaseRunner] = field(default_factory=list)
     guards: list[ConnectionGuard] = field(default_factory=list)
     handlers: IgnitionHandlers | None = None  # the owner's, when it serves itself
@@ -175,6 +178,11 @@ class IgnitionServer:
     async def _start_serving(self, running: _Running, authenticator: TokenAuthenticator) -> None:
         """The worker processes on a reserved port, or the owner's own serving site."""
         settings, reconciliation = self.settings, running.reconciliation
+        if settings.edge_socket is not None:
+            # Made once, here: every serving process accepts on it (workers inherit it), and it
+            # stays while a worker restarts, so the edge's connections wait in its backlog.
+            running.edge_listener = unix_listening_socket(settings.edge_socket, 1024)
+            log.info("serving plain HTTP behind the pod's TLS edge on unix:%s", settings.edge_socket)
         if settings.workers:
             assert self.tls_files is not None
             running.reserved = reserve_port(settings.listen)
@@ -182,7 +190,8 @@ class IgnitionServer:
             running.pool = WorkerPool(settings=settings, count=settings.workers, port=self.ports["serving"],
                                       tls_files=self.tls_files, cache=running.cache, authenticator=authenticator,
                                       metrics=self.metrics, on_served=reconciliation.note_served,
-                                      on_missing=reconciliation.payload_missing, behind=self.state.behind)
+                                      on_missing=reconciliation.payload_missing, behind=self.state.behind,
+                                      edge_listener=running.edge_listener)
         pool = running.pool
         # Metrics first: once a worker answers /readyz, everything of this server answers.
         if settings.metrics_listen is not None:
@@ -199,7 +208,7 @@ class IgnitionServer:
         guard = ConnectionGuard(settings.header_timeout, settings.connections_per_source, settings.connections_total,
                                 connections.row(0), handshake_timeout=settings.handshake_timeout)
         running.runners.append(await self._start(build_dispatch(handlers), settings.listen, running.ssl_context,
-                                                 "serving", guard))
+                                                 "serving", guard, running.edge_listener))
         running.guards.append(guard)
 
     def _say_ready(self, running: _Running, seconds: float) -> None:
@@ -253,6 +262,10 @@ class IgnitionServer:
             assert running.reserved is not None
             running.reserved.close()
         await self._stop_serving(running.runners, running.guards, running.tasks, running.cache)
+        if running.edge_listener is not None:
+            running.edge_listener.close()
+            with contextlib.suppress(OSError):
+                os.unlink(str(self.settings.edge_socket))
         if running.cluster is not None:
             await running.cluster.close()
         await running.reconciliation.drain(self.settings.shutdown_timeout)
@@ -330,10 +343,11 @@ class IgnitionServer:
         return serving_context(self.tls_files, tls.profile)
 
     async def _start(self, app: web.Application | Handler, listen: tuple[str, int], ssl_context: ssl.SSLContext | None, name: str,
-                     guard: ConnectionGuard | None = None) -> web.BaseRunner:
+                     guard: ConnectionGuard | None = None, edge_listener: socket.socket | None = None) -> web.BaseRunner:
         runner, self.ports[name] = await start_site(app, listen, ssl_context, guard=guard,
                                                     shutdown_timeout=self.settings.shutdown_timeout,
-                                                    proxy_from=self.settings.proxy_protocol_from)
+                                                    proxy_from=self.settings.proxy_protocol_from,
+                                                    edge_listener=edge_listener)
         return runner
 
     async def _run_source(self, source: Source, reconciliation: Reconciliation) -> None:

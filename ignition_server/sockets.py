@@ -1,8 +1,12 @@
-"""Listening TCP sockets as the server and the front proxy (`proxy/cli.py`) both open them."""
+"""Listening TCP sockets as the server and the front proxy (`proxy/cli.py`) both open them, and
+the unix socket the server's in-pod edge hands it requests on."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import socket
+import stat
 
 
 def listening_socket(host: str, port: int, backlog: int, *, reuse_port: bool = False) -> socket.socket:
@@ -36,4 +40,23 @@ def bound_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.so
     except OSError:
         sock.close()
         raise
+    return sock
+
+
+def unix_listening_socket(path: str | os.PathLike[str], backlog: int, mode: int = 0o660) -> socket.socket:
+    """A listening unix socket at `path` (a stale one left by a killed server is replaced),
+    `mode` set before it listens: the pod's edge reaches it, nothing outside the pod can."""
+    path = os.fspath(path)
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_ISSOCK(os.lstat(path).st_mode):
+            os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+        os.chmod(path, mode)
+        sock.listen(backlog)
+    except OSError:
+        sock.close()
+        raise
+    sock.setblocking(False)
     return sock

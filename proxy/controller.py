@@ -31,6 +31,7 @@ from payload_cache.fsio import atomic_write, make_dir
 
 from .endpoints import list_backends
 from .metrics import ProxyMetrics
+from .notify import notify_socket, wait_ready
 from .publication import Publication, PublicationError, parse_token_map, read_publication
 from .render import cert_path, map_path, master_socket, render_config, server_name, stats_socket
 from .runtime import Master, Runtime, RuntimeApiError
@@ -57,7 +58,9 @@ class Desired:
         """The config with every route's backends left out: when it changes, HAProxy reloads;
         when only backends change, the runtime API does it."""
         bare = dataclasses.replace(
-            self.table, routes=tuple(dataclasses.replace(r, backends=()) for r in self.table.routes))
+            self.table, routes=tuple(
+                # A unix socket's path cannot be set through the runtime API: it is structure.
+                dataclasses.replace(r, backends=tuple(b for b in r.backends if b.unix)) for r in self.table.routes))
         return render_config(bare, self.publications)
 
 
@@ -153,10 +156,19 @@ class Controller:
             subprocess.run, [self.haproxy, "-c", "-q", "-f", str(cfg)], capture_output=True, text=True, env=haproxy_env())
         if check.returncode != 0:
             raise TableError(f"HAProxy refuses the rendered config: {check.stdout}{check.stderr}")
-        self.process = subprocess.Popen(
-            [self.haproxy, "-W", "-S", f"{master_socket(desired.table)},mode,600", "-f", str(cfg)], env=haproxy_env())
-        self.current, self._structure = desired, desired.structure()
-        await self._wait_for_socket(stats_socket(desired.table))
+        # -Ws: master-worker, and the master says READY=1 once its worker serves (proxy/notify.py).
+        notify_path = desired.table.state_dir / "notify.sock"
+        notify = notify_socket(notify_path)
+        try:
+            self.process = subprocess.Popen(
+                [self.haproxy, "-Ws", "-S", f"{master_socket(desired.table)},mode,600", "-f", str(cfg)],
+                env={**haproxy_env(), "NOTIFY_SOCKET": str(notify_path)})
+            self.current, self._structure = desired, desired.structure()
+            await wait_ready(notify, self.process)
+        finally:
+            notify.close()  # later reloads' READY=1 go nowhere (sd_notify ignores a missing socket)
+            notify_path.unlink(missing_ok=True)
+        await self._wait_for_socket(stats_socket(desired.table))  # ready: answers at once
         self.metrics.last_sync.set(time.time())
         for name, entries in desired.maps.items():
             self.metrics.map_entries.labels(name).set(len(entries))

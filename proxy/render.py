@@ -8,7 +8,9 @@ One `bind :::PORT v4v6` frontend in TCP mode reads the TLS ClientHello and route
   an internal HTTPS frontend that terminates TLS with the server's published certificate and
   the server's own TLS settings (versions, ciphers, session tickets: its `tls.json`),
   checks the token (proxy.jwt_frontend: JWTs with `jwt_verify`, opaque tokens in the route's map),
-  and re-encrypts to the backends, verifying them with the server's CA.
+  and re-encrypts to the backends, verifying them with the server's CA; or, when the backends
+  are unix sockets (`unix@PATH`: the server in the proxy's own pod, `serve --edge-socket`),
+  hands them the request in plain HTTP, TLS having ended in the same pod.
 
 Every backend has `slots` server lines; the ones beyond the table's backends wait disabled, so
 the controller changes addresses with `set server addr` / `set server state` instead of a
@@ -117,25 +119,41 @@ def _tls_options(tls: EdgeTLS) -> str:
 
 def _terminate(table: Table, route: Route, publication: Publication) -> list[str]:
     ca = _ca(route, publication)
-    if ca is None:
+    in_pod = bool(route.backends) and all(b.unix for b in route.backends)
+    if ca is None and not in_pod:
         raise ValueError(f"route {route.host}: no CA to verify the backends (publication has none; set backend_ca)")
+    # In the pod: plain HTTP over the unix socket, each connection's PROXY v2 header naming the node.
+    to_servers = f"ca-file {ca} check" if not in_pod else "check"
+    tls = "" if in_pod else "ssl verify required "
     checks = token_check_lines(TokenCheck(
         key_files=list(publication.keys), issuers=list(publication.issuers) or ["kubernetes/serviceaccount"],
         bearer=True, open_paths=OPEN_PATHS, token_map=str(map_path(table, route)), require_keys=False,
     ))
-    sock = loop_socket(table, route)
-    return [
+    if table.in_pod:  # the one route: TLS on the public port itself
+        bind = f":::{table.listen} v4v6"
+        head = []
+        if route.allow:
+            head = [f"    tcp-request connection reject if !{{ src {' '.join(str(c) for c in route.allow)} }}"]
+    else:
+        sock = loop_socket(table, route)
+        bind = f"unix@{sock} mode 600 accept-proxy"
+        head = []
+    loop = [] if table.in_pod else [
         f"backend {route.name}_loop",
         "    mode tcp",
         f"    server loop unix@{sock} send-proxy-v2",
         "",
+    ]
+    return [
+        *loop,
         f"frontend {route.name}_tls",
         "    mode http",
         "    # HAProxy 2.6 bounds a TLS handshake by the client timeout only (2.8's client-hs is not",
         "    # there): a ClientHello, then nothing, held its connection 60 s. A client idle this long",
         "    # (no byte sent or read) is cut; waiting on the server is not idleness (timeout server).",
         f"    timeout client {HANDSHAKE_TIMEOUT}",
-        f"    bind unix@{sock} mode 600 accept-proxy ssl crt {cert_path(table, route)}{_tls_options(publication.tls)}",
+        f"    bind {bind} ssl crt {cert_path(table, route)}{_tls_options(publication.tls)}",
+        *head,
         "    option http-buffer-request",
         *checks,
         f"    default_backend {route.name}",
@@ -148,8 +166,8 @@ def _terminate(table: Table, route: Route, publication: Publication) -> list[str
         "    # A GET whose server dies under it is asked again of another one.",
         "    retry-on conn-failure empty-response response-timeout 502 503",
         "    http-request disable-l7-retry unless METH_GET || METH_HEAD",
-        f"    default-server ssl verify required ca-file {ca} check inter {table.check_interval} fall 2 rise 1"
-        f" observe layer7 error-limit 2 on-error mark-down{_proxy_opts(route)}",
+        f"    default-server {tls}{to_servers} inter {table.check_interval} fall 2 rise 1"
+        f" observe layer7 error-limit 2 on-error mark-down{' send-proxy-v2 check-send-proxy' if in_pod else _proxy_opts(route)}",
         *_server_lines(table, route),
         "",
     ]
@@ -174,21 +192,9 @@ def render_config(table: Table, publications: Mapping[str, Publication]) -> str:
         "    retries 3",
         "    option redispatch 1",
         "",
-        "frontend ingress",
-        "    mode tcp",
-        f"    bind :::{table.listen} v4v6",
-        f"    tcp-request inspect-delay {HANDSHAKE_TIMEOUT}",
     ]
-    # Allow-lists before the accept: an accept ends the content rules.
-    for route in table.routes:
-        if route.allow:
-            cidrs = " ".join(str(c) for c in route.allow)
-            out.append(f"    tcp-request content reject if {{ req.ssl_sni -i {route.host} }} !{{ src {cidrs} }}")
-    out.append("    tcp-request content accept if { req.ssl_hello_type 1 }")
-    for route in table.routes:
-        target = route.name if route.mode == "passthrough" else f"{route.name}_loop"
-        out.append(f"    use_backend {target} if {{ req.ssl_sni -i {route.host} }}")
-    out.append("")
+    if not table.in_pod:
+        out += _ingress(table)
     if table.prometheus_listen:
         out += [
             "frontend prometheus",
@@ -207,3 +213,24 @@ def render_config(table: Table, publications: Mapping[str, Publication]) -> str:
                 raise ValueError(f"route {route.host}: terminate needs its server's publication")
             out += _terminate(table, route, publication)
     return "\n".join(out) + "\n"
+
+
+def _ingress(table: Table) -> list[str]:
+    """The TCP frontend on `listen` that routes each connection on its ClientHello's SNI."""
+    out = [
+        "frontend ingress",
+        "    mode tcp",
+        f"    bind :::{table.listen} v4v6",
+        f"    tcp-request inspect-delay {HANDSHAKE_TIMEOUT}",
+    ]
+    # Allow-lists before the accept: an accept ends the content rules.
+    for route in table.routes:
+        if route.allow:
+            cidrs = " ".join(str(c) for c in route.allow)
+            out.append(f"    tcp-request content reject if {{ req.ssl_sni -i {route.host} }} !{{ src {cidrs} }}")
+    out.append("    tcp-request content accept if { req.ssl_hello_type 1 }")
+    for route in table.routes:
+        target = route.name if route.mode == "passthrough" else f"{route.name}_loop"
+        out.append(f"    use_backend {target} if {{ req.ssl_sni -i {route.host} }}")
+    out.append("")
+    return out

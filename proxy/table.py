@@ -7,13 +7,18 @@ A YAML file (the one input of `ignition-proxy render|run --config FILE`)::
     slots: 8                    # server lines per route; spare ones wait disabled
     metrics_listen: "[::]:9101" # the controller's own /metrics (optional)
     prometheus_listen: "[::]:8405"  # HAProxy's exporter (optional)
+    in_pod: false               # true: the edge in the server's own pod (below)
     routes:
       - host: ignition.clusters-a.example.com
         mode: terminate         # or passthrough
         publication: /var/run/ignition/clusters-a   # the server's --edge-dir
-        backends: ["10.0.1.5:9090", "[fd00::7]:9090"]
+        backends: ["10.0.1.5:9090", "[fd00::7]:9090"]   # or ["unix@/run/ignition/serve.sock"]
         allow: ["10.0.0.0/8", "fd00::/8"]           # optional source CIDRs
         send_proxy: true        # PROXY v2 to the backend (its --proxy-protocol-from)
+
+`in_pod: true` runs the proxy as the TLS edge in the server's own pod: one terminate route whose
+backends are the server's unix socket (`unix@PATH`, `serve --edge-socket PATH`), its TLS bound
+on `listen` directly (no SNI routing, and no second pass of every byte through a loop socket).
 
 Loading is pure (text in, :class:`Table` out); a bad table is a :class:`TableError` naming
 what is wrong, and the caller keeps the last good one.
@@ -42,16 +47,23 @@ class TableError(ValueError):
 
 @dataclass(frozen=True)
 class Backend:
-    host: str  # an IP literal (v4 or v6, unbracketed) or a DNS name
-    port: int
+    host: str  # an IP literal (v4 or v6, unbracketed), a DNS name, or a unix socket's absolute path
+    port: int  # 0 for a unix socket
+
+    @property
+    def unix(self) -> bool:
+        """A server in the proxy's own pod (`serve --edge-socket`): plain HTTP, TLS ended here."""
+        return self.host.startswith("/")
 
     @property
     def address(self) -> str:
         """host:port as HAProxy's server line and `set server addr` want it (IPv6 bare:
-        HAProxy splits on the last colon)."""
-        return f"{self.host}:{self.port}"
+        HAProxy splits on the last colon); unix@PATH for a unix socket."""
+        return f"unix@{self.host}" if self.unix else f"{self.host}:{self.port}"
 
     def __str__(self) -> str:
+        if self.unix:
+            return self.address
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
 
@@ -91,14 +103,17 @@ class Table:
     prometheus_listen: str | None = None
     check_interval: str = "1s"
     extra: dict[str, Any] = field(default_factory=dict)
+    in_pod: bool = False  # the TLS edge in the server's pod: its one route's TLS bound on `listen`
 
     def route(self, host: str) -> Route:
         return next(r for r in self.routes if r.host == host)
 
 
 def parse_backend(text: str) -> Backend:
-    """'10.0.0.5:9090', '[fd00::5]:9090' or 'replica-a.svc:9090'."""
+    """'10.0.0.5:9090', '[fd00::5]:9090', 'replica-a.svc:9090' or 'unix@/run/ignition/serve.sock'."""
     value = str(text).strip()
+    if value.startswith("unix@"):
+        return Backend(str(_path(value[len("unix@"):], f"backend {text!r}")), 0)
     if value.startswith("["):
         host, close, rest = value[1:].partition("]")
         port = rest[1:] if rest.startswith(":") else ""
@@ -167,8 +182,12 @@ def _route(item: Any, index: int) -> Route:
     if mode == "terminate" and publication is None:
         raise TableError(f"route {host}: terminate needs the server's publication (its --edge-dir)")
     backend_ca = _path(item["backend_ca"], f"route {host}: backend_ca") if item.get("backend_ca") else None
+    parsed = tuple(parse_backend(b) for b in backends)
+    if any(b.unix for b in parsed) and (mode != "terminate" or not all(b.unix for b in parsed) or endpoints):
+        raise TableError(f"route {host}: unix@ backends (the server in this pod) take a terminate route "
+                         "whose backends are all unix sockets")
     return Route(
-        host=host.lower(), mode=mode, backends=tuple(parse_backend(b) for b in backends),
+        host=host.lower(), mode=mode, backends=parsed,
         publication=publication, allow=allow, send_proxy=bool(item.get("send_proxy", False)), backend_ca=backend_ca,
         endpoints=endpoints,
     )
@@ -202,10 +221,15 @@ def load_table(text: str) -> Table:
     interval = str(data.get("check_interval", "1s"))
     if not re.match(r"^\d+(ms|s)$", interval):
         raise TableError(f"check_interval {interval!r} must be like 500ms or 2s")
+    in_pod = data.get("in_pod", False)
+    if not isinstance(in_pod, bool):
+        raise TableError(f"in_pod {in_pod!r} must be true or false")
+    if in_pod and (len(routes) != 1 or not all(b.unix for b in routes[0].backends)):
+        raise TableError("in_pod takes one terminate route whose backends are the server's unix socket (unix@PATH)")
     return Table(
         listen=listen, state_dir=state_dir, routes=routes, slots=slots,
         metrics_listen=data.get("metrics_listen"), prometheus_listen=data.get("prometheus_listen"),
-        check_interval=interval,
+        check_interval=interval, in_pod=in_pod,
     )
 
 

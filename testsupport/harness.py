@@ -374,7 +374,14 @@ class ProxyProcess:
             [sys.executable, "-m", "proxy", "run", "--config", str(self.table_path), "--haproxy", haproxy, "--interval", "0.2",
              *extra],
             stdout=log, stderr=subprocess.STDOUT)
-        wait_for(lambda: self.runtime_command("show info"), timeout=20, what="HAProxy's stats socket")
+        proc = self.proc
+        # The controller answers once HAProxy said READY=1 (proxy/notify.py); one that exits
+        # is reported at once, with its log, rather than waited for.
+        wait_for(lambda: self.runtime_command("show info") or proc.poll() is not None, timeout=20,
+                 what="HAProxy's stats socket")
+        if proc.poll() is not None:
+            raise AssertionError(f"ignition-proxy exited with {proc.returncode}:\n"
+                                 f"{(self.state_dir.parent / 'controller.log').read_text(errors='replace')[-3000:]}")
         return self
 
     def runtime_command(self, line: str, master: bool = False) -> str:

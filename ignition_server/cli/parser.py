@@ -83,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add(serve, "--service-account-overlap", default=_serve_default("service_account_overlap"), help="how long a replaced service-account key or token Secret stays accepted")
     _add(serve, "--edge-dir", help="publish what a front proxy (ignition-proxy) needs to check tokens here")
     _add(serve, "--proxy-protocol-from", default=_serve_default("proxy_protocol_from"), help="CIDRs (comma-separated) whose connections start with a PROXY v1/v2 header; empty: off")
+    _add(serve, "--edge-socket", help="also serve plain HTTP on this unix socket, for a TLS edge in the same pod "
+         "(ignition-proxy with a terminate route to unix@PATH); each connection starts with a PROXY v2 header")
     _add(serve, "--public-url", help="URL pointer configs use (also the self-made certificate's name)")
     _add_node_proxy(serve)
     _add(serve, "--cache-key-file", help="key file outside the cache dir (default: <cache-dir>.key)")

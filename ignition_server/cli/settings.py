@@ -63,6 +63,7 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         service_account_overlap=parse_duration(args.service_account_overlap),
         edge_dir=Path(args.edge_dir) if args.edge_dir else None,
         proxy_protocol_from=parse_cidrs(args.proxy_protocol_from),
+        edge_socket=Path(args.edge_socket) if args.edge_socket else None,
         public_url=args.public_url,
         node_http_proxy=proxy.get("httpProxy", ""),
         node_https_proxy=proxy.get("httpsProxy", ""),

@@ -36,6 +36,7 @@ from aiohttp import web
 
 from ..sockets import listening_socket
 from .connection_table import ConnectionRow, ConnectionTable
+from .deadlines import Deadlines
 from .proxy_protocol import serve_connections
 
 log = logging.getLogger("ignition_server.http")
@@ -59,6 +60,13 @@ class ConnectionGuard:
     # (a ClientHello, then nothing) holds its place in the per-source count until then.
     handshake_timeout: float = 2.0
     _all_closed: asyncio.Event | None = field(default=None, init=False, repr=False)
+    # One timer each for every connection's header deadline and TLS-close cut (deadlines.py).
+    headers_due: Deadlines[_Guarded] = field(init=False, repr=False)
+    cuts_due: Deadlines[_NoLingerClose] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.headers_due = Deadlines(self.header_timeout, _Guarded.too_slow)
+        self.cuts_due = Deadlines(LINGER_SECONDS, _NoLingerClose.cut)
 
     def wrap(self, factory: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
         return lambda: _Guarded(self, factory())
@@ -96,7 +104,7 @@ class _Guarded(asyncio.Protocol):
         self.bucket = bucket  # the source's bucket in the connection table once counted
         self.made = False
         self.transport: asyncio.Transport | None = None
-        self.timer: asyncio.TimerHandle | None = None
+        self.waiting = False  # for the first request's headers (its deadline in guard.headers_due)
         self.tail = b""
         self.header_bytes = 0
         self.closing: _NoLingerClose | None = None  # the TLS transport as aiohttp sees it
@@ -114,32 +122,34 @@ class _Guarded(asyncio.Protocol):
                 return
         self.made = True
         self.bucket, self.transport = bucket, stream
-        self.timer = asyncio.get_running_loop().call_later(guard.header_timeout, self._too_slow)
+        self.waiting = True
+        guard.headers_due.set(self)
         if transport.get_extra_info("ssl_object") is not None:
-            self.closing = _NoLingerClose(transport)
+            self.closing = _NoLingerClose(transport, guard.cuts_due)
             transport = self.closing  # type: ignore[assignment]
         self.inner.connection_made(transport)
 
-    def _too_slow(self) -> None:
-        self.timer = None
+    def too_slow(self) -> None:
+        """Its first request's headers are not in after `header_timeout` (guard.headers_due)."""
+        self.waiting = False
         self.guard.row.timed_out()
         if self.transport is not None:
             self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
-        if self.timer is not None:
+        if self.waiting:
             self.header_bytes += len(data)
             if self.header_bytes > self.guard.header_bytes and _HEADERS_END not in self.tail + data:
                 self.guard.row.timed_out()
-                self.timer.cancel()
-                self.timer = None
+                self.waiting = False
+                self.guard.headers_due.drop(self)
                 if self.transport is not None:
                     self.transport.abort()
                 return
             self.tail = (self.tail + data)[-4096:]
             if _HEADERS_END in self.tail:  # the first request's headers are in: aiohttp's timeouts from here
-                self.timer.cancel()
-                self.timer = None
+                self.waiting = False
+                self.guard.headers_due.drop(self)
                 self.tail = b""
                 # From here the TLS layer hands data straight to aiohttp: the instance attribute
                 # wins over this method, so a kept-alive request costs no call through the guard.
@@ -158,8 +168,9 @@ class _Guarded(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.made:
             return  # refused, or never past its handshake: aiohttp never saw it (the accept loop releases it)
-        if self.timer is not None:
-            self.timer.cancel()
+        if self.waiting:
+            self.waiting = False
+            self.guard.headers_due.drop(self)
         if self.closing is not None:
             self.closing.closed()
         self.guard.row.release(self.bucket)
@@ -185,9 +196,10 @@ class _NoLingerClose:
     high-water mark: 64 KiB) to a client that reads. With response bytes still queued in the TLS
     layer (a reader slower than that), the close stays the loop's own."""
 
-    def __init__(self, transport: asyncio.BaseTransport) -> None:
+    def __init__(self, transport: asyncio.BaseTransport, cuts: Deadlines[_NoLingerClose]) -> None:
         self._transport = transport
-        self._cut: asyncio.TimerHandle | None = None
+        self._cuts = cuts  # the guard's: one timer for every connection's cut
+        self._gone = False
         # aiohttp writes through these on every response: looked up once, not through __getattr__.
         self.write = transport.write  # type: ignore[attr-defined]
         self.writelines = transport.writelines  # type: ignore[attr-defined]
@@ -196,14 +208,18 @@ class _NoLingerClose:
     def close(self) -> None:
         transport = self._transport
         transport.close()
-        if self._cut is None and transport.get_write_buffer_size() == 0:  # type: ignore[attr-defined]
-            self._cut = asyncio.get_running_loop().call_later(LINGER_SECONDS, transport.abort)  # type: ignore[attr-defined]
+        # aiohttp closes its transport once more after the connection is lost: nothing to cut
+        # then (a cut armed there outlived every connection of a boot storm by LINGER_SECONDS).
+        if not self._gone and self not in self._cuts and transport.get_write_buffer_size() == 0:  # type: ignore[attr-defined]
+            self._cuts.set(self)
+
+    def cut(self) -> None:
+        self._transport.abort()  # type: ignore[attr-defined]
 
     def closed(self) -> None:
         """The connection is gone: nothing left to cut."""
-        if self._cut is not None:
-            self._cut.cancel()
-            self._cut = None
+        self._gone = True
+        self._cuts.drop(self)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
@@ -260,3 +276,30 @@ class GuardedSite(web.TCPSite):
                 ssl_handshake_timeout=self._guard.handshake_timeout if self._ssl_context is not None else None,
             )
         self._bound_port = sock.getsockname()[1]
+
+
+class GuardedUnixSite(web.BaseSite):
+    """Plain HTTP on a listening unix socket (made by the owner, shared by every serving
+    process) for the pod's own TLS edge: each connection starts with the edge's PROXY v2
+    header naming the node, which the guard counts and everything above sees as the client.
+    TLS has ended at the edge, in the same pod; the socket never leaves it."""
+
+    def __init__(self, runner: web.BaseRunner, sock: socket.socket, *, guard: ConnectionGuard, shared: bool,
+                 **kwargs: Any) -> None:
+        super().__init__(runner, **kwargs)
+        self._sock, self._guard, self._shared = sock, guard, shared
+
+    @property
+    def name(self) -> str:
+        return f"http://unix:{self._sock.getsockname()}:"
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)
+        server = self._runner.server
+        assert server is not None
+        guard = self._guard
+        task = asyncio.create_task(serve_connections(
+            self._sock, guard.admitted(server), networks=(), ssl_context=None, handshake_timeout=guard.handshake_timeout,
+            admit=guard.admit, release=guard.row.release, trust_all=True, batch=1 if self._shared else 128),
+            name="accept-edge")
+        self._server = _AcceptServer(task, self._sock)  # type: ignore[assignment]

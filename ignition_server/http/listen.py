@@ -10,7 +10,7 @@ from aiohttp import web
 
 from ..sockets import bound_socket
 from .app import Handler
-from .guard import ConnectionGuard, GuardedSite, IPNetwork
+from .guard import ConnectionGuard, GuardedSite, GuardedUnixSite, IPNetwork
 
 # An idle kept-alive connection is closed after this (aiohttp's default is an hour). A node
 # fetches once; a short wait also bounds a kept-alive connection's next request, whose headers
@@ -25,9 +25,12 @@ MAX_LINE_SIZE = 8190
 
 async def start_site(app: web.Application | Handler, listen: tuple[str, int], ssl_context: ssl.SSLContext | None, *,
                      shutdown_timeout: float, guard: ConnectionGuard | None = None, reuse_port: bool = False,
-                     proxy_from: Sequence[IPNetwork] = ()) -> tuple[web.BaseRunner, int]:
+                     proxy_from: Sequence[IPNetwork] = (), edge_listener: socket.socket | None = None,
+                     edge_shared: bool = False) -> tuple[web.BaseRunner, int]:
     """Start serving `app` (an Application, or a bare request handler: the serving port's
-    dispatch); returns its runner (clean it up to drain) and the bound port."""
+    dispatch); returns its runner (clean it up to drain) and the bound port. With
+    `edge_listener` (a listening unix socket, `edge_shared` when other processes accept on it
+    too) the same app is also served there, plain HTTP behind the pod's TLS edge."""
     runner: web.BaseRunner
     if isinstance(app, web.Application):
         runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=shutdown_timeout,
@@ -47,6 +50,9 @@ async def start_site(app: web.Application | Handler, listen: tuple[str, int], ss
         site = web.TCPSite(runner, listen[0], listen[1], ssl_context=ssl_context, reuse_address=True,
                            reuse_port=reuse_port or None)
     await site.start()
+    if edge_listener is not None:
+        assert guard is not None, "the edge's socket is served through the connection guard"
+        await GuardedUnixSite(runner, edge_listener, guard=guard, shared=edge_shared).start()
     return runner, site.port  # the bound port once started: the one the OS chose for port 0
 
 

@@ -110,6 +110,28 @@ async def header_follows(loop: asyncio.AbstractEventLoop, conn: socket.socket) -
         await asyncio.sleep(0.01)  # a header's first bytes only (split): the rest is on its way
 
 
+NOT_YET = ("", -1)  # header_now: cannot be told without waiting for more bytes
+
+
+def header_now(conn: socket.socket) -> Peer | None:
+    """A v2 header that has arrived whole (as a proxy sends it, in the connection's first
+    segment), read off the socket exactly: its peer, or None (LOCAL, no address). `NOT_YET`
+    when that cannot be told from what is there (nothing yet, a v1 header, a split one, no
+    header at all): the caller takes the careful path (`header_follows`, `read_header`)."""
+    try:
+        first = conn.recv(512, socket.MSG_PEEK)
+    except (BlockingIOError, InterruptedError):
+        return NOT_YET
+    if len(first) < 16 or not first.startswith(V2_SIGNATURE):
+        return NOT_YET
+    (length,) = struct.unpack("!H", first[14:16])
+    if len(first) < 16 + length:
+        return NOT_YET
+    peer = parse_v2(first[:16], first[16:16 + length])
+    conn.recv(16 + length)  # exactly the header, which has arrived: this does not block
+    return peer
+
+
 async def read_header(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> Peer | None:
     """Read exactly the header off the socket (nothing after it: TLS starts there)."""
     first = await _read_exactly(loop, conn, 6)
@@ -168,6 +190,8 @@ class _PeerProtocol:
 
 def plain_address(host: str) -> str:
     """An IPv4 client on a dual-stack socket (or in a v4v6 proxy's header) as plain IPv4."""
+    if ":" not in host:
+        return host  # IPv4 already (the usual case: no parse per connection)
     try:
         address = ipaddress.ip_address(host.split("%")[0])
     except ValueError:
@@ -177,6 +201,8 @@ def plain_address(host: str) -> str:
 
 
 def trusted(peer: Any, networks: Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network]) -> bool:
+    if not networks:
+        return False
     try:
         address = ipaddress.ip_address(str(peer[0]).split("%")[0])
     except (ValueError, TypeError, IndexError):
@@ -184,6 +210,14 @@ def trusted(peer: Any, networks: Sequence[ipaddress.IPv4Network | ipaddress.IPv6
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         address = address.ipv4_mapped
     return any(address in network for network in networks)
+
+
+# A unix socket's peer has no address: one that sends no PROXY header is the pod itself.
+LOCAL_PEER: Peer = ("127.0.0.1", 0)
+# Connections taken off the listener per wake-up, at most (asyncio's own servers take `backlog`).
+ACCEPT_BATCH = 128
+# After accept fails for want of file descriptors (EMFILE): how long to leave the listener be.
+ACCEPT_PAUSE = 1.0
 
 
 async def serve_connections(
@@ -195,6 +229,8 @@ async def serve_connections(
     handshake_timeout: float,
     admit: Callable[[str], int],
     release: Callable[[int], None],
+    trust_all: bool = False,
+    batch: int = ACCEPT_BATCH,
 ) -> None:
     """Accept on `listener` until cancelled; trusted peers' connections start with a header.
 
@@ -202,58 +238,121 @@ async def serve_connections(
     for a trusted proxy's connection once its header names the client; `factory(bucket)` makes
     its protocol, which releases the count when it closes. One that never gets that far (a
     handshake that fails, or is not done `handshake_timeout` after the accept: the header and
-    the TLS handshake share that deadline) is released here."""
+    the TLS handshake share that deadline) is released here.
+
+    In a boot storm every request is a new connection, so the accept path is kept short: the
+    listener is read whenever it is readable, as many connections at a time as are waiting
+    (not one future and one reader registration per connection, as `loop.sock_accept` does),
+    and an untrusted peer's connection goes straight to the event loop's TLS handshake with
+    no coroutine of its own around it.
+
+    `trust_all`: every peer may send a header (the in-pod edge's unix socket, which only the
+    pod reaches); one that sends none is the pod itself (`LOCAL_PEER`). `batch`: connections
+    taken per wake-up; several processes accepting on one socket take one each, so that none
+    takes every waiting connection while the others idle."""
     loop = asyncio.get_running_loop()
-    pending: set[asyncio.Task[None]] = set()
+    pending: set[asyncio.Task[Any]] = set()
 
-    async def handshake(conn: socket.socket, peer: Any, bucket: int) -> None:
-        protocol: Any = None
-        try:
-            real = peer[:2]
-            deadline = loop.time() + handshake_timeout
-            if bucket < 0:  # a trusted proxy's: counted under the address its header gives
-                async def announced() -> Peer | None:
-                    return await read_header(loop, conn) if await header_follows(loop, conn) else None
-                real = await asyncio.wait_for(announced(), handshake_timeout) or real
-                bucket = admit(plain_address(str(real[0])))
-                if bucket < 0:
-                    conn.close()
-                    return
+    def closed_early(peer: Any, error: BaseException) -> None:
+        log.debug("connection from %s closed: %s %s", peer[0] if peer else "?", type(error).__name__, error)
 
-            def made() -> asyncio.Protocol:
-                nonlocal protocol
-                protocol = factory(bucket)
+    def start(conn: socket.socket, real: Any, bucket: int, timeout: float | None, translate: bool) -> None:
+        """The TLS handshake (or none), then the protocol: the count is released here if it fails.
+        `translate`: the client is not the socket's IPv4 peer as is (a PROXY header's address,
+        an IPv6 or IPv4-mapped one), so the protocol is shown `(plain address, port)` instead."""
+        made_protocol: list[asyncio.Protocol] = []
+
+        def made() -> asyncio.Protocol:
+            protocol = factory(bucket)
+            made_protocol.append(protocol)
+            if translate:
                 return _PeerProtocol(protocol, (plain_address(str(real[0])), int(real[1])))  # type: ignore[return-value]
+            return protocol
 
-            await loop.connect_accepted_socket(
-                made, conn, ssl=ssl_context,
-                ssl_handshake_timeout=max(0.001, deadline - loop.time()) if ssl_context else None)
-        except (ProxyHeaderError, asyncio.TimeoutError, OSError, ssl.SSLError) as error:
-            log.debug("connection from %s closed: %s %s", peer[0] if peer else "?", type(error).__name__, error)
+        def done(task: asyncio.Task[Any]) -> None:
+            pending.discard(task)
+            error = None if task.cancelled() else task.exception()
+            if task.cancelled() or error is not None:
+                if error is not None:
+                    closed_early(real, error)
+                conn.close()
+                if not getattr(made_protocol[0] if made_protocol else None, "made", False):
+                    release(bucket)
+
+        task = loop.create_task(loop.connect_accepted_socket(
+            made, conn, ssl=ssl_context, ssl_handshake_timeout=timeout if ssl_context else None))
+        pending.add(task)
+        task.add_done_callback(done)
+
+    async def announced(conn: socket.socket, peer: Any) -> None:
+        """A trusted proxy's connection: its PROXY header (if any) names the client it counts under."""
+        try:
+            deadline = loop.time() + handshake_timeout
+
+            async def header() -> Peer | None:
+                return await read_header(loop, conn) if await header_follows(loop, conn) else None
+            real = await asyncio.wait_for(header(), handshake_timeout) or (
+                peer[:2] if isinstance(peer, tuple) else LOCAL_PEER)
+        except (ProxyHeaderError, asyncio.TimeoutError, OSError) as error:
+            closed_early(peer, error)
             conn.close()
-            if bucket >= 0 and not getattr(protocol, "made", False):
-                release(bucket)
-        except BaseException:  # cancelled (the server stops): the count goes with the connection
+            return
+        except BaseException:
             conn.close()
-            if bucket >= 0 and not getattr(protocol, "made", False):
-                release(bucket)
             raise
+        bucket = admit(plain_address(str(real[0])))
+        if bucket < 0:
+            conn.close()
+            return
+        start(conn, real, bucket, max(0.001, deadline - loop.time()), translate=True)
+
+    def accept_waiting() -> None:
+        for _ in range(batch):
+            try:
+                conn, peer = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as error:  # EMFILE and the like: let connections wait in the backlog a while
+                log.warning("accepting a connection failed (%s): pausing accept %.0f s", error, ACCEPT_PAUSE)
+                loop.remove_reader(listener.fileno())
+                loop.call_later(ACCEPT_PAUSE, resume)
+                return
+            conn.setblocking(False)
+            if trust_all or trusted(peer, networks):
+                try:
+                    real = header_now(conn)
+                except (ProxyHeaderError, OSError) as error:
+                    closed_early(peer, error)
+                    conn.close()
+                    continue
+                if real is not NOT_YET:  # the usual case: read with the accept, no coroutine
+                    real = real or (peer[:2] if isinstance(peer, tuple) else LOCAL_PEER)
+                    bucket = admit(plain_address(str(real[0])))
+                    if bucket < 0:
+                        conn.close()
+                        continue
+                    start(conn, real, bucket, handshake_timeout, translate=True)
+                    continue
+                task = loop.create_task(announced(conn, peer))
+                pending.add(task)
+                task.add_done_callback(pending.discard)
+                continue
+            bucket = admit(str(peer[0]))
+            if bucket < 0:
+                conn.close()  # refused before any work: no handshake, no task
+                continue
+            start(conn, peer, bucket, handshake_timeout, translate=conn.family != socket.AF_INET)
+
+    def resume() -> None:
+        if listener.fileno() != -1:  # not closed meanwhile (the server stopped)
+            loop.add_reader(listener.fileno(), accept_waiting)
 
     listener.setblocking(False)
+    loop.add_reader(listener.fileno(), accept_waiting)
     try:
-        while True:
-            conn, peer = await loop.sock_accept(listener)
-            conn.setblocking(False)
-            bucket = -1
-            if not trusted(peer, networks):
-                bucket = admit(str(peer[0]))
-                if bucket < 0:
-                    conn.close()  # refused before any work: no handshake, no task
-                    continue
-            task = asyncio.create_task(handshake(conn, peer, bucket))
-            pending.add(task)
-            task.add_done_callback(pending.discard)
+        await loop.create_future()  # until cancelled (the server stops)
     finally:
-        for task in pending:
+        loop.remove_reader(listener.fileno())
+        for task in list(pending):
             task.cancel()
         listener.close()

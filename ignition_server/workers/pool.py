@@ -68,8 +68,10 @@ class WorkerPool:
     def __init__(self, *, settings: ServeSettings, count: int, port: int, tls_files: TLSFiles, cache: PayloadCache,
                  authenticator: TokenAuthenticator, metrics: ServerMetrics,
                  on_served: Callable[[str], None], on_missing: Callable[[str], None],
-                 behind: Callable[[], list[str]] = lambda: []) -> None:
+                 behind: Callable[[], list[str]] = lambda: [],
+                 edge_listener: socket.socket | None = None) -> None:
         self._settings = settings
+        self._edge_listener = edge_listener  # --edge-socket's, inherited by every worker
         self._count = count
         self._port = port
         self._tls_files = tls_files
@@ -126,10 +128,11 @@ class WorkerPool:
 
     async def _spawn(self, number: int) -> _Worker:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        edge = [self._edge_listener.fileno()] if self._edge_listener is not None else []
         try:
             process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "ignition_server.workers.worker", str(theirs.fileno()), str(self._connections.fd),
-                pass_fds=(theirs.fileno(), self._connections.fd),
+                *map(str, edge), pass_fds=(theirs.fileno(), self._connections.fd, *edge),
             )
         finally:
             theirs.close()

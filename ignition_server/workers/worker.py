@@ -64,9 +64,11 @@ def process_name(number: int) -> str:
 
 
 class Worker:
-    def __init__(self, spec: WorkerSpec, channel: Channel, connections: ConnectionTable) -> None:
+    def __init__(self, spec: WorkerSpec, channel: Channel, connections: ConnectionTable,
+                 edge_listener: socket.socket | None = None) -> None:
         self.channel = channel
         self.connections = connections
+        self.edge_listener = edge_listener  # --edge-socket's, inherited from the owner
         settings = spec.settings
         self.cache = PayloadCache.replica(
             CacheConfig(settings.cache_dir, settings.cache_key_file, spec.memory_bytes), spec.tokens, spec.renders)
@@ -124,7 +126,8 @@ class Worker:
                                 self.connections.row(self.spec.number), handshake_timeout=settings.handshake_timeout)
         runner, _port = await start_site(build_dispatch(self.handlers), (settings.listen[0], self.spec.port), ssl_context,
                                          guard=guard, shutdown_timeout=settings.shutdown_timeout, reuse_port=True,
-                                         proxy_from=settings.proxy_protocol_from)
+                                         proxy_from=settings.proxy_protocol_from, edge_listener=self.edge_listener,
+                                         edge_shared=True)
         self.state.ready = True
         self.channel.send(Ready(os.getpid()))
         tasks = [
@@ -217,7 +220,7 @@ class Worker:
             self._held = held
 
 
-async def _main(fd: int, connections_fd: int) -> None:
+async def _main(fd: int, connections_fd: int, edge_fd: int | None = None) -> None:
     channel = await Channel.open(socket.socket(fileno=fd))
     hello = await channel.receive()
     assert isinstance(hello, Hello)
@@ -231,7 +234,8 @@ async def _main(fd: int, connections_fd: int) -> None:
     # Ctrl-C reaches the whole process group: the owner decides when workers drain.
     loop.add_signal_handler(signal.SIGINT, lambda: None)
     started = time.perf_counter()
-    worker = Worker(spec, channel, ConnectionTable.attach(connections_fd))
+    edge = socket.socket(fileno=edge_fd) if edge_fd is not None else None
+    worker = Worker(spec, channel, ConnectionTable.attach(connections_fd), edge)
     del spec  # its rows: the worker keeps them in its index only
     log.info("worker %d (pid %d) serving %d payloads after %.3fs", worker.spec.number, os.getpid(),
              worker.cache.render_count(), time.perf_counter() - started)
@@ -244,12 +248,13 @@ def main(argv: list[str] | None = None) -> int:
     disable_core_dumps()  # an execve made this process dumpable again
     args = sys.argv[1:] if argv is None else argv
     fd, connections_fd = int(args[0]), int(args[1])
+    edge_fd = int(args[2]) if len(args) > 2 else None  # --edge-socket's listener, the owner's
     try:
         import uvloop
 
-        uvloop.run(_main(fd, connections_fd))
+        uvloop.run(_main(fd, connections_fd, edge_fd))
     except ImportError:
-        asyncio.run(_main(fd, connections_fd))
+        asyncio.run(_main(fd, connections_fd, edge_fd))
     return 0
 
 

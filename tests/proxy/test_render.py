@@ -213,3 +213,31 @@ async def test_the_controllers_metrics_on_any_address_answer_ipv4_and_ipv6() -> 
                     assert response.status == 200 and b"ign_proxy_reloads_total" in await response.read()
     finally:
         await runner.cleanup()
+
+
+def test_unix_backends_and_the_in_pod_table() -> None:
+    unix = parse_backend("unix@/run/ignition/serve.sock")
+    assert (unix.unix, unix.address, str(unix)) == (True, "unix@/run/ignition/serve.sock", "unix@/run/ignition/serve.sock")
+    for bad in ("unix@relative.sock", "unix@/a b.sock"):
+        with pytest.raises(TableError):
+            parse_backend(bad)
+    in_pod = """
+listen: 9443
+state_dir: /tmp/s
+in_pod: true
+routes:
+- host: ignition.example.com
+  mode: terminate
+  publication: /tmp/p
+  backends: ["unix@/run/ignition/serve.sock"]
+"""
+    assert load_table(in_pod).in_pod
+    for change, message in [
+        (lambda t: t.replace('"unix@/run/ignition/serve.sock"', '"10.0.0.5:9090"'), "in_pod"),
+        (lambda t: t.replace("  mode: terminate\n", "  mode: passthrough\n"), "unix@"),
+        (lambda t: t.replace('["unix@/run/ignition/serve.sock"]', '["unix@/run/a.sock", "10.0.0.5:9090"]'), "unix@"),
+        (lambda t: t + "- host: other.example.com\n  backends: ['10.0.0.5:9090']\n", "in_pod"),
+        (lambda t: t.replace("in_pod: true", "in_pod: yes please"), "in_pod"),
+    ]:
+        with pytest.raises(TableError, match=message):
+            load_table(change(in_pod))

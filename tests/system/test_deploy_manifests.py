@@ -172,3 +172,45 @@ def test_rbac_is_one_role_per_feature_bound_in_the_watched_namespaces_or_cluster
     assert not [d for d in wide if d["kind"] == "RoleBinding" and d["roleRef"]["kind"] == "ClusterRole"]
     assert watched_namespaces(wide) is None
     assert rbac_rules(wide) == rbac_rules(docs)
+
+
+def test_the_in_pod_edge_option_runs_beside_the_server_and_takes_its_port() -> None:
+    """deploy/edge (issue 32): the edge container terminates TLS on the port the Services
+    target and hands requests to the server over its unix socket; both sides name the same
+    socket, publication and volumes, and every container keeps its probes and requests."""
+    docs = kustomize(DEPLOY / "edge", "--load-restrictor", "LoadRestrictionsNone")
+    sts = next(d for d in docs if d["kind"] == "StatefulSet")
+    pod = sts["spec"]["template"]["spec"]
+    containers = {c["name"]: c for c in pod["containers"]}
+    server, edge = containers["ignition-server"], containers["edge"]
+    env = {e["name"]: e.get("value") for e in server["env"]}
+    table = yaml.safe_load(next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "ignition-edge")
+                           ["data"]["table.yaml"])
+    route = table["routes"][0]
+    assert table["in_pod"] and route["mode"] == "terminate"
+    assert route["backends"] == [f"unix@{env['IGNITION_SERVER_EDGE_SOCKET']}"]
+    assert route["publication"] == env["IGNITION_SERVER_EDGE_DIR"]
+
+    def mounted(container: dict, path: str) -> str:
+        """The volume holding `path` in `container`."""
+        best = max((m for m in container["volumeMounts"] if path.startswith(m["mountPath"].rstrip("/") + "/")),
+                   key=lambda m: len(m["mountPath"]))
+        return best["name"]
+
+    for path in (env["IGNITION_SERVER_EDGE_SOCKET"], env["IGNITION_SERVER_EDGE_DIR"] + "/publication.json"):
+        assert mounted(server, path) == mounted(edge, path), path  # the same volume at the same path
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes[mounted(edge, env["IGNITION_SERVER_EDGE_SOCKET"])]["emptyDir"]["medium"] == "Memory"
+    # The Services' `ignition` port is the edge's; the server's own port keeps its probes.
+    assert {p["name"]: p["containerPort"] for p in edge["ports"]}["ignition"] == table["listen"]
+    assert "ignition" not in {p["name"] for p in server["ports"]}
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert server[probe]["httpGet"]["port"] == "direct"
+    assert edge["readinessProbe"] and edge["livenessProbe"]
+    for container in (server, edge):
+        assert container["resources"]["requests"]["cpu"] and container["resources"]["limits"]["memory"]
+        assert container["securityContext"]["readOnlyRootFilesystem"]
+    policy = next(d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "ignition-server")
+    assert {"protocol": "TCP", "port": table["listen"]} in policy["spec"]["ingress"][0]["ports"]
+    for service in (d for d in docs if d["kind"] == "Service" and d["metadata"]["name"].startswith("ignition-server")):
+        assert any(p["targetPort"] == "ignition" for p in service["spec"]["ports"])

@@ -1,0 +1,109 @@
+"""serve --edge-socket: plain HTTP on a unix socket for the pod's own TLS edge, each connection
+naming its node in a PROXY v2 header (issue 32)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import struct
+import time
+from pathlib import Path
+
+import pytest
+
+from testsupport.harness import ServerProcess, wait_for
+
+from .test_connection_guard import connections, server
+
+V2 = b"\r\n\r\n\x00\r\nQUIT\n"
+
+
+def v2_header(client: str, port: int = 40000) -> bytes:
+    """What HAProxy's send-proxy-v2 sends for a TCP4 client (PROXY command, no TLVs)."""
+    body = socket.inet_aton(client) + socket.inet_aton("10.0.0.1") + struct.pack("!HH", port, 9090)
+    return V2 + bytes([0x21, 0x11]) + struct.pack("!H", len(body)) + body
+
+
+def ask(sock_path: Path, header: bytes, token: str = "tok-good", keep: socket.socket | None = None) -> tuple[bytes, socket.socket]:
+    """One GET /ignition over the edge socket (on `keep`'s connection if given): the status line and the connection."""
+    conn = keep or socket.socket(socket.AF_UNIX)
+    if keep is None:
+        conn.settimeout(10)
+        conn.connect(str(sock_path))
+    auth = base64.b64encode(token.encode()).decode()
+    conn.sendall(header + f"GET /ignition HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {auth}\r\n\r\n".encode())
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += conn.recv(65536)
+    head, _, rest = data.partition(b"\r\n\r\n")
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+    while len(rest) < length:
+        rest += conn.recv(65536)
+    return head.split(b"\r\n")[0], conn
+
+
+def clients(proc: ServerProcess) -> list[str]:
+    return [json.loads(line)["client"] for line in proc.logs().splitlines()
+            if '"ignition_server.access"' in line and '"GET /ignition' in line]
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_the_edge_socket_serves_each_node_as_its_proxy_header_names_it(tmp_path: Path, workers: str) -> None:
+    sock = tmp_path / "edge" / "serve.sock"
+    sock.parent.mkdir()
+    proc = server(tmp_path, "--edge-socket", str(sock), "--workers", workers, "--connections-per-source", "2",
+                  "--header-timeout", "60s")
+    held: list[socket.socket] = []
+    try:
+        assert sock.stat().st_mode & 0o777 == 0o660  # the pod's edge, no one else
+        status, conn = ask(sock, v2_header("192.0.2.7"))
+        assert status == b"HTTP/1.1 200 OK"
+        status, conn = ask(sock, b"", keep=conn)  # kept alive: the header came once, with the connection
+        assert status == b"HTTP/1.1 200 OK"
+        conn.close()
+        status, conn = ask(sock, v2_header("192.0.2.8"), token="tok-unknown")
+        assert status.startswith(b"HTTP/1.1 511")  # the server's check still decides, statuses as over TLS
+        conn.close()
+        status, conn = ask(sock, b"")  # no header: the pod itself (a probe)
+        assert status == b"HTTP/1.1 200 OK"
+        conn.close()
+        # Each worker writes its own lines: counted, not in order.
+        wait_for(lambda: clients(proc).count("192.0.2.7") == 2 and clients(proc).count("192.0.2.8") == 1,
+                 what="the nodes' addresses in the access log")
+        # Per-node limits hold behind the edge: 192.0.2.9's quota of 2, not the edge's.
+        for _ in range(2):
+            conn = socket.socket(socket.AF_UNIX)
+            conn.connect(str(sock))
+            conn.sendall(v2_header("192.0.2.9"))
+            held.append(conn)
+        wait_for(lambda: sum(connections(proc)[0].values()) == 2, what="both counted")
+        third = socket.socket(socket.AF_UNIX)
+        third.settimeout(10)
+        third.connect(str(sock))
+        third.sendall(v2_header("192.0.2.9"))
+        assert third.recv(1) == b""  # over its quota: closed
+        third.close()
+        status, conn = ask(sock, v2_header("192.0.2.10"))
+        assert status == b"HTTP/1.1 200 OK"
+        conn.close()
+    finally:
+        for conn in held:
+            conn.close()
+        proc.stop()
+    assert not sock.exists()  # removed at shutdown
+
+
+def test_a_stale_socket_is_replaced_at_start(tmp_path: Path) -> None:
+    sock = tmp_path / "serve.sock"
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(sock))  # left by a killed server: bound, no one listening
+    stale.close()
+    proc = server(tmp_path, "--edge-socket", str(sock), "--workers", "0")
+    try:
+        start = time.monotonic()
+        status, conn = ask(sock, v2_header("192.0.2.7"))
+        assert status == b"HTTP/1.1 200 OK" and time.monotonic() - start < 10
+        conn.close()
+    finally:
+        proc.stop()
