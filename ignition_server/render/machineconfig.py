@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 import yaml
 
 from .. import bounded_yaml
+from .checked import CheckedItems
 from .inputs import InvalidConfig, refusal
 from .spec import SUPPORTED_VERSIONS, minimum_version
 from .spec2 import is_spec2, translate
@@ -79,12 +80,13 @@ class MergedConfig(NamedTuple):
 # parsing
 
 
-def parse_machineconfigs(yaml_text: str) -> list[dict]:
+def parse_machineconfigs(yaml_text: str, checked: CheckedItems | None = None) -> list[dict]:
     """The MachineConfig objects of a multi-document YAML text (a `kind: List` is expanded).
 
     Empty text → []. Raises InvalidConfig for bad YAML, a document that is not a
     machineconfiguration.openshift.io/v1 MachineConfig, a missing or repeated name, a
     malformed spec, or an embedded Ignition config that is not a supported 3.x version.
+    `checked`: config items already found clean are not checked again (render/checked.py).
     """
     try:
         documents = bounded_yaml.load_all(yaml_text or "")
@@ -101,7 +103,7 @@ def parse_machineconfigs(yaml_text: str) -> list[dict]:
     result: list[dict] = []
     names: set[str] = set()
     for where, obj in objects:
-        mc = _check_machineconfig(where, obj)
+        mc = _check_machineconfig(where, obj, checked)
         name = mc["metadata"]["name"]
         if name in names:
             raise InvalidConfig(f"MachineConfig {name!r} appears twice")
@@ -110,7 +112,7 @@ def parse_machineconfigs(yaml_text: str) -> list[dict]:
     return result
 
 
-def _check_machineconfig(where: str, obj: Any) -> dict:
+def _check_machineconfig(where: str, obj: Any, checked: CheckedItems | None) -> dict:
     if not isinstance(obj, dict):
         raise InvalidConfig(f"{where}: not a MachineConfig object (a {type(obj).__name__})")
     if obj.get("apiVersion") != API_VERSION or obj.get("kind") != KIND:
@@ -149,7 +151,7 @@ def _check_machineconfig(where: str, obj: Any) -> dict:
                 f"({SUPPORTED_VERSIONS[0]} … {SUPPORTED_VERSIONS[-1]})"
             )
         try:
-            validate(config, version)
+            validate(config, version, checked)
         except InvalidConfig as e:
             raise InvalidConfig(f"MachineConfig {name!r}: spec.config.{e}") from None
     kargs = spec.get("kernelArguments") or []
@@ -172,12 +174,12 @@ def _check_machineconfig(where: str, obj: Any) -> dict:
 # merging
 
 
-def merge_machineconfigs(mcs: list[dict], *, carried: bool = False) -> MergedConfig:
+def merge_machineconfigs(mcs: list[dict], *, carried: bool = False, checked: CheckedItems | None = None) -> MergedConfig:
     """Merge MachineConfigs (as from `parse_machineconfigs`) into one Ignition config.
 
     `carried`: the spec fields beside `config` travel in the rendered MachineConfig that the
     payload encapsulates (render/mco.py), so they are neither noted as dropped nor turned
-    into Ignition kernel arguments.
+    into Ignition kernel arguments. `checked`: as for `parse_machineconfigs`.
     """
     ordered = sorted(mcs, key=lambda mc: mc["metadata"]["name"])
     merged: dict = {}
@@ -207,7 +209,7 @@ def merge_machineconfigs(mcs: list[dict], *, carried: bool = False) -> MergedCon
     ign = merged.pop("ignition", {}) or {}
     result = {"ignition": {"version": SUPPORTED_VERSIONS[-1], **ign}, **merged}
     try:
-        result["ignition"]["version"] = minimum_version(result)
+        result["ignition"]["version"] = minimum_version(result, checked)
     except InvalidConfig:
         pass  # no version can express it: validation says why
     return MergedConfig(result, tuple(notes))
