@@ -12,9 +12,11 @@ resource. So an item found clean at a version is clean in any config at that ver
 check needs to look only at the items it has not met: the whole config's problems are those
 of the items left, each at its own place, in the same order.
 
-An item is known by the SHA-256 of its canonical JSON (what the client reads) with the version
-and the check: a changed byte is a new item. Values JSON cannot write (a date, bytes from
-`!!binary`, keys that do not sort) have no key and are always checked.
+An item is known by the SHA-256 of its JSON text (what the client reads) with the version and
+the check: a changed byte is a new item (the same item with its keys in another order is one
+too: only a miss). Values JSON cannot write (a date, bytes from `!!binary`, NaN) have no key and
+are always checked. JSON writes a key 1 as "1": harmless, as no check reads a key that is not
+one of the spec's names, and the version checks refuse every other (an unknown key).
 
 Owned by whoever renders (render/reuse.py) and passed in: bounded (least recently used first
 out), safe to share between threads.
@@ -35,6 +37,10 @@ from cachetools import LRUCache
 ITEM_LISTS: tuple[tuple[str, str], ...] = (
     ("storage", "files"), ("storage", "directories"), ("storage", "links"), ("systemd", "units"),
 )
+
+
+# Built once: json.dumps with arguments makes an encoder each call (~3 µs, 400 keys a render).
+_JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 
 @dataclass(frozen=True)
@@ -64,9 +70,9 @@ class CheckedItems:
 
     @staticmethod
     def key(check: str, version: str, value: Any) -> bytes | None:
-        """`value`'s key for `check` at `version`; None when it has no canonical JSON."""
+        """`value`'s key for `check` at `version`; None when JSON cannot write it as it is."""
         try:
-            text = json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+            text = _JSON.encode(value)
         except (TypeError, ValueError):
             return None
         return hashlib.sha256(f"{check}\0{version}\0{text}".encode()).digest()

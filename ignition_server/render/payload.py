@@ -131,7 +131,7 @@ def _with_mcs_appenders(config: dict, machineconfigs: list[dict], inputs: NodePo
     merged = merge_machineconfigs([
         {"metadata": {"name": "0"}, "spec": {"config": config}},
         {"metadata": {"name": "1"}, "spec": {"config": {"storage": {"files": files}}}},
-    ], carried=True, checked=checked).config
+    ], carried=True, checked=checked, find_version=False).config  # render_payload finds it
     return merged, served["metadata"]["name"]
 
 
@@ -147,7 +147,7 @@ def _as_bootstrap_mcs_serves(served: dict, generated: dict, inputs: NodePoolInpu
     merged = merge_machineconfigs([
         {"metadata": {"name": "0"}, "spec": {"config": config}},
         {"metadata": {"name": "1"}, "spec": {"config": {"storage": {"files": files}}}},
-    ], carried=True, checked=checked).config
+    ], carried=True, checked=checked, find_version=False).config  # render_payload finds it
     return merged, mc["metadata"]["name"]
 
 
@@ -163,7 +163,9 @@ def render_payload(inputs: NodePoolInputs, reuse: RenderReuse | None = None) -> 
     checked = reuse.checked if reuse else None
     machineconfigs = _machineconfigs(inputs, reuse)
     with_base = inputs.mco_base_yaml is not None
-    config, merge_notes = merge_machineconfigs(machineconfigs, carried=with_base, checked=checked)
+    # With a base, the merged config's version is the rendered MachineConfig's (mco.py); without,
+    # it is found below, on the config served.
+    config, merge_notes = merge_machineconfigs(machineconfigs, carried=with_base, checked=checked, find_version=with_base)
     if with_base:
         config, name = _with_mcs_appenders(config, machineconfigs, inputs, checked)
         merge_notes = (f"MCO base merged: {name}", *placed_otherwise(machineconfigs)) + merge_notes

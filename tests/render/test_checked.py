@@ -149,9 +149,18 @@ def test_values_json_cannot_write_are_always_checked() -> None:
 
     assert CheckedItems.key("spec", "3.0.0", {"path": dt.date(2026, 1, 1)}) is None
     assert CheckedItems.key("spec", "3.0.0", {"mode": float("nan")}) is None
-    assert CheckedItems.key("spec", "3.0.0", {1: "a", "b": 2}) is None
+    assert CheckedItems.key("spec", "3.0.0", {"mode": "1"}) != CheckedItems.key("spec", "3.0.0", {"mode": 1})
     assert CheckedItems.key("spec", "3.0.0", {"mode": 1}) != CheckedItems.key("spec", "3.0.0", {"mode": True})
     assert CheckedItems.key("spec", "3.0.0", {"mode": 1}) != CheckedItems.key("spec", "3.1.0", {"mode": 1})
+
+
+def test_a_key_that_is_not_a_string_is_never_clean() -> None:
+    """JSON writes {1: ...} as {"1": ...}: both are unknown keys, so neither is ever learnt clean."""
+    checked = CheckedItems()
+    for entry in ({1: "x"}, {"1": "x"}):  # (beside string keys, sorting them fails before any memo)
+        config = {"storage": {"files": [entry]}}
+        assert list(version_problems(config, "3.0.0", checked)) == list(version_problems(config, "3.0.0")) != []
+    assert len(checked) == 0
 
 
 def test_data_url_is_the_shorter_of_percent_and_base64() -> None:

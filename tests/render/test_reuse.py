@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ignition_server.render.checked import CheckedItems, Reduced
 from ignition_server.render.inputs import InvalidConfig, NodePoolInputs, RenderedPayload
 from ignition_server.render.machineconfig import parse_machineconfigs
 from ignition_server.render.mco import ANNOTATION_SERVED_POOL
@@ -137,6 +138,7 @@ def test_many_nodepools_on_mco_shaped_bases_render_the_same_bytes_with_the_reuse
     groups.append(synthetic_inputs(None, texts, "nobase"))
     reuse = RenderReuse(bases=2, items=64)  # smaller than the work: entries go and come back
     expected = assert_same_with_reuse(interleave(*groups), reuse)
+    assert reuse.base_misses == 3 and reuse.base_unpacked > 0  # parsed once each, then unpacked in their turn
     # The shapes above are what they say: most render, those meant to fail fail, at several versions.
     assert sum(1 for e in expected if e[0] == "ok") >= 4 * 10
     assert {e[2] for e in expected if e[0] == "ok"} >= {"3.0.0", "3.1.0", "3.3.0", "3.6.0"}
@@ -168,8 +170,29 @@ def test_the_reuse_parses_a_base_once_and_never_changes_it() -> None:
         outcome(render, inputs)
     reaching_the_base = [text for text in texts if parses(text)]  # the NodePool's own are parsed first
     assert len(reaching_the_base) > 10
-    assert (reuse.base_misses, reuse.base_hits) == (1, len(reaching_the_base) - 1)
+    assert (reuse.base_misses, reuse.base_hits, reuse.base_unpacked) == (1, len(reaching_the_base) - 1, 0)
     assert reuse.base(base) == parse_machineconfigs(base)  # renders read the shared MachineConfigs, never wrote them
+
+
+def test_a_base_json_cannot_copy_is_parsed_again_rather_than_packed() -> None:
+    """A YAML alias puts one object in two places; a date is no JSON: neither is packed, and
+    renders on them are the same with the reuse (parsed again once the objects are out)."""
+    aliased = mco_base.base_yaml() + "---\n" + mc("98-aliased", {"config": config(files=[file("/etc/aliased")])}).replace(
+        "metadata:\n", "metadata:\n  labels: &labels {a: b}\n  annotations: *labels\n", 1)
+    dated = mco_base.base_yaml() + "---\n" + mc("98-dated", {"config": config(files=[file("/etc/dated")])}).replace(
+        "metadata:\n", "metadata:\n  annotations: {since: 2026-01-01}\n", 1)
+    texts = [EXAMPLE_MACHINECONFIG.format(name=f"p{i}") for i in range(3)]
+    reuse = RenderReuse(bases=1)
+    assert_same_with_reuse(interleave(synthetic_inputs(aliased, texts, "a"), synthetic_inputs(dated, texts, "d")), reuse)
+    assert reuse.base_unpacked == 0 and reuse.base_misses == 2 * 2 * 3
+
+
+def test_nothing_is_packed_beyond_its_budget() -> None:
+    reuse = RenderReuse(bases=1, packed_bytes=0)
+    texts = [EXAMPLE_MACHINECONFIG.format(name=f"p{i}") for i in range(2)]
+    bases = [mco_base.base_yaml(kubelet_log_level=str(level)) for level in (2, 3)]
+    assert_same_with_reuse(interleave(*(synthetic_inputs(base, texts, f"c{i}") for i, base in enumerate(bases))), reuse)
+    assert reuse.base_unpacked == 0 and reuse.base_misses == 2 * 2 * 2
 
 
 # ---------------------------------------------------------------------------------------------
@@ -187,28 +210,44 @@ def test_many_nodepools_on_real_bases_render_the_same_bytes_with_the_reuse(real_
     texts = nodepool_configs("/etc/kubernetes/kubelet.conf", "00-worker-mcs")
     groups = [[nodepool_inputs(cluster, i, text) for i, text in enumerate(texts)] for cluster in real_clusters]
     groups.append([nodepool_inputs(real_clusters[0], 100 + i) for i in range(len(texts))])  # the fleet's shape
-    reuse = RenderReuse()
+    reuse = RenderReuse(bases=1)  # the round robin of many clusters: each base unpacked in its turn
     expected = assert_same_with_reuse(interleave(*groups), reuse)
+    assert reuse.base_misses == 2 and reuse.base_unpacked > 10
     ok = [e for e in expected if e[0] == "ok"]
     assert sum(1 for e in ok if len(e[1]) > 400_000) >= 3 * 10  # real size (but where the base was replaced)
-    assert reuse.base_misses == 2
+
+
+class Recording(CheckedItems):
+    """CheckedItems that keeps what each check looked at (the items it did not know clean)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.looked_at: list[Reduced] = []
+
+    def reduce(self, config: dict, check: str, version: str) -> Reduced:
+        reduced = super().reduce(config, check, version)
+        self.looked_at.append(reduced)
+        return reduced
 
 
 def test_a_second_nodepool_checks_only_what_is_its_own(real_clusters: list[RealCluster]) -> None:
-    """The base's items are checked by the first render; the next NodePool's final check looks
-    only at the items that differ (its own file and unit, the appended files that name it)."""
+    """The base's items are checked by the first render; the next NodePool's checks look only at
+    the items that differ (its own file and unit, the appended files that name it)."""
     reuse = RenderReuse()
+    reuse.checked = recording = Recording()
     render = renderer(reuse)
     cluster = real_clusters[0]
     first = json.loads(render(nodepool_inputs(cluster, 1)).body)
-    second = json.loads(render_payload(nodepool_inputs(cluster, 2)).body)  # what its render's last check sees
-    reduced = reuse.checked.reduce(second, "spec", second["ignition"]["version"])
-    kept = [f["path"] for f in reduced.config["storage"]["files"]] + [u["name"] for u in reduced.config["systemd"]["units"]]
+    recording.looked_at.clear()
+    second = json.loads(render(nodepool_inputs(cluster, 2)).body)
+    kept = [f["path"] for r in recording.looked_at for f in r.config.get("storage", {}).get("files", [])] + \
+        [u["name"] for r in recording.looked_at for u in r.config.get("systemd", {}).get("units", [])]
     differing = [f["path"] for f in second["storage"]["files"] if f not in first["storage"]["files"]] + \
                 [u["name"] for u in second["systemd"]["units"] if u not in first["systemd"]["units"]]
     assert len(second["storage"]["files"]) > 50
-    assert sorted(kept) == sorted(differing)
+    assert sorted(set(kept)) == sorted(differing)
     assert "/etc/c1-p2.conf" in kept and "/etc/mcs-machine-config-content.json" in kept
+    assert len(kept) < 2 * len(differing)  # all its checks together (its own MachineConfig at its own version too)
 
 
 def test_a_real_base_of_a_changed_cluster_is_never_served_from_the_reuse(real_clusters: list[RealCluster]) -> None:
