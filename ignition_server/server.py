@@ -40,7 +40,7 @@ from .reconcile.nodepools import Renderer
 from .reconcile.outputs import PointerSettings, TokenOutputs
 from .reconcile.trust import TrustWatcher
 from .reconcile.wiring import Reconciliation, reconciliation_for
-from .render.payload import render_payload
+from .render.payload import renderer as reusing_renderer
 from .sockets import unix_listening_socket
 from .sources.events import Source
 from .sources.files import FileSource
@@ -107,7 +107,8 @@ class _Running:
 @dataclass
 class IgnitionServer:
     settings: ServeSettings
-    renderer: Renderer = render_payload
+    # One RenderReuse for the server's renders (a cluster's base parsed once, items checked once).
+    renderer: Renderer = field(default_factory=reusing_renderer)
     clock: Callable[[], float] = time.time
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
     state: ServingState = field(default_factory=ServingState)

@@ -103,6 +103,15 @@ class RealMCO:
 
 
 def unpack(source: Path, dest: Path) -> RealMCO:
+    root = unpack_tree(source, dest)
+    mco_paths = [p for p in sorted(root.rglob("*")) if p.is_file() and p.name != "render"]
+    return RealMCO(root, _layer(dest / "mco-layer.tar.gz", root, mco_paths),
+                   _layer(dest / "render-layer.tar.gz", root, [root / "usr" / "bin" / "render"]))
+
+
+def unpack_tree(source: Path, dest: Path) -> Path:
+    """The MCO image's tree (binaries, templates, manifests, os-release) under `dest/root`,
+    without the layers a registry needs (enough to run the binaries directly)."""
     root = dest / "root"
     (root / "usr" / "bin").mkdir(parents=True)
     for name in BINARIES:
@@ -114,9 +123,7 @@ def unpack(source: Path, dest: Path) -> RealMCO:
     shutil.copytree(dest / "files" / "install", root / "manifests")
     (root / "usr" / "lib").mkdir()
     (root / "usr" / "lib" / "os-release").write_bytes(OS_RELEASE)
-    mco_paths = [p for p in sorted(root.rglob("*")) if p.is_file() and p.name != "render"]
-    return RealMCO(root, _layer(dest / "mco-layer.tar.gz", root, mco_paths),
-                   _layer(dest / "render-layer.tar.gz", root, [root / "usr" / "bin" / "render"]))
+    return root
 
 
 def _layer(path: Path, root: Path, files: list[Path]) -> Path:

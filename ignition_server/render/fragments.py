@@ -27,14 +27,22 @@ __all__ = [
 ]
 
 
+# Only RFC 2396 "uric" characters stay unescaped: `quote`'s always-safe ones and these.
+_SAFE = "/:=,.-_~@;"
+_UNESCAPED = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-~" + _SAFE.encode()
+
+
 def data_url(data: bytes | str) -> str:
     """RFC 2397 ``data:`` URL for file contents: percent-encoded when that is shorter
     (plain text: readable in the payload), else base64."""
     raw = data.encode() if isinstance(data, str) else bytes(data)
-    b64 = "data:;base64," + base64.b64encode(raw).decode("ascii")
-    # Only RFC 2396 "uric" characters stay unescaped.
-    pct = "data:," + quote(raw, safe="/:=,.-_~@;")
-    return pct if len(pct) <= len(b64) else b64
+    # Both lengths are known before either is made: quoting runs byte by byte in Python
+    # (~25 ns a byte), so it is done only when it wins (the MCS's appended JSON files, the
+    # largest a render makes, are shorter in base64).
+    escaped = len(raw.translate(None, _UNESCAPED))
+    if len("data:,") + len(raw) + 2 * escaped <= len("data:;base64,") + 4 * ((len(raw) + 2) // 3):
+        return "data:," + quote(raw, safe=_SAFE)
+    return "data:;base64," + base64.b64encode(raw).decode("ascii")
 
 
 def file_entry(path: str, data: bytes | str, mode: int = 0o644, *, overwrite: bool = True) -> dict:

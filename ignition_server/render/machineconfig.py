@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 import yaml
 
 from .. import bounded_yaml
+from .checked import CheckedItems
 from .inputs import InvalidConfig, refusal
 from .spec import SUPPORTED_VERSIONS, minimum_version
 from .spec2 import is_spec2, translate
@@ -79,12 +80,13 @@ class MergedConfig(NamedTuple):
 # parsing
 
 
-def parse_machineconfigs(yaml_text: str) -> list[dict]:
+def parse_machineconfigs(yaml_text: str, checked: CheckedItems | None = None) -> list[dict]:
     """The MachineConfig objects of a multi-document YAML text (a `kind: List` is expanded).
 
     Empty text → []. Raises InvalidConfig for bad YAML, a document that is not a
     machineconfiguration.openshift.io/v1 MachineConfig, a missing or repeated name, a
     malformed spec, or an embedded Ignition config that is not a supported 3.x version.
+    `checked`: config items already found clean are not checked again (render/checked.py).
     """
     try:
         documents = bounded_yaml.load_all(yaml_text or "")
@@ -101,7 +103,7 @@ def parse_machineconfigs(yaml_text: str) -> list[dict]:
     result: list[dict] = []
     names: set[str] = set()
     for where, obj in objects:
-        mc = _check_machineconfig(where, obj)
+        mc = _check_machineconfig(where, obj, checked)
         name = mc["metadata"]["name"]
         if name in names:
             raise InvalidConfig(f"MachineConfig {name!r} appears twice")
@@ -110,7 +112,7 @@ def parse_machineconfigs(yaml_text: str) -> list[dict]:
     return result
 
 
-def _check_machineconfig(where: str, obj: Any) -> dict:
+def _check_machineconfig(where: str, obj: Any, checked: CheckedItems | None) -> dict:
     if not isinstance(obj, dict):
         raise InvalidConfig(f"{where}: not a MachineConfig object (a {type(obj).__name__})")
     if obj.get("apiVersion") != API_VERSION or obj.get("kind") != KIND:
@@ -149,7 +151,7 @@ def _check_machineconfig(where: str, obj: Any) -> dict:
                 f"({SUPPORTED_VERSIONS[0]} … {SUPPORTED_VERSIONS[-1]})"
             )
         try:
-            validate(config, version)
+            validate(config, version, checked)
         except InvalidConfig as e:
             raise InvalidConfig(f"MachineConfig {name!r}: spec.config.{e}") from None
     kargs = spec.get("kernelArguments") or []
@@ -172,12 +174,15 @@ def _check_machineconfig(where: str, obj: Any) -> dict:
 # merging
 
 
-def merge_machineconfigs(mcs: list[dict], *, carried: bool = False) -> MergedConfig:
+def merge_machineconfigs(mcs: list[dict], *, carried: bool = False, checked: CheckedItems | None = None,
+                         find_version: bool = True) -> MergedConfig:
     """Merge MachineConfigs (as from `parse_machineconfigs`) into one Ignition config.
 
     `carried`: the spec fields beside `config` travel in the rendered MachineConfig that the
     payload encapsulates (render/mco.py), so they are neither noted as dropped nor turned
-    into Ignition kernel arguments.
+    into Ignition kernel arguments. `checked`: as for `parse_machineconfigs`.
+    `find_version=False`: `ignition.version` is left at the newest version, for a caller that
+    finds the version of what it serves itself (render_payload).
     """
     ordered = sorted(mcs, key=lambda mc: mc["metadata"]["name"])
     merged: dict = {}
@@ -186,7 +191,7 @@ def merge_machineconfigs(mcs: list[dict], *, carried: bool = False) -> MergedCon
     for mc in ordered:
         name = mc["metadata"]["name"]
         spec = mc.get("spec") or {}
-        config = copy.deepcopy(spec.get("config") or {})
+        config = copy.deepcopy(spec.get("config") or {})  # the one copy: the fold (_merge) makes none
         if isinstance(config.get("ignition"), dict):
             config["ignition"].pop("version", None)
             if not config["ignition"]:
@@ -206,10 +211,11 @@ def merge_machineconfigs(mcs: list[dict], *, carried: bool = False) -> MergedCon
         ka["shouldExist"] = _union(ka.get("shouldExist") or [], kargs)
     ign = merged.pop("ignition", {}) or {}
     result = {"ignition": {"version": SUPPORTED_VERSIONS[-1], **ign}, **merged}
-    try:
-        result["ignition"]["version"] = minimum_version(result)
-    except InvalidConfig:
-        pass  # no version can express it: validation says why
+    if find_version:
+        try:
+            result["ignition"]["version"] = minimum_version(result, checked)
+        except InvalidConfig:
+            pass  # no version can express it: validation says why
     return MergedConfig(result, tuple(notes))
 
 
@@ -241,15 +247,21 @@ def _merge_config(parent: dict, child: dict) -> dict:
     return _merge(parent, child, ())
 
 
+# The fold never changes what it is given and builds new dicts and lists where it merges; the
+# rest of its result is parent's and child's own objects. merge_machineconfigs gives it the
+# configs' deep copies and its own accumulated result, so what it returns shares nothing with
+# the MachineConfigs (a reused base's, render/reuse.py) and copying once is enough.
+
+
 def _merge(parent: Any, child: Any, path: tuple) -> Any:
     if child is None:
-        return copy.deepcopy(parent)
+        return parent
     if isinstance(parent, dict) and isinstance(child, dict):
-        out = copy.deepcopy(parent)
+        out = dict(parent)
         for k, v in child.items():
             if v is None:
                 continue
-            out[k] = _merge(parent.get(k), v, path + (k,)) if k in parent else copy.deepcopy(v)
+            out[k] = _merge(parent[k], v, path + (k,)) if k in parent else v
         return out
     if isinstance(parent, list) and isinstance(child, list):
         if path in _STRING_SETS:
@@ -257,7 +269,7 @@ def _merge(parent: Any, child: Any, path: tuple) -> Any:
         key = _KEYED.get(path) or ("name" if path and path[-1] == "httpHeaders" else None)
         if key is not None:
             return _merge_keyed(parent, child, path, key)
-    return copy.deepcopy(child)
+    return child
 
 
 def _item_key(item: Any, key: str) -> Any:
@@ -269,7 +281,7 @@ def _item_key(item: Any, key: str) -> Any:
 
 
 def _merge_keyed(parent: list, child: list, path: tuple, key: str) -> list:
-    out = [copy.deepcopy(p) for p in parent]
+    out = list(parent)
     index = {_item_key(p, key): i for i, p in enumerate(out) if _item_key(p, key) is not None}
     removed: set[int] = set()
     for c in child:
@@ -283,5 +295,5 @@ def _merge_keyed(parent: list, child: list, path: tuple, key: str) -> list:
         else:
             if k is not None:
                 index[k] = len(out)
-            out.append(copy.deepcopy(c))
+            out.append(c)
     return [item for i, item in enumerate(out) if i not in removed]

@@ -244,8 +244,8 @@ def appender_files(rendered: dict, ignition_version: str) -> list[dict]:
     if image:
         annotations["machineconfiguration.openshift.io/currentImage"] = image
         annotations["machineconfiguration.openshift.io/desiredImage"] = image
-    encapsulated = copy.deepcopy(rendered)
-    encapsulated["spec"]["config"] = {"ignition": {"version": ignition_version}}
+    # Only written out: a copy of the path to the emptied config is enough.
+    encapsulated = {**rendered, "spec": {**rendered["spec"], "config": {"ignition": {"version": ignition_version}}}}
     return [
         file_entry(NODE_ANNOTATIONS_PATH, json.dumps(annotations, sort_keys=True, separators=(",", ":")), 0o644),
         file_entry(CONTENT_PATH, json.dumps(rendered, indent=4, sort_keys=True), 0o644),
@@ -326,8 +326,7 @@ def mcs_appender_files(mc: dict, kubelet_ca: str | None, bootstrap_kubeconfig: s
     files.append(file_entry(NODE_ANNOTATIONS_PATH, go_json(annotations), 0o644))
     if bootstrap_kubeconfig:
         files.append(file_entry(BOOTSTRAP_KUBECONFIG_PATH, bootstrap_kubeconfig, 0o644))
-    encapsulated = copy.deepcopy(mc)
-    encapsulated["spec"]["config"] = {"ignition": {"version": MCO_SPEC_VERSION}}
+    encapsulated = {**mc, "spec": {**mc["spec"], "config": {"ignition": {"version": MCO_SPEC_VERSION}}}}
     files.append(file_entry(CONTENT_PATH, go_json(mc, indent=4), 0o644))
     files.append(file_entry(ENCAPSULATED_PATH, go_json(encapsulated), 0o644))
     return files

@@ -6,7 +6,10 @@ validated as the client would read it, encoded canonically. Pure and determinist
 from __future__ import annotations
 
 import copy
+import functools
+from typing import Callable
 
+from .checked import CheckedItems
 from .cluster_proxy import proxy_settings, render_proxy_fragment
 from .haproxy import ApiServerAccess, render_haproxy_fragment
 from .ibmcloud import api_server_access, render_ibmcloud_fragment
@@ -30,9 +33,10 @@ from .mco import (
     served_by_mcs,
     set_file,
 )
+from .reuse import RenderReuse
 from .settings import HAPROXY_TEMPLATE_KEY, apiserver_access, ibmcloud_settings
 from .spec import encode, minimum_version_reason
-from .validation import validate
+from .validation import validate_client_rules
 
 # Server-made parts merge first, as MachineConfigs named so that the NodePool's own
 # MachineConfigs (conventionally "50-..." and up) can still override any file.
@@ -76,15 +80,15 @@ def server_fragments(inputs: NodePoolInputs, mcs_base: bool = False) -> list[tup
     return fragments
 
 
-def _machineconfigs(inputs: NodePoolInputs) -> list[dict]:
+def _machineconfigs(inputs: NodePoolInputs, reuse: RenderReuse | None) -> list[dict]:
     """Base (if any), then the NodePool's (a NodePool MachineConfig replaces a base one of its
     name), then the server's fragments, then the proxy."""
-    own = parse_machineconfigs(inputs.machineconfigs_yaml)
+    own = parse_machineconfigs(inputs.machineconfigs_yaml, reuse.checked if reuse else None)
     names = {mc["metadata"]["name"] for mc in own}
     base = []
     if inputs.mco_base_yaml is not None:
         try:
-            base = parse_machineconfigs(inputs.mco_base_yaml)
+            base = reuse.base(inputs.mco_base_yaml) if reuse else parse_machineconfigs(inputs.mco_base_yaml)
         except InvalidConfig as exc:
             raise InvalidConfig(f"MCO base configuration: {exc}") from None
     machineconfigs = [mc for mc in base if mc["metadata"]["name"] not in names] + own
@@ -98,7 +102,8 @@ def _machineconfigs(inputs: NodePoolInputs) -> list[dict]:
     return machineconfigs
 
 
-def _with_mcs_appenders(config: dict, machineconfigs: list[dict], inputs: NodePoolInputs) -> tuple[dict, str]:
+def _with_mcs_appenders(config: dict, machineconfigs: list[dict], inputs: NodePoolInputs,
+                        checked: CheckedItems | None) -> tuple[dict, str]:
     """The merged config as the machine-config-server serves it (the rendered MachineConfig's
     kernel arguments carried by it, and the files the first boot reads appended), and the
     rendered config's name."""
@@ -115,51 +120,59 @@ def _with_mcs_appenders(config: dict, machineconfigs: list[dict], inputs: NodePo
     served = migrate_kernel_arguments(rendered)
     generated = served_by_mcs(machineconfigs)
     if generated is not None:
-        return _as_bootstrap_mcs_serves(served, generated, inputs)
+        return _as_bootstrap_mcs_serves(served, generated, inputs, checked)
     config = served["spec"]["config"]
     for path, pem, what in ((KUBELET_CA_PATH, inputs.kubelet_ca, "kubelet-ca"), (CLOUD_CA_PATH, inputs.cloud_ca, "cloud-provider-ca")):
         if pem:
             config = set_file(config, path, merge_ca_bundles((pem.encode(),), what))
-    version, _ = minimum_version_reason(config)
+    version, _ = minimum_version_reason(config, checked)
     config["ignition"]["version"] = version
     files = appender_files(served, version)
     merged = merge_machineconfigs([
         {"metadata": {"name": "0"}, "spec": {"config": config}},
         {"metadata": {"name": "1"}, "spec": {"config": {"storage": {"files": files}}}},
-    ], carried=True).config
+    ], carried=True, checked=checked, find_version=False).config  # render_payload finds it
     return merged, served["metadata"]["name"]
 
 
-def _as_bootstrap_mcs_serves(served: dict, generated: dict, inputs: NodePoolInputs) -> tuple[dict, str]:
+def _as_bootstrap_mcs_serves(served: dict, generated: dict, inputs: NodePoolInputs,
+                             checked: CheckedItems | None) -> tuple[dict, str]:
     """A generated base's payload as HyperShift's bootstrap MCS serves it (render/mco.py)."""
     mc = mcs_machineconfig(served, generated[ANNOTATION_SERVED_POOL], generated.get(ANNOTATION_CONTROLLER_VERSION, ""))
     config = copy.deepcopy(served["spec"]["config"])
     kubelet_ca = inputs.kubelet_ca or generated.get(ANNOTATION_KUBELET_CA) or None
     files = mcs_appender_files(mc, kubelet_ca, inputs.bootstrap_kubeconfig)
-    version, _ = minimum_version_reason(config)
+    version, _ = minimum_version_reason(config, checked)
     config["ignition"]["version"] = version
     merged = merge_machineconfigs([
         {"metadata": {"name": "0"}, "spec": {"config": config}},
         {"metadata": {"name": "1"}, "spec": {"config": {"storage": {"files": files}}}},
-    ], carried=True).config
+    ], carried=True, checked=checked, find_version=False).config  # render_payload finds it
     return merged, mc["metadata"]["name"]
 
 
-def render_payload(inputs: NodePoolInputs) -> RenderedPayload:
+def render_payload(inputs: NodePoolInputs, reuse: RenderReuse | None = None) -> RenderedPayload:
     """Render the payload of one NodePool generation; raises InvalidConfig saying why not.
 
     Notes: one line per input the source did not hold, then what the merge left out, then
     (when above 3.0.0) which feature sets the minimum spec version.
+
+    `reuse`: what earlier renders parsed and checked (render/reuse.py); the same bytes with or
+    without it, only cheaper.
     """
-    machineconfigs = _machineconfigs(inputs)
+    checked = reuse.checked if reuse else None
+    machineconfigs = _machineconfigs(inputs, reuse)
     with_base = inputs.mco_base_yaml is not None
-    config, merge_notes = merge_machineconfigs(machineconfigs, carried=with_base)
+    # With a base, the merged config's version is the rendered MachineConfig's (mco.py); without,
+    # it is found below, on the config served.
+    config, merge_notes = merge_machineconfigs(machineconfigs, carried=with_base, checked=checked, find_version=with_base)
     if with_base:
-        config, name = _with_mcs_appenders(config, machineconfigs, inputs)
+        config, name = _with_mcs_appenders(config, machineconfigs, inputs, checked)
         merge_notes = (f"MCO base merged: {name}", *placed_otherwise(machineconfigs)) + merge_notes
-    version, reason = minimum_version_reason(config)
+    version, reason = minimum_version_reason(config, checked)
     config["ignition"]["version"] = version
-    validate(config, version)
+    # `validate(config, version)`, less the version's checks minimum_version_reason just passed.
+    validate_client_rules(config, version, checked)
     body = encode(config, version)
     notes = [f"{name} not in the source: left out of the payload" for name in inputs.missing]
     notes += merge_notes
@@ -168,4 +181,9 @@ def render_payload(inputs: NodePoolInputs) -> RenderedPayload:
     return RenderedPayload(body=body, min_version=version, notes=tuple(notes))
 
 
-__all__ = ["InvalidConfig", "render_payload", "server_fragments"]
+def renderer(reuse: RenderReuse | None = None) -> Callable[[NodePoolInputs], RenderedPayload]:
+    """`render_payload` with one RenderReuse for all its renders (a server's: it owns it)."""
+    return functools.partial(render_payload, reuse=reuse if reuse is not None else RenderReuse())
+
+
+__all__ = ["InvalidConfig", "RenderReuse", "render_payload", "renderer", "server_fragments"]

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from jsonschema import Draft4Validator
 
+from .checked import CheckedItems
 from .inputs import InvalidConfig
 
 SUPPORTED_VERSIONS: tuple[str, ...] = ("3.0.0", "3.1.0", "3.2.0", "3.3.0", "3.4.0", "3.5.0", "3.6.0")
@@ -175,18 +176,32 @@ def url_scheme(source: str) -> str:
 # what each version can express
 
 
-def version_problems(config: dict, version: str) -> Iterator[tuple[tuple, str, str]]:
-    """(path, why, feature) for what `version` cannot express. `ignition.version` is ignored."""
+def version_problems(config: dict, version: str, checked: CheckedItems | None = None) -> Iterator[tuple[tuple, str, str]]:
+    """(path, why, feature) for what `version` cannot express. `ignition.version` is ignored.
+
+    With `checked`, the items it knows clean at `version` are not looked at again (each item's
+    problems are its own: render/checked.py), and those found clean join it; the problems
+    are the same, in the same order."""
+    if checked is None:
+        return ((path, why, feature or field_path(path)) for path, why, feature in _version_problems(config, version))
+    reduced = checked.reduce(config, "spec", version)
+    found = list(_version_problems(reduced.config, version))
+    checked.learn_clean(reduced, (path for path, _, _ in found))
+    placed = [(reduced.place(path), why, feature) for path, why, feature in found]
+    return iter([(path, why, feature or field_path(path)) for path, why, feature in placed])
+
+
+def _version_problems(config: dict, version: str) -> Iterator[tuple[tuple, str, str | None]]:
+    """(path, why, feature or None for the field's path)."""
     probe = dict(config)
     ign = config.get("ignition", {})
     probe["ignition"] = {**ign, "version": version} if isinstance(ign, dict) else ign
     root = _schema(version)
     for path in _unknown_keys(probe, root, root, ()):
-        yield path, f"unknown key in spec {version}", field_path(path)
+        yield path, f"unknown key in spec {version}", None
     errors = sorted(_validator(version).iter_errors(probe), key=lambda e: list(e.absolute_path))
     for e in errors:
-        p = tuple(e.absolute_path)
-        yield p, f"{e.message} (spec {version} schema)", field_path(p)
+        yield tuple(e.absolute_path), f"{e.message} (spec {version} schema)", None
     for path, res in resources(probe):
         if not isinstance(res, dict):
             continue
@@ -214,22 +229,23 @@ def version_problems(config: dict, version: str) -> Iterator[tuple[tuple, str, s
                        f"checking {version})", "setuid/setgid/sticky mode bits")
 
 
-def minimum_version_reason(config: dict) -> tuple[str, str]:
-    """(lowest version that can express `config`, the feature that needs it, "" for 3.0.0)."""
+def minimum_version_reason(config: dict, checked: CheckedItems | None = None) -> tuple[str, str]:
+    """(lowest version that can express `config`, the feature that needs it, "" for 3.0.0).
+    `checked`: as for `version_problems`."""
     reason = ""
     for version in SUPPORTED_VERSIONS:
-        problem = next(version_problems(config, version), None)
+        problem = next(version_problems(config, version, checked), None)
         if problem is None:
             return version, reason
         reason = problem[2]
-    path, why, _ = next(version_problems(config, SUPPORTED_VERSIONS[-1]))
+    path, why, _ = next(version_problems(config, SUPPORTED_VERSIONS[-1], checked))
     raise InvalidConfig(f"{field_path(path)}: {why}")
 
 
-def minimum_version(config: dict) -> str:
+def minimum_version(config: dict, checked: CheckedItems | None = None) -> str:
     """The lowest supported spec version that can express `config` (its `ignition.version`
     is ignored). Raises InvalidConfig when no supported version can."""
-    return minimum_version_reason(config)[0]
+    return minimum_version_reason(config, checked)[0]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import unquote_to_bytes, urlsplit
 
+from .checked import CheckedItems
 from .inputs import InvalidConfig
 from .spec import (
     SUPPORTED_VERSIONS,
@@ -39,8 +40,9 @@ _UNIT_SUFFIXES = frozenset(
 _HASH_HEX_LEN = {"sha512": 128, "sha256": 64}
 
 
-def validate(config: dict, version: str) -> None:
-    """Check `config` as the Ignition client would at `version`; InvalidConfig names the field."""
+def validate(config: dict, version: str, checked: CheckedItems | None = None) -> None:
+    """Check `config` as the Ignition client would at `version`; InvalidConfig names the field.
+    `checked`: items (and sources) already found clean are not looked at again (render/checked.py)."""
     if version not in SUPPORTED_VERSIONS:
         raise InvalidConfig(f"unsupported spec version {version!r}")
     if not isinstance(config, dict):
@@ -48,9 +50,15 @@ def validate(config: dict, version: str) -> None:
     claimed = dig(config, "ignition", "version")
     if claimed != version:
         raise InvalidConfig(f"ignition.version: is {claimed!r}, expected exactly {version!r}")
-    for path, why, _ in version_problems(config, version):
+    for path, why, _ in version_problems(config, version, checked):
         raise InvalidConfig(f"{field_path(path)}: {why}")
-    for path, why in _own_problems(config, version):
+    validate_client_rules(config, version, checked)
+
+
+def validate_client_rules(config: dict, version: str, checked: CheckedItems | None = None) -> None:
+    """The client's own checks only: `validate` of a config whose `ignition.version` is what
+    `spec.minimum_version_reason` just found for it (which ran the version's checks)."""
+    for path, why in _own_problems(config, version, checked):
         raise InvalidConfig(f"{field_path(path)}: {why}")
 
 
@@ -111,6 +119,19 @@ def _problems_of_source(path: tuple, res: dict, version: str) -> Iterator[tuple[
             yield hp, f"{func} digest must be {_HASH_HEX_LEN[func]} hex characters"
 
 
+def _problems_of_source_once(path: tuple, res: dict, version: str, checked: CheckedItems | None) -> list[tuple[tuple, str]]:
+    """A source's problems are its own (`path` only names them): one found clean is not looked at again."""
+    if checked is None:
+        return list(_problems_of_source(path, res, version))
+    known_as = checked.key("source", version, res)
+    if checked.known(known_as):
+        return []
+    problems = list(_problems_of_source(path, res, version))
+    if not problems:
+        checked.learn((known_as,))
+    return problems
+
+
 def _data_url_problem(src: str) -> str:
     header, sep, data = src[5:].partition(",")
     if not sep:
@@ -144,11 +165,11 @@ def _duplicates(items: list, key, base: tuple, what: str) -> Iterator[tuple[tupl
         seen.add(k)
 
 
-def _own_problems(config: dict, version: str) -> Iterator[tuple[tuple, str]]:
+def _own_problems(config: dict, version: str, checked: CheckedItems | None = None) -> Iterator[tuple[tuple, str]]:
     name_of = lambda x: x.get("name") if isinstance(x, dict) else None  # noqa: E731
     for path, res in resources(config):
         if isinstance(res, dict):
-            yield from _problems_of_source(path, res, version)
+            yield from _problems_of_source_once(path, res, version, checked)
     ign = config.get("ignition") or {}
     yield from _duplicates(list_at(ign, "config", "merge"), lambda r: r.get("source"),
                            ("ignition", "config", "merge"), "merged config")
