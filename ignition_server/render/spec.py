@@ -111,7 +111,9 @@ def _unknown_keys(value: Any, node: dict, root: dict, path: tuple) -> Iterator[t
     """Paths of keys the schema does not name (the client warns "Unused key" and drops them)."""
     if isinstance(value, dict):
         props = _properties(node, root)
-        for k in sorted(value):
+        # YAML allows keys of any type (`1: x`): ordered by their text, so a mixed mapping is
+        # reported as an unknown key instead of failing the sort.
+        for k in sorted(value, key=lambda key: (not isinstance(key, str), str(key))):
             if k not in props:
                 yield path + (k,)
             else:

@@ -94,6 +94,11 @@ def test_minimum_version_ignores_the_claimed_version():
     assert minimum_version({"ignition": {"version": "3.5.0"}}) == "3.0.0"
 
 
+def test_a_key_that_is_not_a_string_is_an_unknown_key_not_a_crash():
+    with pytest.raises(InvalidConfig, match=r"storage\.files\[0\]\[1\]: unknown key"):
+        minimum_version(cfg(storage={"files": [{"path": "/a", 1: "x", "mode": 420}]}))
+
+
 def test_minimum_version_when_nothing_can_express_it():
     with pytest.raises(InvalidConfig, match=r"storage\.nope: unknown key"):
         minimum_version(cfg(storage={"nope": 1}))
