@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import resource
 import shutil
 import signal
 import sys
@@ -37,6 +38,7 @@ from typing import Any
 from bench.run import (
     add_server_tree_argument,
     all_nodepools,
+    cpu_seconds,
     current_tokens,
     fetch_all,
     manifest_of,
@@ -48,7 +50,7 @@ from bench.run import (
     wait_quiescent,
 )
 from testsupport import fleet as fleetgen, seeds_fleet
-from testsupport.harness import ServerProcess
+from testsupport.harness import ServerProcess, free_port
 
 _REPO = Path(__file__).resolve().parents[1]
 GOALS = {"ready_s": 1.0, "all_served_s": 10.0, "renders_after_restart": 0, "rss_mib": 300.0, "cold_s": 300.0}
@@ -82,6 +84,18 @@ def fleet(out: Path, clusters: int, pools: int, seed: str) -> dict[str, Any]:
     say(f"fleet: {clusters} x {pools} = {clusters * pools} NodePools, {size / 2**20:.0f} MiB of manifests, "
         f"generated in {time.monotonic() - started:.0f}s")
     return meta
+
+
+def stable_ports(work: Path) -> dict[str, int]:
+    """The fleet's serving and metrics ports, the same for every run on it: the public URL is
+    in every user-data Secret, and a new one would have each restart rewrite all 5,280."""
+    path = work / "ports.json"
+    try:
+        return {k: int(v) for k, v in json.loads(path.read_text()).items()}
+    except (OSError, ValueError):
+        ports = {"port": free_port(), "metrics_port": free_port()}
+        path.write_text(json.dumps(ports))
+        return ports
 
 
 def per_process_mib(pid: int) -> list[float]:
@@ -156,6 +170,8 @@ def warm(server: ServerProcess, meta: dict[str, Any], args: argparse.Namespace) 
     if server.proc is None or server.proc.poll() is not None:
         start_timed(server)  # the cache holds the fleet: settle the source's write-backs first
         wait_quiescent(server, timeout=args.cold_timeout)
+    # As a server that ran a while: its listing snapshot saved since its last writes (every 10 s).
+    time.sleep(args.uptime)
     server.kill()
     tokens = current_tokens(meta)  # the server is down: the source cannot change now
     t0 = time.monotonic()
@@ -164,9 +180,14 @@ def warm(server: ServerProcess, meta: dict[str, Any], args: argparse.Namespace) 
     sampler.start()
     server.wait_ready(60, interval=0.02)
     ready = time.monotonic() - t0
+    client_cpu = resource.getrusage(resource.RUSAGE_SELF)
+    server_cpu = {pid: cpu_seconds(pid) for pid in memory_tree(server.proc.pid)}  # type: ignore[union-attr]
     got = fetch_all(server, tokens, all_nodepools(meta), t0, concurrency=args.concurrency, timeout=args.serve_timeout,
                     token_source=lambda np: read_token(manifest_of(source, np)))
     all_served = time.monotonic() - t0
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    client_s = used.ru_utime + used.ru_stime - client_cpu.ru_utime - client_cpu.ru_stime
+    server_s = [round(cpu_seconds(pid) - before, 1) for pid, before in sorted(server_cpu.items())]
     settle = wait_quiescent(server, timeout=args.cold_timeout)
     sampler.halt.set()
     sampler.join()
@@ -178,6 +199,7 @@ def warm(server: ServerProcess, meta: dict[str, Any], args: argparse.Namespace) 
     result = {"ready_s": round(ready, 3), "all_served_s": round(all_served, 2), "served": len(got.first_200), "nodepools": n,
               "statuses": got.statuses, "corrupt": len(got.corrupt), "renders_after_restart": renders,
               "rss_mib_during_peak": round(during, 1), "rss_mib_during_peak_per_process": peak,
+              "cpu_s_while_serving": {"client": round(client_s, 1), "server_by_pid": server_s},
               "rss_mib_after": round(sum(after), 1), "rss_mib_after_per_process": after, "settled_after_s": round(settle, 1),
               "served_at": sorted(round(t, 2) for t in got.first_200.values()), "timeline": sampler.samples}
     checks = {"ready": ready <= GOALS["ready_s"], "served": len(got.first_200) == n and not got.corrupt
@@ -187,6 +209,8 @@ def warm(server: ServerProcess, meta: dict[str, Any], args: argparse.Namespace) 
     say(f"warm: start -> /readyz {ready:.2f}s (goal <= {GOALS['ready_s']:g}s)  {verdict(checks['ready'])}")
     say(f"warm: start -> all {n} served {all_served:.2f}s ({len(got.first_200)} served, {len(got.corrupt)} corrupt, "
         f"statuses {dict(sorted(got.statuses.items()))}; goal <= {GOALS['all_served_s']:g}s at 5,280)  {verdict(checks['served'])}")
+    say(f"warm: CPU from ready to all served: client {client_s:.1f}s, server {' + '.join(map(str, server_s))}s "
+        f"(owner first)")
     say(f"warm: renders after the restart {renders} (settled {settle:.1f}s after the load; goal 0)  {verdict(checks['renders'])}")
     say(f"warm: RSS during (peak sum) {during:.0f} MiB ({' + '.join(f'{r:.0f}' for r in peak)}), after {sum(after):.0f} MiB "
         f"({' + '.join(f'{r:.0f}' for r in after)}; owner first; goal <= {GOALS['rss_mib']:g})  {verdict(checks['rss'])}")
@@ -301,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cold-timeout", type=float, default=3600.0)
     parser.add_argument("--serve-timeout", type=float, default=600.0)
     parser.add_argument("--server-args", default="", help="more `serve` flags")
+    parser.add_argument("--uptime", type=float, default=15.0,
+                        help="warm: seconds the server runs settled before the kill (its snapshot saved, as after a while)")
     add_server_tree_argument(parser)
     args = parser.parse_args(argv)
     use_server_tree(parser, args.server_tree)
@@ -310,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown scenarios: {', '.join(sorted(unknown))}")
     work = args.work or _REPO / "bench" / "out" / f"seeds-{args.clusters}x{args.pools}"
     meta = fleet(work, args.clusters, args.pools, args.seed)
-    server = ServerProcess(Path(meta["source"]), work / "cache", extra=args.server_args.split())
+    server = ServerProcess(Path(meta["source"]), work / "cache", extra=args.server_args.split(), **stable_ports(work))
     summary: dict[str, Any] = {"fleet": {k: meta[k] for k in ("clusters", "pools", "seed")}}
     try:
         if "cold" in scenarios or not (work / "cache" / "index.bin").exists():

@@ -18,7 +18,7 @@ from testsupport.harness import run_bench
 def test_seeds_fleet_restarts_warm_without_rendering_and_serves_payloads_of_the_real_shape(tmp_path: Path) -> None:
     work, results = tmp_path / "work", tmp_path / "results"
     ran = run_bench("seeds", "--clusters", "2", "--pools", "3", "--scenarios", "cold,warm,disk", "--work", str(work),
-                    "--results", str(results), "--cold-timeout", "120", "--serve-timeout", "60", timeout=300)
+                    "--results", str(results), "--cold-timeout", "120", "--serve-timeout", "60", "--uptime", "1", timeout=300)
     out = ran.stdout + ran.stderr
     summary = json.loads((results / "seeds.json").read_text())
     assert summary["cold"]["renders"] == 6, out
