@@ -336,7 +336,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown scenarios: {', '.join(sorted(unknown))}")
     work = args.work or _REPO / "bench" / "out" / f"seeds-{args.clusters}x{args.pools}"
     meta = fleet(work, args.clusters, args.pools, args.seed)
-    server = ServerProcess(Path(meta["source"]), work / "cache", extra=args.server_args.split(), **stable_ports(work))
+    ports = stable_ports(work)
+    server = ServerProcess(Path(meta["source"]), work / "cache", extra=args.server_args.split(), port=ports["port"],
+                           metrics_port=ports["metrics_port"])
     summary: dict[str, Any] = {"fleet": {k: meta[k] for k in ("clusters", "pools", "seed")}}
     try:
         if "cold" in scenarios or not (work / "cache" / "index.bin").exists():
