@@ -14,6 +14,7 @@
   bases     5,280 NodePools over 440 clusters, generated MCO bases: one run per (cluster, release) (bench/bases.py)
   parity    time to payload with the real MCO binaries: HyperShift's real ignition server vs ours (bench/parity.py)
   fairness  one tenant's flood or churn vs another tenant's first payload (bench/fairness.py)
+  seeds     the seeds' fleet at real size (416 KB payloads on MCO bases): warm restart, cold, RSS, disk (bench/seeds.py)
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ COMMANDS = {"compare": "bench.compare", "releases": "bench.releases", "run": "be
             "rerender": "bench.rerender", "kube": "bench.kube", "timing": "bench.timing", "storm": "bench.storm",
             "hotpath": "bench.hotpath", "proxy": "bench.proxy", "bases": "bench.bases",
             "parity": "bench.parity", "fairness": "bench.fairness",
-            "replicas": "bench.replicas"}
+            "replicas": "bench.replicas", "seeds": "bench.seeds"}
 
 
 def main(argv: list[str]) -> int:

@@ -210,6 +210,13 @@ class ServerMetrics:
         # Bodies kept ready by this process, when it serves itself (one process).
         self.ready_held: Callable[[], int] = lambda: 0
 
+    def render_progress(self) -> tuple[float, float]:
+        """(NodePools queued for a render now, renders started since the process did): what
+        the 503's Retry-After follows (workers/render_wait.py)."""
+        depth = next(iter(self.render_queue.collect())).samples[0].value
+        started = next(s.value for s in next(iter(self.payload_cache_miss.collect())).samples if s.name.endswith("_total"))
+        return depth, started
+
     def watch_cache(self, stats: Callable[[], CacheStats]) -> None:
         self.registry.register(_CacheCollector(stats, self))
 

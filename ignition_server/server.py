@@ -55,6 +55,7 @@ from .tls.certificates import (
 )
 from .tls.fips import describe as fips_describe
 from .workers.pool import WorkerPool
+from .workers.render_wait import RenderWait
 
 if TYPE_CHECKING:
     # Imported in Kubernetes mode only: kubernetes_asyncio's generated client is ~35 MiB of
@@ -117,6 +118,7 @@ class IgnitionServer:
     ports: dict[str, int] = field(default_factory=dict)
     cluster: Cluster | None = None
     watch_health: WatchHealth | None = None
+    render_wait: RenderWait = field(default_factory=RenderWait)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Start up, serve until `stop` is set, shut down."""
@@ -192,7 +194,8 @@ class IgnitionServer:
                                       tls_files=self.tls_files, cache=running.cache, authenticator=authenticator,
                                       metrics=self.metrics, on_served=reconciliation.note_served,
                                       on_missing=reconciliation.payload_missing, behind=self.state.behind,
-                                      edge_listener=running.edge_listener)
+                                      edge_listener=running.edge_listener,
+                                      render_wait=self.render_wait.seconds)
         pool = running.pool
         # Metrics first: once a worker answers /readyz, everything of this server answers.
         if settings.metrics_listen is not None:
@@ -230,7 +233,9 @@ class IgnitionServer:
 
     def _background_tasks(self, running: _Running) -> list[asyncio.Task[None]]:
         settings, reconciliation, cluster, pool = self.settings, running.reconciliation, running.cluster, running.pool
+        self.state.render_wait = self.render_wait.seconds  # when the owner serves itself
         tasks = [
+            asyncio.create_task(self._follow_render_queue(), name="render-wait"),
             asyncio.create_task(self._run_source(running.source, reconciliation), name="source"),
             asyncio.create_task(reconciliation.run_housekeeping(), name="housekeeping"),
         ]
@@ -252,6 +257,13 @@ class IgnitionServer:
             )
             tasks.append(asyncio.create_task(rotation.run(), name="ca-rotation"))
         return tasks
+
+    async def _follow_render_queue(self, interval: float = 0.5) -> None:
+        """Feed the Retry-After estimate (workers/render_wait.py) the render queue's progress."""
+        loop = asyncio.get_running_loop()
+        while True:
+            self.render_wait.observe(*self.metrics.render_progress(), loop.time())
+            await asyncio.sleep(interval)
 
     # Shutdown: the workers drain, then the owner's sockets and tasks, the reconciler, the cache.
 

@@ -23,6 +23,7 @@ from ..auth.presented import Presented, admit, ambiguity
 from ..auth.tokens import Grant, Refusal, TokenAuthenticator
 from ..metrics import ServerMetrics
 from ..render.spec import UnsatisfiableVersion, negotiate, unsatisfiable_reason
+from ..workers.render_wait import IDLE_S
 from .access_log import AccessLog
 from .limits import FailedAuthLimiter
 from .ready import DEFAULT_READY_BYTES, WRITE_PIECE, PiecewiseBody, ReadyBodies
@@ -40,6 +41,8 @@ class ServingState:
     draining: bool = False
     # What is behind while serving goes on from the cache (a Kubernetes watch reconnecting).
     behind: Callable[[], list[str]] = lambda: []
+    # A 503's Retry-After while a NodePool's payload renders: the owner's estimate from its queue.
+    render_wait: Callable[[], int] = lambda: IDLE_S
 
 
 class IgnitionHandlers:
@@ -153,7 +156,7 @@ class IgnitionHandlers:
             nodepool = grant.nodepool
             record = self._cache.get_render(grant.secret)
             if record is None:
-                raise Refusal(503, "payload is still rendering", retry_after=5)
+                raise Refusal(503, "payload is still rendering", retry_after=self._state.render_wait())
             accept = request.headers.get("Accept")
             version = self._negotiate(accept, record.min_version)
             ready = self._ready.get(record.blob_id, version) if version is not None else None

@@ -40,6 +40,10 @@ class _FileState:
     stamp: tuple[int, int, int]  # (mtime_ns, size, inode)
     digest: str
     keys: tuple[ObjectKey, ...] = ()
+    # When its content was last read (time_ns). Read within _RACY_NS of its stamp, it is read
+    # once more after that, so the snapshot's record is one a restart can trust (files this
+    # server writes are always read that soon: without it, a restart parsed them all again).
+    read_at: int = 1 << 62
 
 
 @dataclass
@@ -203,13 +207,14 @@ class FileSource:
             # Timestamps are coarse (a few ms): a same-size rewrite within one tick keeps the
             # stamp, so a recently modified file is re-hashed until its stamp is old (as git
             # does for "racily clean" entries).
-            if known is not None and known.stamp == stamp and now_ns - stamp[0] > _RACY_NS:
+            if known is not None and known.stamp == stamp and now_ns - stamp[0] > _RACY_NS \
+                    and known.read_at - stamp[0] > _RACY_NS:
                 continue
             raw_record = self._restorable.get(str(path)) if known is None else None
             record = _decoded(raw_record, path)
             if record is not None and record.stamp == stamp and record.read_at - stamp[0] > _RACY_NS:
                 del self._restorable[str(path)]
-                changes.extend(self._apply_parsed(path, stamp, record.digest, record.objects, raw_record))
+                changes.extend(self._apply_parsed(path, stamp, record.digest, record.objects, raw_record, record.read_at))
                 continue
             changes.extend(self._reload(path, stamp))
         for path in [p for p in self._files if p not in seen]:
@@ -264,7 +269,11 @@ class FileSource:
         digest = hashlib.sha256(raw).hexdigest()
         known = self._files.get(path)
         if known is not None and known.digest == digest:
-            known.stamp = stamp
+            known.stamp, known.read_at = stamp, time.time_ns()
+            kept = self._records.get(path)
+            if kept is not None and known.read_at - stamp[0] > _RACY_NS:  # a racy read changes nothing for a restart
+                self._records[path] = listing.restamped(kept, stamp, known.read_at)
+                self._snapshot_dirty = True
             return []
         try:
             parsed = self._parse(raw)
@@ -285,7 +294,7 @@ class FileSource:
 
     def _apply_parsed(
         self, path: Path, stamp: tuple[int, int, int], digest: str, parsed: list[tuple[ObjectKey, dict[str, Any]]],
-        restored: bytes | None = None,
+        restored: bytes | None = None, read_at: int | None = None,
     ) -> list[Change]:
         """Apply a file's objects; `restored`: the snapshot's record they came from, kept as it is."""
         known = self._files.get(path)
@@ -320,10 +329,11 @@ class FileSource:
             self._where[key] = path
         for key in old_keys - set(new_keys):
             changes.append(Change("DELETED", key, self._drop(key)))
-        self._files[path] = _FileState(stamp, digest, tuple(new_keys))
+        read_at = time.time_ns() if read_at is None else read_at
+        self._files[path] = _FileState(stamp, digest, tuple(new_keys), read_at)
         if self.state is not None:
             self._records[path] = restored if restored is not None else listing.encode_record(
-                stamp, digest, time.time_ns(), applied)
+                stamp, digest, read_at, applied)
         return changes
 
     def _drop(self, key: ObjectKey) -> dict[str, Any]:

@@ -52,6 +52,12 @@ def encode_record(stamp: tuple[int, int, int], digest: str, read_at: int,
     return zlib.compress(text.encode(), 1)  # level 1: a third smaller; higher levels gain nothing here
 
 
+def restamped(raw: bytes, stamp: tuple[int, int, int], read_at: int) -> bytes:
+    """The record with its file read again (same content) at `read_at`, stamped `stamp`."""
+    record = decode_record(raw)
+    return encode_record(stamp, record.digest, read_at, record.objects)
+
+
 def decode_record(raw: bytes) -> Record:
     """A record as `encode_record` made it; ValueError when it is not one."""
     try:

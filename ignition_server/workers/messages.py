@@ -1,7 +1,7 @@
 """Every message on the owner–worker channel (channel.py), declared in one place.
 
 Both ends are this program, so pickle carries these as they are. The owner starts a worker
-with `Hello`; from then on the owner tells (`IndexChanges`, `Behind`, `Hold`), answers (`Granted`,
+with `Hello`; from then on the owner tells (`IndexChanges`, `Behind`, `RenderWaitIs`, `Hold`), answers (`Granted`,
 `Refused`) and asks for reports (`ReportNow`, `Drain`); the worker says it serves (`Ready`),
 asks (`Ask`) and reports (`Report`, `Reported`, `Missing`).
 """
@@ -51,6 +51,12 @@ class IndexChanges:
 class Behind:
     """What the owner is behind on (a watch reconnecting): the worker's /readyz says so."""
     what: list[str]
+
+
+@dataclass(frozen=True)
+class RenderWaitIs:
+    """The Retry-After for a payload still rendering, as the owner's render queue says (render_wait.py)."""
+    seconds: int
 
 
 @dataclass(frozen=True)
@@ -123,6 +129,6 @@ class Missing:
     secret: str
 
 
-ToWorker = Hello | IndexChanges | Behind | Granted | Refused | Hold | ReportNow | Drain
+ToWorker = Hello | IndexChanges | Behind | RenderWaitIs | Granted | Refused | Hold | ReportNow | Drain
 ToOwner = Ready | Ask | Report | Reported | Missing
 Message = ToWorker | ToOwner

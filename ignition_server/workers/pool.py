@@ -43,11 +43,13 @@ from .messages import (
     Missing,
     Ready,
     Refused,
+    RenderWaitIs,
     Report,
     Reported,
     ReportNow,
     WorkerSpec,
 )
+from .render_wait import IDLE_S
 from .worker import process_name
 
 log = logging.getLogger("ignition_server.workers")
@@ -69,7 +71,8 @@ class WorkerPool:
                  authenticator: TokenAuthenticator, metrics: ServerMetrics,
                  on_served: Callable[[str], None], on_missing: Callable[[str], None],
                  behind: Callable[[], list[str]] = lambda: [],
-                 edge_listener: socket.socket | None = None) -> None:
+                 edge_listener: socket.socket | None = None,
+                 render_wait: Callable[[], int] = lambda: IDLE_S) -> None:
         self._settings = settings
         self._edge_listener = edge_listener  # --edge-socket's, inherited by every worker
         self._count = count
@@ -82,6 +85,8 @@ class WorkerPool:
         self._on_missing = on_missing
         self._behind = behind
         self._told_behind: list[str] = []
+        self._render_wait = render_wait
+        self._told_wait = IDLE_S
         # Each worker keeps its own memory tier and ready bodies: together they stay within --cache-memory.
         self._memory = settings.serving_memory
         self._workers: dict[int, _Worker] = {}
@@ -147,14 +152,25 @@ class WorkerPool:
                                       self._memory.ready, generation, tokens, renders)))
         if self._told_behind:
             channel.send(Behind(self._told_behind))
+        if self._told_wait != IDLE_S:
+            channel.send(RenderWaitIs(self._told_wait))
         asyncio.create_task(self._listen(worker), name=f"worker-{number}")
         return worker
 
     async def tell_behind(self, interval: float = 0.5) -> None:
-        """Keep the workers' /readyz saying what the owner is behind on (a watch reconnecting)."""
+        """Keep the workers' /readyz saying what the owner is behind on (a watch reconnecting),
+        and their Retry-After for a payload still rendering following the render queue."""
         while True:
             self._tell_behind_now()
+            self._tell_wait_now()
             await asyncio.sleep(interval)
+
+    def _tell_wait_now(self) -> None:
+        wait = self._render_wait()
+        if wait != self._told_wait:
+            self._told_wait = wait
+            for worker in self._workers.values():
+                worker.channel.send(RenderWaitIs(wait))
 
     def _tell_behind_now(self) -> None:
         behind = self._behind()

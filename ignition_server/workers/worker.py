@@ -45,11 +45,13 @@ from .messages import (
     Missing,
     Ready,
     Refused,
+    RenderWaitIs,
     Report,
     Reported,
     ReportNow,
     WorkerSpec,
 )
+from .render_wait import IDLE_S
 
 log = logging.getLogger("ignition_server.worker")
 REPORT_INTERVAL = 1.0  # served NodePools and counters go to the owner this often
@@ -76,7 +78,9 @@ class Worker:
         self.generation = spec.generation
         self.metrics = ServerMetrics()
         self._behind: list[str] = []
-        self.state = ServingState(behind=lambda: self._behind)  # what the owner says is behind
+        self._render_wait = IDLE_S
+        # What the owner says is behind, and how long a node should wait for a render.
+        self.state = ServingState(behind=lambda: self._behind, render_wait=lambda: self._render_wait)
         self._asks: dict[int, asyncio.Future[Granted | Refused]] = {}
         self._ids = itertools.count(1)
         self._served: set[str] = set()
@@ -165,6 +169,8 @@ class Worker:
                             answer.set_result(answered)
                     case Behind(what):
                         self._behind = what
+                    case RenderWaitIs(seconds):
+                        self._render_wait = seconds
                     case Hold(source, seconds):  # every failure is the owner's to count; it says whom to hold off
                         self.limiter.hold(source, seconds)
                     case ReportNow(report_id):  # a scrape of the owner's /metrics is waiting

@@ -237,3 +237,17 @@ def test_mirror_sets_apply_by_pull_kind_and_can_forbid_the_source() -> None:
         mirrors.update("bad", {"kind": "ImageDigestMirrorSet", "spec": {"imageDigestMirrors": [{"mirrors": ["x"]}]}})
     with pytest.raises(ValueError):
         parse_overrides("quay.io")
+
+
+def test_a_rewrite_follows_the_mirror_sets_as_they_change() -> None:
+    """`rewrite` keeps its answers (every NodePool's reconcile asks for the same release images)
+    only until a mirror set changes."""
+    mirrors = Mirrors()
+    image = "quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:" + "1" * 64
+    assert mirrors.rewrite(image) == image
+    idms = {"kind": "ImageDigestMirrorSet", "spec": {"imageDigestMirrors": [
+        {"source": "quay.io/openshift-release-dev", "mirrors": ["m1.example.com/ocp"]}]}}
+    assert mirrors.update("idms", idms)
+    assert mirrors.rewrite(image) == "m1.example.com/ocp/ocp-v4.0-art-dev@sha256:" + "1" * 64
+    assert mirrors.update("idms", None)
+    assert mirrors.rewrite(image) == image
