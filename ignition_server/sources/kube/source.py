@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
 from ...model.objects import ObjectKey, object_key
-from ..events import Change, ChangeHandler, Mutation
+from ..events import Change, ChangeHandler, Ingesting, Mutation
 from .client import API_VERSIONS, MERGE_PATCH, KubeClient, KubeError, collection_path, item_path
 from .informer import Informer
 
@@ -142,9 +142,11 @@ class KubeSource:
         """Hand every later batch of changes (the informers' events) to `handler`."""
         self._handler = handler
 
-    async def run(self, handler: ChangeHandler, *, iterations: int | None = None) -> None:
+    async def run(self, handler: ChangeHandler, *, ingesting: Ingesting | None = None,
+                  iterations: int | None = None) -> None:
         """List every kind, hand the whole listing over at once (it tells the reconciler what is
-        gone), then follow the watches until cancelled."""
+        gone), then follow the watches until cancelled. `ingesting` is not held: what a listing
+        costs here is waiting on the API server's answers, not CPU that renders would take."""
         self.attach(handler)
         scopes: list[str | None] = list(self.namespaces) or [None]
         self._informers = [
