@@ -367,7 +367,7 @@ class IgnitionServer:
         delay = 1.0
         while True:
             try:
-                await source.run(reconciliation.handle)
+                await source.run(reconciliation.handle, ingesting=reconciliation.ingesting)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

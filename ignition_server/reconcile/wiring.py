@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, cast
@@ -68,6 +69,12 @@ class Reconciliation:
     async def handle(self, changes: list[Change]) -> None:
         """A source's batch of changes, oldest first (the handler a source is attached to)."""
         await self.reconciler.handle(changes)
+
+    def ingesting(self) -> AbstractContextManager[None]:
+        """Held by a source while it reads a batch it will hand over: no reconcile starts meanwhile
+        (those running go on), so a flood of new token Secrets is read and indexed at full speed,
+        another tenant's among them, before renders take the CPU."""
+        return self.reconciler.nodepools.queue.held()
 
     async def run_housekeeping(self) -> None:
         """Rotation and expiry on the clock, until cancelled."""

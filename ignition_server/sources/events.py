@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Literal, Protocol, runtime_checkable
 
@@ -18,6 +19,8 @@ class Change:
 
 
 ChangeHandler = Callable[[list[Change]], Awaitable[None]]
+# Held by a source while it reads a batch it will hand over (the consumer's heavier work waits).
+Ingesting = Callable[[], AbstractContextManager[object]]
 # Changes an object in place; returns False when there is nothing to write.
 Mutation = Callable[[dict[str, Any]], bool]
 
@@ -38,7 +41,11 @@ class Source(Protocol):
         """Hand every later batch of changes to `handler` (`run` attaches the one it is given)."""
         ...
 
-    async def run(self, handler: ChangeHandler) -> None: ...
+    async def run(self, handler: ChangeHandler, *, ingesting: Ingesting | None = None) -> None:
+        """Hand the listing, then every change, to `handler` until cancelled; hold `ingesting`
+        while reading a batch (the reconciler starts no render meanwhile: a flood is indexed whole,
+        another tenant's token Secret with it, before renders take the CPU)."""
+        ...
 
     async def write_back(self, key: ObjectKey, mutate: Mutation) -> dict[str, Any] | None: ...
 

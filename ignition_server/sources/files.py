@@ -9,6 +9,8 @@ files up to date after them.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import hashlib
 import json
 import logging
@@ -23,7 +25,7 @@ import yaml
 from .. import bounded_yaml
 from ..model.objects import ObjectKey, digested, has_large_values, object_key, slim
 from . import file_writes, listing
-from .events import Change, ChangeHandler, Mutation
+from .events import Change, ChangeHandler, Ingesting, Mutation
 from .listing import ListingStore
 
 log = logging.getLogger("ignition_server.sources.files")
@@ -33,6 +35,18 @@ _RACY_NS = 2_000_000_000
 SNAPSHOT_INTERVAL = 10.0
 # A manifest larger than this is refused unread (a 300 KiB payload's token Secret is ~350 KiB).
 MAX_MANIFEST_BYTES = 32 * 1024 * 1024
+
+
+Stamp = tuple[int, int, int]  # (mtime_ns, size, inode)
+
+
+@dataclass(frozen=True)
+class _Scan:
+    """What a poll's walk found, before anything is read: the files to read (new, changed, or
+    written too recently for their stamp to tell) and the files gone."""
+
+    to_read: list[tuple[Path, Stamp]]
+    gone: list[Path]
 
 
 @dataclass
@@ -73,6 +87,14 @@ class FileSource:
     _records: dict[Path, bytes] = field(default_factory=dict)  # per file, for the next snapshot (listing.encode_record)
     _restorable: dict[str, bytes] = field(default_factory=dict)  # the last snapshot's records, until listed
     _snapshot_dirty: bool = False
+    # Held while a poll reads the files it found changed (`run`'s `ingesting`): the reconciler
+    # starts no render meanwhile, so a flood of new files is parsed at full speed and every
+    # token Secret in it (another tenant's too) is indexed before the CPU goes to renders.
+    _ingesting: Ingesting = contextlib.nullcontext
+    # Walks and parses run on a thread of their own: queued behind the write-backs and renders
+    # of the default executor, one poll's reading waited a second or more under a flood.
+    _reader: concurrent.futures.ThreadPoolExecutor = field(
+        default_factory=lambda: concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="file-source"))
 
     @property
     def writable(self) -> bool:
@@ -111,12 +133,18 @@ class FileSource:
         """Hand every later batch of changes (`poll_once`, a write-back's own change) to `handler`."""
         self._handler = handler
 
-    async def run(self, handler: ChangeHandler, *, iterations: int | None = None) -> None:
-        """List, hand the listing over as ADDED changes, then poll until cancelled.
+    async def run(self, handler: ChangeHandler, *, ingesting: Ingesting | None = None,
+                  iterations: int | None = None) -> None:
+        """List, hand the listing over as ADDED changes, then poll until cancelled: each poll
+        starts one `poll_interval` after the one before started (however long a flood's took),
+        a quarter of one after it ended at the least.
 
-        `iterations` bounds the poll loop for tests (as kopf's watcher does).
+        `ingesting` is held while a poll reads changed files; `iterations` bounds the poll loop
+        for tests (as kopf's watcher does).
         """
         self.attach(handler)
+        if ingesting is not None:
+            self._ingesting = ingesting
         if not self.root.is_dir():
             raise FileNotFoundError(f"source directory {self.root} does not exist")
         started = time.monotonic()
@@ -134,8 +162,11 @@ class FileSource:
         last_save = time.monotonic()
         count = 0
         failing: str | None = None
+        polled = time.monotonic()
         while iterations is None or count < iterations:
-            await asyncio.sleep(self.poll_interval)
+            since = time.monotonic() - polled
+            await asyncio.sleep(max(self.poll_interval - since, self.poll_interval / 4))
+            polled = time.monotonic()
             try:
                 await self.poll_once()
                 failing = None
@@ -181,8 +212,13 @@ class FileSource:
             log.warning("could not save the source listing snapshot: %s", exc)
 
     async def poll_once(self) -> None:
+        loop = asyncio.get_running_loop()
         async with self._lock:
-            changes = await asyncio.to_thread(self._rescan)
+            scan = await loop.run_in_executor(self._reader, self._walk_for_changes)
+            changes: list[Change] = []
+            if scan.to_read or scan.gone:
+                with self._ingesting():
+                    changes = await loop.run_in_executor(self._reader, self._read, scan)
         if changes:
             self._snapshot_dirty = True
         # The first listing is handed over even when empty: it tells the reconciler what is gone.
@@ -198,8 +234,11 @@ class FileSource:
         return self.objects()
 
     def _rescan(self) -> list[Change]:
+        return self._read(self._walk_for_changes())
+
+    def _walk_for_changes(self) -> _Scan:
         seen: set[Path] = set()
-        changes: list[Change] = []
+        to_read: list[tuple[Path, Stamp]] = []
         now_ns = time.time_ns()
         for path, stamp in self._walk():
             seen.add(path)
@@ -207,9 +246,17 @@ class FileSource:
             # Timestamps are coarse (a few ms): a same-size rewrite within one tick keeps the
             # stamp, so a recently modified file is re-hashed until its stamp is old (as git
             # does for "racily clean" entries).
-            if known is not None and known.stamp == stamp and now_ns - stamp[0] > _RACY_NS \
-                    and known.read_at - stamp[0] > _RACY_NS:
-                continue
+            # A file read within the racy window of its stamp is read once more after it, so its
+            # snapshot record is one a restart trusts.
+            if known is None or known.stamp != stamp or now_ns - stamp[0] <= _RACY_NS \
+                    or known.read_at - stamp[0] <= _RACY_NS:
+                to_read.append((path, stamp))
+        return _Scan(to_read, [p for p in self._files if p not in seen])
+
+    def _read(self, scan: _Scan) -> list[Change]:
+        changes: list[Change] = []
+        for path, stamp in scan.to_read:
+            known = self._files.get(path)
             raw_record = self._restorable.get(str(path)) if known is None else None
             record = _decoded(raw_record, path)
             if record is not None and record.stamp == stamp and record.read_at - stamp[0] > _RACY_NS:
@@ -217,7 +264,7 @@ class FileSource:
                 changes.extend(self._apply_parsed(path, stamp, record.digest, record.objects, raw_record, record.read_at))
                 continue
             changes.extend(self._reload(path, stamp))
-        for path in [p for p in self._files if p not in seen]:
+        for path in scan.gone:
             changes.extend(self._forget(path))
             self._paths.pop(str(path), None)
         return changes

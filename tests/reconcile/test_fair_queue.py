@@ -14,6 +14,7 @@ from ignition_server.auth.rotation_policy import RotationPolicy
 from ignition_server.auth.tokens import TokenAuthenticator
 from ignition_server.metrics import ServerMetrics
 from ignition_server.model.token_secret import is_token_secret
+from ignition_server.reconcile.nodepools import NodePools
 from ignition_server.reconcile.reconciler import Reconciler
 from ignition_server.reconcile.releases import ANNOTATION_RELEASE_CATALOG
 from ignition_server.reconcile.tenancy import Tenancy
@@ -190,3 +191,43 @@ async def test_a_shared_input_changed_while_down_renders_exactly_its_readers(tmp
     assert renders(again) == 3
     after = {r.secret: r.inputs_digest for r in cache2.renders()}
     assert sorted(s for s in after if after[s] != before[s]) == [f"clusters-0/token-np-{p}-00000000" for p in range(3)]
+
+
+async def test_no_render_starts_while_the_source_reads_a_batch(tmp_path: Path) -> None:
+    """A poll's files are read with the queue held (Reconciliation.ingesting): renders already
+    queued wait, so a flood is read at full speed and another tenant's token Secret in the same
+    poll is indexed without waiting on the flood's renders for the CPU (issue 30, 10,000 token
+    Secrets: 5.5 s to the victim's first payload, most of it its poll's parse slowed by renders)."""
+    started: list[str] = []
+
+    def quick(inputs: NodePoolInputs) -> RenderedPayload:  # renders as cheap as can be: many fit in one read
+        started.append(inputs.nodepool)
+        return RenderedPayload(b'{"ignition":{"version":"3.2.0"}}', "3.2.0")
+
+    (tmp_path / "source").mkdir()
+    cache = PayloadCache.open(CacheConfig(cache_dir=tmp_path / "cache"))
+    renders_seen: list[int] = []  # renders started so far, as the source reads each object
+
+    def retain(obj: dict[str, Any]) -> bool:
+        renders_seen.append(len(started))
+        return not is_token_secret(obj)
+
+    source = FileSource(tmp_path / "source", retain=retain)
+    reconciliation = build_reconciliation(source=source, cache=cache, renderer=quick, policy=RotationPolicy(ttl=100.0),
+                                          metrics=ServerMetrics(), clock=Clock(), debounce=0.0)
+    write_manifests(tmp_path / "source" / "flood.yaml", *join_inputs("clusters-flood"),
+                    *(pool("clusters-flood", f"np-{i}") for i in range(100)))
+    await source.run(reconciliation.handle, ingesting=reconciliation.ingesting, iterations=0)
+    assert len(started) < 20  # the flood's renders are under way
+
+    for i in range(100, 600):  # more of the flood, a file each, and the victim last
+        write_manifests(tmp_path / "source" / f"flood-{i}.yaml", pool("clusters-flood", f"np-{i}"))
+    write_manifests(tmp_path / "source" / "victim.yaml", *join_inputs("clusters-victim"), pool("clusters-victim", "np-0"))
+    renders_seen.clear()
+    await source.poll_once()
+    assert len(renders_seen) == 504
+    # At most the renders already running when the poll began reach the renderer meanwhile.
+    assert renders_seen[-1] - renders_seen[0] <= NodePools.render_concurrency, renders_seen
+    assert TokenAuthenticator(cache, Clock()).authenticate("tok-clusters-victim-np-0").nodepool == "clusters-victim/np-0"
+    await wait_idle(reconciliation.reconciler)
+    assert len(started) == 601

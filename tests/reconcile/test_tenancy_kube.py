@@ -243,6 +243,7 @@ def test_the_servers_own_secrets_are_never_fetched_for_a_tenant_until_marked_sha
     api.patch("configmaps", "ignition", "ca", {"metadata": {"annotations": {ANNOTATION_SHAREABLE: "true"}}})
     wait_for(lambda: server.get("/ignition", bearer("tok-shares"))[0] == 200, timeout=30, what="the marked CA served")
     assert CA_PEM.strip().splitlines()[1] in contents(server.get("/ignition", bearer("tok-shares"))[2])
-    assert reason(api, EVIL, "token-shares-1") == "AsExpected"
+    # Written once the payload is durable, a few ms after it is first served: waited for, not raced.
+    wait_for(lambda: reason(api, EVIL, "token-shares-1") == "AsExpected", timeout=10, what="AsExpected on the Secret")
     assert ("secrets", "ignition", "management-kubeconfig") not in api.server.reads  # never fetched
     assert server.metrics().get('ign_server_tenancy_refusals_total{what="input"}', 0) >= 2

@@ -8,7 +8,7 @@ import ast
 from ignition_server.reconcile.wiring import Reconciliation
 from testsupport import REPO
 
-SURFACE = {"handle", "run_housekeeping", "directory", "payload_missing", "note_served", "drain"}
+SURFACE = {"handle", "ingesting", "run_housekeeping", "directory", "payload_missing", "note_served", "drain"}
 PARTS = {"reconciler", "housekeeping"}  # Reconciliation's fields, for tests
 
 

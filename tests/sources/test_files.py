@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import base64
+import contextlib
+import os
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import yaml
@@ -360,3 +363,48 @@ async def test_files_read_soon_after_they_were_written_are_restored_once_they_ag
     await second.run(recorder, iterations=0)
     assert Counting.parses == 0  # every file restored from the snapshot
     assert sorted(recorder.flat()) == [("ADDED", f"token-p{i}-00000000") for i in range(3)]
+
+
+class Ingest:
+    """An `ingesting` hold that counts its entries and says whether it is held now."""
+
+    def __init__(self) -> None:
+        self.entered = 0
+        self.held = False
+
+    @contextlib.contextmanager
+    def __call__(self) -> Iterator[None]:
+        self.entered += 1
+        self.held = True
+        try:
+            yield
+        finally:
+            self.held = False
+
+
+async def test_a_poll_reads_changed_files_while_holding_ingesting_and_hands_them_over_after(tmp_path: Path) -> None:
+    """The reconciler starts no render while a poll parses (issue 30: a flood of new files, parsed
+    while renders took the GIL, held another tenant's token Secret back for seconds); a poll that
+    finds nothing new holds nothing."""
+    ingest, read_while = Ingest(), []
+    for i in range(3):
+        (tmp_path / f"cm-{i}.yaml").write_text(yaml.safe_dump({**CONFIGMAP, "metadata": {"name": f"cm-{i}", "namespace": "ns"}}))
+    source = FileSource(tmp_path, poll_interval=0.01, retain=lambda _obj: read_while.append(ingest.held) or True)
+    handed_while: list[bool] = []
+
+    async def handler(changes: list[Change]) -> None:
+        handed_while.append(ingest.held)
+
+    await source.run(handler, ingesting=ingest, iterations=0)
+    assert read_while == [True, True, True] and ingest.entered == 1 and handed_while == [False]
+    backdate = time.time() - 10  # not "racily clean": a poll needs to read nothing
+    for path in tmp_path.iterdir():
+        os.utime(path, (backdate, backdate))
+    await source.poll_once()  # re-reads the files written just now (their stamps could hide a rewrite)
+    entered = ingest.entered
+    await source.poll_once()
+    assert ingest.entered == entered  # nothing changed: nothing held
+    (tmp_path / "cm-0.yaml").write_text(yaml.safe_dump({**CONFIGMAP, "metadata": {"name": "cm-0", "namespace": "ns"},
+                                                        "data": {"a": "2"}}))
+    await source.poll_once()
+    assert ingest.entered == entered + 1 and read_while[-1] is True and handed_while[-1] is False

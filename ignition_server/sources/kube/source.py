@@ -29,9 +29,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
 from ...model.objects import ObjectKey, object_key
-from ..events import Change, ChangeHandler, Mutation
+from ..events import Change, ChangeHandler, Ingesting, Mutation
 from .client import API_VERSIONS, MERGE_PATCH, KubeClient, KubeError, collection_path, item_path
 from .informer import Informer
+from .key_fetches import KeyFetches
 
 log = logging.getLogger("ignition_server.sources.kube")
 
@@ -114,8 +115,16 @@ class KubeSource:
     _first: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     _listed: asyncio.Event = field(default_factory=asyncio.Event)
     _handler: ChangeHandler | None = None
-    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _fetches: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(FETCH_CONCURRENCY))
+    _event_fetches: KeyFetches[ObjectKey] = field(init=False)  # watch events' GETs, concurrently (key_fetches.py)
+    # Changes to hand over, in the order their objects were kept, each with who waits for it:
+    # one hand-over at a time (what a fetch finds, a write's answer), batched as they come.
+    _ready: list[tuple[list[Change], asyncio.Future[None]]] = field(default_factory=list)
+    _handing: asyncio.Task[None] | None = None
+
+    def __post_init__(self) -> None:
+        self._event_fetches = KeyFetches(run=self._observe_event, present=lambda key: key in self._meta,
+                                         lane_of=lambda key: key.namespace, concurrency=FETCH_CONCURRENCY)
 
     @property
     def writable(self) -> bool:
@@ -142,9 +151,11 @@ class KubeSource:
         """Hand every later batch of changes (the informers' events) to `handler`."""
         self._handler = handler
 
-    async def run(self, handler: ChangeHandler, *, iterations: int | None = None) -> None:
+    async def run(self, handler: ChangeHandler, *, ingesting: Ingesting | None = None,
+                  iterations: int | None = None) -> None:
         """List every kind, hand the whole listing over at once (it tells the reconciler what is
-        gone), then follow the watches until cancelled."""
+        gone), then follow the watches until cancelled. `ingesting` is not held: what a listing
+        costs here is waiting on the API server's answers, not CPU that renders would take."""
         self.attach(handler)
         scopes: list[str | None] = list(self.namespaces) or [None]
         self._informers = [
@@ -158,6 +169,7 @@ class KubeSource:
         finally:
             for task in tasks:
                 task.cancel()
+            self._event_fetches.cancel()
 
     async def listed(self, informer: Informer, items: list[dict[str, Any]]) -> None:
         if not self._listed.is_set():
@@ -200,6 +212,7 @@ class KubeSource:
             return
         if type_ == "DELETED":
             self._meta.pop(key, None)
+            self._event_fetches.forget(key)
             if key in self._objects:
                 await self._hand_over([self._forget(key)])
             return
@@ -207,7 +220,10 @@ class KubeSource:
         if key in self._writing:
             self._writing[key] = max(self._writing[key], _version(obj))
             return
-        change = await self._observe(informer.kind, obj)
+        self._event_fetches.add(key, informer.kind, obj)  # the stream reads on meanwhile
+
+    async def _observe_event(self, kind: str, obj: dict[str, Any]) -> None:
+        change = await self._observe(kind, obj)
         changes = [change] if change is not None else []
         changes += await self._fetch_referenced()
         await self._hand_over(changes)
@@ -226,7 +242,7 @@ class KubeSource:
         if not (self.wanted({**obj, "kind": kind}) or key in self._referenced):
             return self._forget(key) if key in self._objects else None
         full = await self._fetch(key)
-        if full is None:
+        if full is None or key not in self._meta:  # gone, or deleted while it was fetched
             return self._forget(key) if key in self._objects else None
         return self._keep(key, {**full, "kind": kind, "apiVersion": full.get("apiVersion", "v1")})
 
@@ -321,9 +337,29 @@ class KubeSource:
         return Change("DELETED", key, gone)
 
     async def _hand_over(self, changes: list[Change], *, first: bool = False) -> None:
-        if (changes or first) and self._handler is not None:
-            async with self._lock:
-                await self._handler(changes)
+        """Hand `changes` over after those kept before them; returns once the handler has them."""
+        if not (changes or first) or self._handler is None:
+            return
+        handed = asyncio.get_running_loop().create_future()
+        self._ready.append((changes, handed))
+        if self._handing is None or self._handing.done():
+            self._handing = asyncio.get_running_loop().create_task(self._hand_over_ready(), name="hand over")
+        await handed
+
+    async def _hand_over_ready(self) -> None:
+        assert self._handler is not None
+        while self._ready:
+            entries, self._ready = self._ready, []
+            try:
+                await self._handler([change for changes, _ in entries for change in changes])
+            except Exception as exc:  # each waiter hears of it, as when it called the handler itself
+                for _, handed in entries:
+                    if not handed.done():
+                        handed.set_exception(exc)
+            else:
+                for _, handed in entries:
+                    if not handed.done():
+                        handed.set_result(None)
 
     # -- writing -----------------------------------------------------------------------------
 
