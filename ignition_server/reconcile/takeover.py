@@ -77,6 +77,7 @@ class Takeover:
     # Every replica serves: told the taken-over HCPs' Route hostnames whenever they change (tls/sni.py).
     on_hosts: Callable[[frozenset[str]], None] | None = None
     _routes: dict[ObjectKey, str] = field(default_factory=dict)  # taken-over HCP -> its Ignition Route's hostname
+    _hosts_told: bool = False  # a call of on_hosts is scheduled
 
     def __post_init__(self) -> None:
         self.queue = WorkQueue(self.reconcile, lane_of=lambda key: key.namespace, concurrency=self.concurrency)
@@ -106,6 +107,17 @@ class Takeover:
             self._routes[key] = host
         else:
             self._routes.pop(key, None)
+        if self.on_hosts is None or self._hosts_told:
+            return
+        # Told once per batch of changes (a first listing of 440 HCPs is one file write, not 440).
+        self._hosts_told = True
+        try:
+            asyncio.get_running_loop().call_soon(self._tell_hosts)
+        except RuntimeError:  # no loop (a synchronous caller): now
+            self._tell_hosts()
+
+    def _tell_hosts(self) -> None:
+        self._hosts_told = False
         if self.on_hosts is not None:
             self.on_hosts(frozenset(self._routes.values()))
 

@@ -318,9 +318,16 @@ async def test_the_route_hostnames_of_taken_over_hcps_are_told_as_they_change() 
         "type": "Route", "route": {"hostname": "Ignition.HC1.example.com."}}}])
     takeover.on_hosts = told.append
     takeover.changed(Change("ADDED", key, source.objects[key]))
+    other = source.put({**copy.deepcopy(source.objects[key]), "metadata": {
+        **copy.deepcopy(source.objects[key]["metadata"]), "namespace": "clusters-hc2"}})
+    other["spec"]["services"][0]["servicePublishingStrategy"]["route"]["hostname"] = "ignition.hc2.example.com"
+    takeover.changed(Change("ADDED", object_key(other), other))  # the same batch: told once
+    await asyncio.sleep(0)
     takeover.changed(Change("MODIFIED", key, source.objects[key]))  # unchanged: not told again
-    assert told == [frozenset({"ignition.hc1.example.com"})]
+    await asyncio.sleep(0)
+    assert told == [frozenset({"ignition.hc1.example.com", "ignition.hc2.example.com"})]
     del source.objects[key]["metadata"]["annotations"][DISABLE_IGNITION_SERVER]
     takeover.changed(Change("MODIFIED", key, source.objects[key]))
-    assert told[-1] == frozenset()
+    await asyncio.sleep(0)
+    assert told[-1] == frozenset({"ignition.hc2.example.com"})
     takeover.cancel()
