@@ -12,6 +12,8 @@ inputs) in a second API server, with its Deployment as the CPO builds it for tha
   "=" here, a management cluster without mirrors. The HCP's mirrors reach a node only through
   the core ConfigMap `ignition-config-40-image-content-source` (an ImageDigestMirrorSet in the
   token Secret's `config`, which the MCO's bootstrap turns into registries.conf).
+The cases: no configuration; custom feature gates; mirrors (two sources, several mirrors each);
+a cluster proxy (noProxy computed) with `trusted-ca-bundle-managed` (user-ca-bundle-config.yaml).
 The payloads are compared item by item (testsupport/payload_diff.py); a difference is a failure.
 """
 
@@ -76,6 +78,7 @@ class Case:
     name: str  # the HCP's name; its namespace is clusters-<name>
     configuration: dict[str, Any] | None = None
     mirrors: list[dict[str, Any]] | None = None
+    trusted: bool = False  # trusted-ca-bundle-managed present (user-ca-bundle-config.yaml)
     feature_gate: str = FEATURE_GATE_YAML  # what the CPO would give the reference's Deployment
 
     @property
@@ -91,6 +94,9 @@ CASES = (
     Case("plain"),
     Case("gates", configuration={"featureGate": CUSTOM_GATES}, feature_gate=CUSTOM_GATE_YAML),
     Case("mirrors", mirrors=MIRRORS),
+    Case("proxy", configuration={"proxy": {"httpProxy": "http://proxy.example.com:3128",
+                                           "httpsProxy": "http://proxy.example.com:3129",
+                                           "noProxy": "internal.example.com,.corp.example.com"}}, trusted=True),
 )
 
 
@@ -104,7 +110,7 @@ class Found:
 
 
 def world_of(case: Case, pull_secret: str) -> HcpWorld:
-    world = hcp_world(case.name, configuration=case.configuration, mirrors=case.mirrors)
+    world = hcp_world(case.name, configuration=case.configuration, mirrors=case.mirrors, trusted=case.trusted)
     world.extra.append(parity_secret(case.namespace, "bootstrap-kubeconfig", {"kubeconfig": json.dumps(KUBECONFIG)}))
     world.pull_secret = lambda: {**HcpWorld.pull_secret(world), "data": {  # type: ignore[method-assign]
         ".dockerconfigjson": base64.b64encode(pull_secret.encode()).decode()}}
@@ -120,6 +126,13 @@ KUBECONFIG = {"apiVersion": "v1", "kind": "Config", "current-context": "b",
 def as_created(obj: dict[str, Any]) -> dict[str, Any]:
     meta = {k: v for k, v in obj["metadata"].items() if k not in ("uid", "resourceVersion", "creationTimestamp")}
     return {**obj, "metadata": meta}
+
+
+def held(api: KubeAPI, world: HcpWorld) -> list[dict[str, Any]]:
+    plurals = {"Secret": "secrets", "ConfigMap": "configmaps", "HostedControlPlane": "hostedcontrolplanes"}
+    found = [api.get(plurals[o["kind"]], world.namespace, o["metadata"]["name"]) for o in world.objects()]
+    assert all(o is not None for o in found)
+    return [o for o in found if o is not None]
 
 
 def node_pool_config(core: dict[str, dict[str, Any]]) -> str:
@@ -172,7 +185,9 @@ def found(tmp_path_factory: pytest.TempPathFactory, real_mco: RealMCO, reference
             "--kubernetes", "--kubeconfig", str(ours_api.kubeconfig), "--pod-namespace", "ignition", "--take-over",
             "--release-resolve", "--generate-bases", "--registry-ca-file", str(registry.ca_file),
             "--registry-allow", registry.host]).start()
-        cpo = {case.name: hcp_inputs.run(worlds[case.name].objects(), work / f"cpo-{case.name}") for case in CASES}
+        # HyperShift's code on the objects as the API holds them (user-ca-bundle-config.yaml is the
+        # trusted-ca-bundle-managed ConfigMap serialized with the metadata the API server gave it).
+        cpo = {case.name: hcp_inputs.run(held(ours_api, worlds[case.name]), work / f"cpo-{case.name}") for case in CASES}
         try:
             for case in CASES:
                 wanted = cpo[case.name].config_maps
@@ -194,7 +209,10 @@ def found(tmp_path_factory: pytest.TempPathFactory, real_mco: RealMCO, reference
 
             def all_served() -> bool:
                 for name, case in list(pending.items()):
-                    status, _headers, body = ours.get("/ignition", bearer(case.token))
+                    try:
+                        status, _headers, body = ours.get("/ignition", bearer(case.token))
+                    except OSError:  # one poll's connection lost: asked again, as a node's Ignition would
+                        continue
                     if status == 200:
                         result.ours[name] = body
                         del pending[name]
@@ -260,7 +278,7 @@ def test_a_taken_over_clusters_payload_equals_the_references_on_the_cpos_objects
 
 def test_the_cases_reach_the_payload(found: Found) -> None:
     """The inputs varied are seen in the reference's payload (else the comparison proves little):
-    the mirrors in registries.conf, the custom gates in the kubelet's configuration."""
+    the mirrors in registries.conf, the custom gates in the kubelet's configuration, the cluster proxy in MCO's proxy.env."""
     def file_text(body: bytes, path: str) -> str:
         from urllib.parse import unquote
         for f in json.loads(body)["storage"]["files"]:
@@ -275,3 +293,4 @@ def test_the_cases_reach_the_payload(found: Found) -> None:
     assert "mirror-b.example.com" not in file_text(found.reference["plain"], "/etc/containers/registries.conf")
     assert file_text(found.reference["gates"], "/etc/kubernetes/kubelet.conf") != \
         file_text(found.reference["plain"], "/etc/kubernetes/kubelet.conf")
+    assert "proxy.example.com:3129" in file_text(found.reference["proxy"], "/etc/mco/proxy.env")
