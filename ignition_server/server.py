@@ -54,6 +54,7 @@ from .tls.certificates import (
     serving_context,
 )
 from .tls.fips import describe as fips_describe
+from .tls.sni import HostCertificates, refresh_periodically, write_hosts
 from .workers.pool import WorkerPool
 from .workers.render_wait import RenderWait
 
@@ -101,6 +102,7 @@ class _Running:
     runners: list[web.BaseRunner] = field(default_factory=list)
     guards: list[ConnectionGuard] = field(default_factory=list)
     handlers: IgnitionHandlers | None = None  # the owner's, when it serves itself
+    hosts: HostCertificates | None = None  # the owner's SNI certificates (tls/sni.py), when it holds the CA
     connections: ConnectionTable | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -141,6 +143,9 @@ class IgnitionServer:
         source, cluster = await self._open_source(cache)
         verifier = ServiceAccountVerifier(clock=self.clock, overlap_seconds=settings.service_account_overlap)
         ssl_context, tls_loaded = self._tls_context()
+        hosts = HostCertificates.for_files(self.tls_files, settings.tls.profile) if self.tls_files is not None else None
+        if hosts is not None:  # taken-over clusters' Route hostnames, chosen by SNI
+            hosts.install(ssl_context)
         if "FIPS" in settings.tls.profile.name:
             log.info(fips_describe())
         outputs = TokenOutputs(source, settings.edge_token_map, self._pointer_settings())
@@ -153,6 +158,11 @@ class IgnitionServer:
         running = _Running(cache=cache, source=source, cluster=cluster, reconciliation=reconciliation, writer=writer,
                            outputs=outputs, ssl_context=ssl_context, tls_loaded=tls_loaded,
                            registry_session=registry_session)
+        running.hosts = hosts
+        takeover = reconciliation.reconciler.takeover
+        if takeover is not None and self.tls_files is not None and self.tls_files.ca is not None:
+            tls_dir = self.tls_files.ca.parent
+            takeover.on_hosts = lambda names: write_hosts(tls_dir, names)
         authenticator = TokenAuthenticator(cache, self.clock, verifier=verifier, directory=reconciliation.directory)
         await self._start_serving(running, authenticator)
         return running
@@ -242,6 +252,8 @@ class IgnitionServer:
         if pool is None and self.tls_files is not None:  # workers reload their own
             tasks.append(asyncio.create_task(reload_on_change(running.ssl_context, self.tls_files,
                                                               loaded=running.tls_loaded), name="tls-reload"))
+        if pool is None and running.hosts is not None:
+            tasks.append(asyncio.create_task(refresh_periodically(running.hosts), name="sni-hosts"))
         if cluster is not None:
             tasks.append(asyncio.create_task(cluster.elector.run(), name="lease"))
         if pool is not None:

@@ -62,6 +62,9 @@ class ReferenceServer:
     namespace: str
     ca_files: Iterable[Path] = ()
     platform: str = ""  # --platform (AWS, Azure, OpenStack, ...): Azure/OpenStack read a cloud config
+    # The init container's FEATURE_GATE_YAML: the CPO puts spec.configuration.featureGate there when set.
+    feature_gate: str = FEATURE_GATE_YAML
+    img_overrides: str = ""  # OPENSHIFT_IMG_OVERRIDES: the management cluster's mirrors, never the HCP's
     port: int = field(default_factory=free_port)
     metrics_port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
@@ -81,7 +84,7 @@ class ReferenceServer:
         cas = self.workdir / "cas.pem"
         cas.write_bytes(b"".join(p.read_bytes() for p in (SYSTEM_CAS, *self.ca_files) if p.is_file()))
         gate = self.workdir / "99_feature-gate.yaml"
-        gate.write_text(FEATURE_GATE_YAML)
+        gate.write_text(self.feature_gate)
         payloads = self.workdir / "payloads"
         payloads.mkdir(exist_ok=True)
         self.api.namespace(self.namespace)
@@ -92,7 +95,7 @@ class ReferenceServer:
         if self.platform:
             args += ["--platform", self.platform]
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(self.workdir), "MY_NAMESPACE": self.namespace,
-               "KUBECONFIG": str(self.api.kubeconfig), "SSL_CERT_FILE": str(cas), "OPENSHIFT_IMG_OVERRIDES": ""}
+               "KUBECONFIG": str(self.api.kubeconfig), "SSL_CERT_FILE": str(cas), "OPENSHIFT_IMG_OVERRIDES": self.img_overrides}
         self.proc = subprocess.Popen(args, env=env, stdout=open(self.log_path, "ab"), stderr=subprocess.STDOUT,
                                      cwd=self.workdir)
         wait_for(self._listening, timeout=30, what="the reference ignition server listening")

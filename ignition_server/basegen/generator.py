@@ -12,8 +12,8 @@ steps' files and flags are steps.py's, reading the result back output.py's:
    *.machineconfigpool.yaml, image-config.yaml, ...), written to `config/` with the pull
    secret (`pull-secret.yaml`) and the release's `release-manifests/image-references`;
 3. the FeatureGate, rendered by the release's `cluster-config-api` image (`usr/bin/render`,
-   HyperShift's flags for 4.15 and later, the `ibm-cloud-managed` profile) from `spec: {}`:
-   without one the controller stops ("no featuregate found in dir");
+   HyperShift's flags for 4.15 and later, the `ibm-cloud-managed` profile) from `spec: {}`, or a
+   taken-over HCP's `spec.configuration.featureGate`: without one the controller stops ("no featuregate found in dir");
 4. `machine-config-operator bootstrap ... --dest-dir=mco`, its `bootstrap/manifests/`,
    the cluster's pools, `image-config.yaml`, `cluster-apiserver-config.yaml` (the TLS
    profile of kubelet and CRI-O), the FeatureGate and, for an `os-stream`, an OSImageStream
@@ -204,7 +204,7 @@ class BaseGenerator:
             await asyncio.to_thread(write_config, config, mco, job)
             env = {"PATH": "/usr/bin:/bin", "HOME": str(root), "LANG": "C.UTF-8"}
             limits = self.settings.limits
-            await asyncio.to_thread(prepare_feature_gate, gates)
+            await asyncio.to_thread(prepare_feature_gate, gates, job)
             await run_step([str(render_dir / RENDER_PATHS[0]), *render_args(gates, job)], gates, limits, env)
             await run_step([str(image_dir / IMAGE_PATHS[0]), *operator_args(config, mco, job)], root, limits, env)
             await _output("machine-config-operator and render", prepare_controller_input, config, mco, mcc, gates, job)

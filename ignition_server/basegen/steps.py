@@ -45,6 +45,9 @@ class BaseJob:
     ca_bundle: str | None = None
     os_stream: str = ""  # the token Secret's `os-stream`: part of the key
     cloud_config: Mapping[str, Any] | None = None  # Azure/OpenStack: the cloud provider's ConfigMap
+    # `render`'s input: a taken-over HCP's spec.configuration.featureGate (takeover/feature_gate.py),
+    # which the configuration-hash in `cluster_files` (and so the key) covers.
+    feature_gate: str = FEATURE_GATE
 
 
 def platform(cluster_files: Mapping[str, str]) -> str:
@@ -82,10 +85,10 @@ def write_config(config: Path, mco: Path, job: BaseJob) -> None:
         (mco / "cloud.conf.configmap.yaml").write_text(yaml.safe_dump(dict(job.cloud_config)))
 
 
-def prepare_feature_gate(gates: Path) -> None:
+def prepare_feature_gate(gates: Path, job: BaseJob) -> None:
     for name in ("input", "output", "manifests"):
         (gates / name).mkdir()
-    (gates / "manifests" / "99_feature-gate.yaml").write_text(FEATURE_GATE)
+    (gates / "manifests" / "99_feature-gate.yaml").write_text(job.feature_gate)
 
 
 def render_args(gates: Path, job: BaseJob) -> list[str]:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from ..basegen.generator import BaseGenerator, BaseJob, cluster_key
-from ..basegen.steps import platform
+from ..basegen.steps import FEATURE_GATE, platform
 from ..model.mco_base import BASE_KEY
 from ..model.objects import LargeValue, ObjectKey, annotations_of, config_map, data_text, has_large_values
 from ..model.token_secret import TokenSecret
@@ -147,6 +147,9 @@ class GeneratedBaseWaits:
     share_namespace: str | None  # several replicas: the writer publishes generated bases here
     writer: Callable[[], bool]
     inputs_changed: Callable[[ObjectKey], None]  # re-render the NodePools that read this object
+    # The FeatureGate `render` reads for (namespace, machine-config-server's configuration-hash): a
+    # taken-over HCP's (reconcile/takeover.py), else HyperShift's default; None: not known yet.
+    feature_gate: Callable[[str, str], str | None] = lambda namespace, configuration_hash: FEATURE_GATE
     _waiters: dict[str, set[ObjectKey]] = field(default_factory=dict)  # generated base key -> its dependency keys
     _asking: set[str] = field(default_factory=set)  # keys whose inputs are being read for the generator
     _held: dict[ObjectKey, tuple[str, Status]] = field(default_factory=dict)  # token Secret -> (its inputs, why it waits)
@@ -277,12 +280,15 @@ class GeneratedBaseWaits:
                 for dependency in self._waiters.get(key, set()):
                     self.inputs_changed(dependency)
                 return
+            gate = self.feature_gate(secret.key.namespace, config.get("configuration-hash", ""))
+            if gate is None:  # machine-config-server is older than its HCP: its rewrite asks again
+                return
             assert self.generator is not None
             self.generator.request(BaseJob(
                 key=key, namespace=secret.key.namespace, release=secret.release, release_digest=digest,
                 version=release.version or secret.release_version, images=dict(release.images),
                 cluster_files=config, pull_secret=pull_secret, ca_bundle=ca_bundle,
-                os_stream=secret.os_stream, cloud_config=cloud_config,
+                os_stream=secret.os_stream, cloud_config=cloud_config, feature_gate=gate,
             ))
         except Exception:
             log.exception("asking for the MCO base of %s failed", secret.ref)

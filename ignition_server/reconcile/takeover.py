@@ -25,11 +25,12 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
+from ..basegen.steps import FEATURE_GATE
 from ..model.objects import ObjectKey, object_key
 from ..sources.events import Change
-from ..takeover import ca_cert
-from ..takeover.mcs_config import NAME as MCS_NAME
-from ..takeover.owned import HCP_KIND, Named, ssh_key_secret_name, taken_over
+from ..takeover import ca_cert, feature_gate
+from ..takeover.mcs_config import NAME as MCS_NAME, configuration_hash
+from ..takeover.owned import HCP_KIND, Named, ignition_hostname, ssh_key_secret_name, taken_over
 from ..takeover.plan import MANAGED, plan
 from .faults import Faults
 from .work_queue import WorkQueue
@@ -73,6 +74,10 @@ class Takeover:
     _races: dict[ObjectKey, int] = field(default_factory=dict)  # conflicts in a row, by HCP
     _standing_by: set[ObjectKey] = field(default_factory=set)  # not the writer: queued again once it is
     _standby_timer: asyncio.TimerHandle | None = None
+    # Every replica serves: told the taken-over HCPs' Route hostnames whenever they change (tls/sni.py).
+    on_hosts: Callable[[frozenset[str]], None] | None = None
+    _routes: dict[ObjectKey, str] = field(default_factory=dict)  # taken-over HCP -> its Ignition Route's hostname
+    _hosts_told: bool = False  # a call of on_hosts is scheduled
 
     def __post_init__(self) -> None:
         self.queue = WorkQueue(self.reconcile, lane_of=lambda key: key.namespace, concurrency=self.concurrency)
@@ -84,6 +89,7 @@ class Takeover:
         key = change.key
         if key.kind == HCP_KIND:
             self._hcps.setdefault(key.namespace, set()).add(key)  # kept until its CA Secret is let go
+            self._route_changed(key)
             self.queue.add(key)
             return
         if key.kind not in ("Secret", "ConfigMap"):
@@ -91,6 +97,40 @@ class Takeover:
         for hcp_key in self._hcps.get(key.namespace, ()):
             if (key.kind, key.name) in _INPUTS or (key.kind == "Secret" and key.name == self._ssh_key_name(hcp_key)):
                 self.queue.add(hcp_key)
+
+    def _route_changed(self, key: ObjectKey) -> None:
+        hcp = self.source.get(key)
+        host = ignition_hostname(hcp) if hcp is not None and taken_over(hcp) else ""
+        if self._routes.get(key, "") == host:
+            return
+        if host:
+            self._routes[key] = host
+        else:
+            self._routes.pop(key, None)
+        if self.on_hosts is None or self._hosts_told:
+            return
+        # Told once per batch of changes (a first listing of 440 HCPs is one file write, not 440).
+        self._hosts_told = True
+        try:
+            asyncio.get_running_loop().call_soon(self._tell_hosts)
+        except RuntimeError:  # no loop (a synchronous caller): now
+            self._tell_hosts()
+
+    def _tell_hosts(self) -> None:
+        self._hosts_told = False
+        if self.on_hosts is not None:
+            self.on_hosts(frozenset(self._routes.values()))
+
+    def feature_gate(self, namespace: str, config_hash: str) -> str | None:
+        """The FeatureGate of the namespace's taken-over HCP, as its ignition-server Deployment would
+        carry it, when machine-config-server (`config_hash`) was written for the HCP as it is now
+        (None: not yet, its rewrite comes); HyperShift's default where no HCP is taken over."""
+        for key in self._hcps.get(namespace, ()):
+            hcp = self.source.get(key)
+            if hcp is None or not taken_over(hcp):
+                continue
+            return feature_gate.manifest(hcp) if configuration_hash(hcp) == config_hash else None
+        return FEATURE_GATE
 
     def _ssh_key_name(self, hcp_key: ObjectKey) -> str:
         hcp = self.source.get(hcp_key)

@@ -147,6 +147,8 @@ def build_reconciliation(
                         faults=faults, metrics=metrics, persist_index=persist_index, clock=clock)
     takeover = None if take_over is None else Takeover(  # a source that creates and replaces: the Kubernetes one
         source=cast(TakeoverSource, source), writer=writer, ca_pem=take_over, faults=faults)
+    if takeover is not None:
+        base_waits.feature_gate = takeover.feature_gate
     reconciler = Reconciler(
         source=source, cache=cache, metrics=metrics, tokens=tokens, rotation=rotation, nodepools=nodepools,
         input_graph=input_graph, write_backs=write_backs, release_waits=release_waits, base_waits=base_waits,

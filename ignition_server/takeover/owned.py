@@ -38,6 +38,18 @@ def taken_over(hcp: dict[str, Any]) -> bool:
     return DISABLE_IGNITION_SERVER in ((hcp.get("metadata") or {}).get("annotations") or {})
 
 
+def ignition_hostname(hcp: dict[str, Any]) -> str:
+    """The hostname of the HCP's `Ignition` service published as a Route (the only strategy under
+    which HyperShift still sets `status.ignitionEndpoint` with the annotation); "" otherwise."""
+    for service in (hcp.get("spec") or {}).get("services") or []:
+        if not isinstance(service, dict) or service.get("service") != "Ignition":
+            continue
+        strategy = service.get("servicePublishingStrategy") or {}
+        if strategy.get("type") == "Route":
+            return str((strategy.get("route") or {}).get("hostname") or "").lower().rstrip(".")
+    return ""
+
+
 @dataclass(frozen=True)
 class Named:
     """The objects of the HCP's namespace that the takeover reads, by the names the CPO uses (None: absent)."""

@@ -197,6 +197,16 @@ def ensure_self_signed(directory: Path, public_url: str | None, ca_validity: dt.
     if cert_path.exists() and key_path.exists() and _still_good(cert_path, names, now, ca_cert):
         read_private_key(key_path, password)  # readable with this password, or say so now
         return TLSFiles(cert_path, key_path, ca_cert_path, password)
+    chain, key = issue_serving(ca_cert, ca_key, names, now)
+    _write_private(key_path, _key_pem(key, password))
+    cert_path.write_bytes(chain)
+    return TLSFiles(cert_path, key_path, ca_cert_path, password)
+
+
+def issue_serving(ca_cert: x509.Certificate, ca_key: PrivateKey, names: list[str],
+                  now: dt.datetime) -> tuple[bytes, ec.EllipticCurvePrivateKey]:
+    """A serving certificate for `names` (the first is its CN) signed by the CA: the chain (leaf,
+    then the CA) as PEM, and its new key."""
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (
         x509.CertificateBuilder()
@@ -214,9 +224,7 @@ def ensure_self_signed(directory: Path, public_url: str | None, ca_validity: dt.
         )
         .sign(ca_key, hashes.SHA256())
     )
-    _write_private(key_path, _key_pem(key, password))
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM) + ca_cert.public_bytes(serialization.Encoding.PEM))
-    return TLSFiles(cert_path, key_path, ca_cert_path, password)
+    return cert.public_bytes(serialization.Encoding.PEM) + ca_cert.public_bytes(serialization.Encoding.PEM), key
 
 
 def _still_good(cert_path: Path, names: list[str], now: dt.datetime, ca_cert: x509.Certificate) -> bool:

@@ -33,6 +33,7 @@ from ..http.limits import FailedAuthLimiter
 from ..http.listen import start_site
 from ..metrics import ServerMetrics
 from ..tls.certificates import reload_on_change, serving_context
+from ..tls.sni import HostCertificates, refresh_periodically
 from .channel import Channel
 from .messages import (
     Ask,
@@ -126,6 +127,9 @@ class Worker:
     async def run(self, stop: asyncio.Event) -> None:
         settings = self.spec.settings
         ssl_context, tls_loaded = serving_context(self.spec.tls_files, settings.tls.profile)
+        hosts = HostCertificates.for_files(self.spec.tls_files, settings.tls.profile)  # taken-over clusters' Routes
+        if hosts is not None:
+            hosts.install(ssl_context)
         guard = ConnectionGuard(settings.header_timeout, settings.connections_per_source, settings.connections_total,
                                 self.connections.row(self.spec.number), handshake_timeout=settings.handshake_timeout)
         runner, _port = await start_site(build_dispatch(self.handlers), (settings.listen[0], self.spec.port), ssl_context,
@@ -140,6 +144,8 @@ class Worker:
             asyncio.create_task(reload_on_change(ssl_context, self.spec.tls_files, loaded=tls_loaded),
                                 name="tls-reload"),
         ]
+        if hosts is not None:
+            tasks.append(asyncio.create_task(refresh_periodically(hosts), name="sni-hosts"))
         try:
             await stop.wait()
         finally:

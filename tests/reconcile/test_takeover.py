@@ -13,12 +13,14 @@ from typing import Any
 
 import pytest
 
+from ignition_server.basegen.steps import FEATURE_GATE
 from ignition_server.model.objects import ObjectKey, object_key
 from ignition_server.reconcile.faults import Faults
 from ignition_server.reconcile.takeover import MAX_RACES, Takeover
 from ignition_server.sources.events import Change
 from ignition_server.sources.kube import KubeError
 from ignition_server.takeover import ca_cert
+from ignition_server.takeover.mcs_config import configuration_hash
 from ignition_server.takeover.owned import DISABLE_IGNITION_SERVER, Named
 from testsupport.hcp_inputs import hcp_world
 
@@ -294,3 +296,38 @@ def test_the_source_keeps_no_private_key_and_fetches_secrets_only_for_annotated_
     assert list(ca_cert.references(world.hcp)) == []
     assert ca_cert.is_ours({"metadata": {"name": ca_cert.NAME, "finalizers": [ca_cert.FINALIZER]}})
     assert not ca_cert.is_ours({"metadata": {"name": ca_cert.NAME}})
+
+
+async def test_the_feature_gate_is_the_hcps_once_machine_config_server_was_written_for_it() -> None:
+    gates = {"featureSet": "CustomNoUpgrade", "customNoUpgrade": {"enabled": ["EventedPLEG"]}}
+    source, takeover, key = setup(configuration={"featureGate": gates})
+    takeover.changed(Change("ADDED", key, source.objects[key]))
+    written = configuration_hash(source.objects[key])
+    gate = takeover.feature_gate(key.namespace, written)
+    assert gate is not None and "featureSet: CustomNoUpgrade" in gate and "- EventedPLEG" in gate
+    # machine-config-server still describes an older configuration: not known yet (its rewrite asks again).
+    assert takeover.feature_gate(key.namespace, "0000") is None
+    # No taken-over HCP there: HyperShift's default, as without a takeover.
+    assert takeover.feature_gate("clusters-other", written) == FEATURE_GATE
+    takeover.cancel()
+
+
+async def test_the_route_hostnames_of_taken_over_hcps_are_told_as_they_change() -> None:
+    told: list[frozenset[str]] = []
+    source, takeover, key = setup(services=[{"service": "Ignition", "servicePublishingStrategy": {
+        "type": "Route", "route": {"hostname": "Ignition.HC1.example.com."}}}])
+    takeover.on_hosts = told.append
+    takeover.changed(Change("ADDED", key, source.objects[key]))
+    other = source.put({**copy.deepcopy(source.objects[key]), "metadata": {
+        **copy.deepcopy(source.objects[key]["metadata"]), "namespace": "clusters-hc2"}})
+    other["spec"]["services"][0]["servicePublishingStrategy"]["route"]["hostname"] = "ignition.hc2.example.com"
+    takeover.changed(Change("ADDED", object_key(other), other))  # the same batch: told once
+    await asyncio.sleep(0)
+    takeover.changed(Change("MODIFIED", key, source.objects[key]))  # unchanged: not told again
+    await asyncio.sleep(0)
+    assert told == [frozenset({"ignition.hc1.example.com", "ignition.hc2.example.com"})]
+    del source.objects[key]["metadata"]["annotations"][DISABLE_IGNITION_SERVER]
+    takeover.changed(Change("MODIFIED", key, source.objects[key]))
+    await asyncio.sleep(0)
+    assert told[-1] == frozenset({"ignition.hc2.example.com"})
+    takeover.cancel()
