@@ -26,7 +26,7 @@ from ..render.spec import UnsatisfiableVersion, negotiate, unsatisfiable_reason
 from ..workers.render_wait import IDLE_S
 from .access_log import AccessLog
 from .limits import FailedAuthLimiter
-from .ready import DEFAULT_READY_BYTES, WRITE_PIECE, PiecewiseBody, ReadyBodies, ReadyBody
+from .ready import DEFAULT_READY_BYTES, HEAD_JOIN, WRITE_PIECE, PiecewiseBody, ReadyBodies, ReadyBody
 
 IGNITION_MEDIA_TYPE = "application/vnd.coreos.ignition+json"
 _REASONS = {511: "Network Authentication Required"}
@@ -209,7 +209,9 @@ class IgnitionHandlers:
 def _payload_response(body: ReadyBody, version: str, piece: int) -> web.Response:
     content_type = f"{IGNITION_MEDIA_TYPE};version={version}"
     headers = {"Content-Type": content_type, "Cache-Control": "no-store"}
-    if len(body) <= piece:  # one write: aiohttp's own path for a bytes body is the shortest
+    if len(body) <= piece and (not body.head or len(body) <= HEAD_JOIN):
+        # One write: aiohttp's own path for a bytes body is the shortest (no copy: no head to
+        # splice, or a small body).
         return web.Response(body=body.joined(), headers=headers)
     return web.Response(body=PiecewiseBody(body, piece=piece, content_type=content_type), headers=headers)
 
