@@ -31,6 +31,11 @@ DEFAULT_READY_BYTES = 8 * 1024 * 1024
 WRITE_PIECE = 64 * 1024
 # A version head is sent joined to this much of the body: one write, a few KiB copied.
 HEAD_JOIN = 4 * 1024
+# Payload bytes a process may be writing at once before new payload requests are answered 503 +
+# Retry-After: --max-in-flight counts requests until their handler returns, not bodies still
+# being written to slow clients (1,024 of 416 KB would be 416 MiB in one worker). 64 in flight
+# at the seeds' fleet (issue 33) write ~26 MiB.
+DEFAULT_SENDING_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +56,13 @@ class ReadyBody:
     def joined(self) -> bytes:
         """The body as one bytes object (a copy unless no splice is needed)."""
         return self.head + memoryview(self.body)[self.rest:] if self.head or self.rest else self.body
+
+
+@dataclass
+class Sending:
+    """Bytes of payload bodies being written now; used from the event loop only."""
+
+    bytes: int = 0
 
 
 class ReadyBodies:
@@ -80,11 +92,13 @@ class PiecewiseBody(BytesPayload):
     """A ready body that aiohttp writes in `piece`-sized slices: views of the stored body. A
     version head goes out joined to a small first slice (a few KiB copied, never the body)."""
 
-    def __init__(self, ready: ReadyBody, *, piece: int = WRITE_PIECE, **kwargs: object) -> None:
+    def __init__(self, ready: ReadyBody, *, piece: int = WRITE_PIECE, sending: Sending | None = None,
+                 **kwargs: object) -> None:
         super().__init__(memoryview(ready.body)[ready.rest:], **kwargs)
         self._head = ready.head
         self._size = len(ready)
         self._piece = piece
+        self._sending = sending or Sending()
 
     def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
         return (self._head + self._value).decode(encoding, errors)
@@ -96,6 +110,14 @@ class PiecewiseBody(BytesPayload):
         await self.write_with_length(writer, None)
 
     async def write_with_length(self, writer: AbstractStreamWriter, content_length: int | None) -> None:
+        size = len(self._head) + len(self._value)
+        self._sending.bytes += size
+        try:
+            await self._write_pieces(writer, content_length)
+        finally:
+            self._sending.bytes -= size
+
+    async def _write_pieces(self, writer: AbstractStreamWriter, content_length: int | None) -> None:
         head, view = self._head, memoryview(self._value)
         if content_length is not None:
             head, view = head[:content_length], view[:max(content_length - len(head), 0)]
