@@ -137,7 +137,9 @@ def main(argv: list[str] | None = None) -> int:
 
         handlers = IgnitionHandlers(cache=cache, authenticator=auth, metrics=metrics, state=ServingState(ready=True),
                                     access=AccessLog("json", stream=io.StringIO()))
-        ready_body = ready.get(blob, "3.4.0")
+        kept = ready.get(blob, "3.4.0")
+        assert kept is not None
+        ready_body = kept.joined()  # aiohttp's own bytes path: the bare baseline
 
         async def bare(_request: web.BaseRequest) -> web.Response:
             return web.Response(body=ready_body, content_type="application/json")

@@ -21,9 +21,9 @@ _M_ARENA_MAX = -8
 # Payloads and source values above this are mmap'd and go back to the OS when freed.
 MMAP_THRESHOLD = 128 * 1024
 # Serving workers never render: what they allocate is response bodies and the TLS records
-# made from them, over and over. Up to this size those come from the heap and are reused
-# (a body written whole: +18% kept-alive req/s over 64 KiB pieces under the 128 KiB
-# threshold, one worker, same run).
+# made from them, over and over. Up to this size those come from the heap and are reused.
+# (Bodies are written in 64 KiB pieces, http/ready.py: written whole, each response in flight
+# held its TLS records whole too, +40 MiB in a worker at the seeds' fleet, issue 33.)
 SERVING_MMAP_THRESHOLD = 1024 * 1024
 ARENA_MAX = 2
 

@@ -33,7 +33,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import jwt as pyjwt
 from cachetools import LRUCache
 
 from .claims import (
@@ -152,6 +151,8 @@ class ServiceAccountVerifier:
             self.stats.cache_misses += 1
         candidates, named = self._candidates(token, now)
 
+        import jwt as pyjwt  # here, not at the top: a serving worker starts (and gets ready) without PyJWT
+
         verified: list[tuple[Candidate, dict[str, Any]]] = []
         for candidate in candidates:
             self.stats.signature_checks += 1
@@ -208,6 +209,8 @@ class ServiceAccountVerifier:
 
     def _candidates(self, token: str, now: float) -> tuple[list[Candidate], bool]:
         """The keys to try, and whether the token's kid named them."""
+        import jwt as pyjwt  # as in `verify`
+
         try:
             header = pyjwt.get_unverified_header(token)
         except pyjwt.PyJWTError:

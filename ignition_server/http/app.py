@@ -26,7 +26,16 @@ from ..render.spec import UnsatisfiableVersion, negotiate, unsatisfiable_reason
 from ..workers.render_wait import IDLE_S
 from .access_log import AccessLog
 from .limits import FailedAuthLimiter
-from .ready import DEFAULT_READY_BYTES, WRITE_PIECE, PiecewiseBody, ReadyBodies
+from .ready import (
+    DEFAULT_READY_BYTES,
+    DEFAULT_SENDING_BYTES,
+    HEAD_JOIN,
+    WRITE_PIECE,
+    PiecewiseBody,
+    ReadyBodies,
+    ReadyBody,
+    Sending,
+)
 
 IGNITION_MEDIA_TYPE = "application/vnd.coreos.ignition+json"
 _REASONS = {511: "Network Authentication Required"}
@@ -62,6 +71,7 @@ class IgnitionHandlers:
         access: AccessLog | None = None,
         write_piece: int = WRITE_PIECE,
         ready_bytes: int = DEFAULT_READY_BYTES,
+        max_sending_bytes: int = DEFAULT_SENDING_BYTES,
     ) -> None:
         self._cache = cache
         self._auth = authenticator
@@ -78,6 +88,8 @@ class IgnitionHandlers:
         self._in_flight = 0  # payload requests being answered now (one event loop: no lock)
         self._ids = itertools.count(1)
         self._id_prefix = request_id_prefix  # request ids stay unique across worker processes
+        self._sending = Sending()  # payload bytes being written now, bounded by max_sending_bytes
+        self._max_sending = max_sending_bytes
         self._ready = ReadyBodies(ready_bytes)  # its share of --cache-memory (config.payload_memory)
         # Payload reads get threads of their own: behind renders, listings and write-backs
         # in the shared default pool, a disk read would wait for background work.
@@ -136,7 +148,7 @@ class IgnitionHandlers:
         try:
             if not self._state.ready:
                 raise Refusal(503, "warming up", retry_after=1)
-            if self._in_flight >= self._max_in_flight:
+            if self._in_flight >= self._max_in_flight or self._sending.bytes > self._max_sending:
                 # Overload is "try again", never 429: the Ignition client gives up on any 4xx.
                 raise Refusal(503, "overloaded", retry_after=1)
             self._in_flight += 1
@@ -161,7 +173,7 @@ class IgnitionHandlers:
             version = self._negotiate(accept, record.min_version)
             ready = self._ready.get(record.blob_id, version) if version is not None else None
             if ready is not None and version is not None:
-                response = _payload_response(ready, version, self._write_piece)
+                response = _payload_response(ready, version, self._write_piece, self._sending)
             else:
                 response = await self._payload(grant, record, accept, version)
             self._metrics.get_requests.inc(grant.nodepool)
@@ -195,7 +207,7 @@ class IgnitionHandlers:
         if version is None:
             # Rare and final for that node: worth saying which feature needs the newer spec.
             raise Refusal(406, await asyncio.to_thread(unsatisfiable_reason, accept, body)) from None
-        return _payload_response(self._ready.make(record.blob_id, version, body), version, self._write_piece)
+        return _payload_response(self._ready.make(record.blob_id, version, body), version, self._write_piece, self._sending)
 
     async def healthz(self, _request: web.BaseRequest) -> web.Response:
         return web.Response(text="ok\n")
@@ -206,12 +218,15 @@ class IgnitionHandlers:
         return web.Response(status=503, text="not ready\n", headers={"Retry-After": "1"})
 
 
-def _payload_response(body: bytes, version: str, piece: int) -> web.Response:
+def _payload_response(body: ReadyBody, version: str, piece: int, sending: Sending | None = None) -> web.Response:
     content_type = f"{IGNITION_MEDIA_TYPE};version={version}"
     headers = {"Content-Type": content_type, "Cache-Control": "no-store"}
-    if len(body) <= piece:  # one write: aiohttp's own path for a bytes body is the shortest
-        return web.Response(body=body, headers=headers)
-    return web.Response(body=PiecewiseBody(body, piece=piece, content_type=content_type), headers=headers)
+    if len(body) <= piece and (not body.head or len(body) <= HEAD_JOIN):
+        # One write: aiohttp's own path for a bytes body is the shortest (no copy: no head to
+        # splice, or a small body).
+        return web.Response(body=body.joined(), headers=headers)
+    return web.Response(body=PiecewiseBody(body, piece=piece, sending=sending, content_type=content_type),
+                        headers=headers)
 
 
 def _refusal_response(refusal: Refusal) -> web.Response:

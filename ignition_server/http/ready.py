@@ -1,21 +1,24 @@
 """Payload bodies kept ready to send, per (blob, spec version): the hot path's last step.
 
-Serving a payload at a version other than the one it was stored at splices a new ~300 KiB
-bytes object (render.spec.with_version); per request that copy was a quarter of the serving
-CPU in keep-alive (py-spy, bench compare). A booting fleet asks the same few NodePools at the
-same version over and over, so the spliced body is kept, bounded by bytes. Blob ids are
-content hashes, so an entry can never go stale: a re-render is a new blob id.
+Serving a payload at a version other than the one it was stored at is a splice: a new version
+head, then the stored body past its own (render.spec.version_splice). The body is never copied
+for it: a spliced copy per request was a quarter of the serving CPU in keep-alive (py-spy,
+bench compare) and, with 64 responses of 416 KB in flight, ~25 MiB more of a worker's memory
+(the seeds' fleet, issue 33). A booting fleet asks the same few NodePools at the same version
+over and over, so the (head, body) pair is kept, bounded by the bytes it keeps alive. Blob ids
+are content hashes, so an entry can never go stale: a re-render is a new blob id.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 from aiohttp.abc import AbstractStreamWriter
 from aiohttp.payload import BytesPayload
 from cachetools import LRUCache
 
-from ..render.spec import with_version
+from ..render.spec import version_splice
 
 # The bound where none is given (tests, bench hotpath): ~27 bodies of ~300 KiB. A server sizes
 # its ready bodies from --cache-memory (config.payload_memory).
@@ -26,46 +29,102 @@ DEFAULT_READY_BYTES = 8 * 1024 * 1024
 # each of those an mmap + munmap with fresh zeroed pages: keep-alive served ~1,000 req/s per
 # core that way, ~2,300 with the same buffers from the heap (one process, same run).
 WRITE_PIECE = 64 * 1024
+# A version head is sent joined to this much of the body: one write, a few KiB copied.
+HEAD_JOIN = 4 * 1024
+# Payload bytes a process may be writing at once before new payload requests are answered 503 +
+# Retry-After: --max-in-flight counts requests until their handler returns, not bodies still
+# being written to slow clients (1,024 of 416 KB would be 416 MiB in one worker). 64 in flight
+# at the seeds' fleet (issue 33) write ~26 MiB.
+DEFAULT_SENDING_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyBody:
+    """A response body: `head`, then `body` from offset `rest` on (the stored bytes, shared, not copied)."""
+
+    head: bytes
+    body: bytes
+    rest: int = 0
+
+    def __len__(self) -> int:
+        return len(self.head) + len(self.body) - self.rest
+
+    def held(self) -> int:
+        """Bytes this keeps alive (the whole stored body, shared or not)."""
+        return len(self.head) + len(self.body)
+
+    def joined(self) -> bytes:
+        """The body as one bytes object (a copy unless no splice is needed)."""
+        return self.head + memoryview(self.body)[self.rest:] if self.head or self.rest else self.body
+
+
+@dataclass
+class Sending:
+    """Bytes of payload bodies being written now; used from the event loop only."""
+
+    bytes: int = 0
 
 
 class ReadyBodies:
     """An LRU of response bodies keyed by (blob id, version); used from the event loop only."""
 
     def __init__(self, max_bytes: int = DEFAULT_READY_BYTES) -> None:
-        self._bodies: LRUCache[tuple[str, str], bytes] = LRUCache(maxsize=max(max_bytes, 1), getsizeof=len)
+        self._bodies: LRUCache[tuple[str, str], ReadyBody] = LRUCache(maxsize=max(max_bytes, 1), getsizeof=ReadyBody.held)
 
     def held(self) -> int:
         """Bytes of bodies kept now."""
         return int(self._bodies.currsize)
 
-    def get(self, blob_id: str, version: str) -> bytes | None:
+    def get(self, blob_id: str, version: str) -> ReadyBody | None:
         return self._bodies.get((blob_id, version))
 
-    def make(self, blob_id: str, version: str, body: bytes, rewrite: Callable[[bytes, str], bytes] = with_version) -> bytes:
+    def make(self, blob_id: str, version: str, body: bytes,
+             splice: Callable[[bytes, str], tuple[bytes, int]] = version_splice) -> ReadyBody:
         """`body` at `version`, kept for the next request (a body larger than the bound is not kept)."""
-        ready = rewrite(body, version)
-        if len(ready) <= self._bodies.maxsize:
+        head, rest = splice(body, version)
+        ready = ReadyBody(head, body, rest)
+        if ready.held() <= self._bodies.maxsize:
             self._bodies[(blob_id, version)] = ready
         return ready
 
 
 class PiecewiseBody(BytesPayload):
-    """A bytes body that aiohttp writes in `piece`-sized slices (views, no copies)."""
+    """A ready body that aiohttp writes in `piece`-sized slices: views of the stored body. A
+    version head goes out joined to a small first slice (a few KiB copied, never the body)."""
 
-    def __init__(self, value: bytes, *, piece: int = WRITE_PIECE, **kwargs: object) -> None:
-        super().__init__(value, **kwargs)
+    def __init__(self, ready: ReadyBody, *, piece: int = WRITE_PIECE, sending: Sending | None = None,
+                 **kwargs: object) -> None:
+        super().__init__(memoryview(ready.body)[ready.rest:], **kwargs)
+        self._head = ready.head
+        self._size = len(ready)
         self._piece = piece
+        self._sending = sending or Sending()
+
+    def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
+        return (self._head + self._value).decode(encoding, errors)
+
+    async def as_bytes(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+        return self._head + self._value
 
     async def write(self, writer: AbstractStreamWriter) -> None:
         await self.write_with_length(writer, None)
 
     async def write_with_length(self, writer: AbstractStreamWriter, content_length: int | None) -> None:
-        view = memoryview(self._value)
+        size = len(self._head) + len(self._value)
+        self._sending.bytes += size
+        try:
+            await self._write_pieces(writer, content_length)
+        finally:
+            self._sending.bytes -= size
+
+    async def _write_pieces(self, writer: AbstractStreamWriter, content_length: int | None) -> None:
+        head, view = self._head, memoryview(self._value)
         if content_length is not None:
-            view = view[:content_length]
+            head, view = head[:content_length], view[:max(content_length - len(head), 0)]
+        start = 0
+        if head:
+            start = min(HEAD_JOIN, len(view))
+            await writer.write(head + view[:start])
         piece = self._piece
-        if len(view) <= piece:
-            await writer.write(view)
-            return
-        for start in range(0, len(view), piece):
-            await writer.write(view[start:start + piece])
+        for offset in range(start, len(view), piece):
+            await writer.write(view[offset:offset + piece])

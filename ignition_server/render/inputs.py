@@ -10,8 +10,6 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 
-from ..bounded_yaml import OverBounds
-
 # Bump when a renderer's output changes for the same inputs, so stored payloads re-render.
 RENDERER_GENERATION = 2
 
@@ -27,6 +25,9 @@ class RefusedInput(InvalidConfig):
 
 def refusal(exc: Exception, message: str) -> InvalidConfig:
     """`message` as an InvalidConfig, a RefusedInput when `exc` was a bound's refusal."""
+    # Imported here: render.spec (a serving worker's) needs this module, not YAML (~10% of its imports).
+    from ..bounded_yaml import OverBounds
+
     return (RefusedInput if isinstance(exc, OverBounds) else InvalidConfig)(message)
 
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import time
 from pathlib import Path
 
 import pytest
 
-from payload_cache import CacheConfig, PayloadCache, RenderRecord, TokenRecord, TokenState
+from payload_cache import CacheConfig, PayloadCache, RenderRecord, TokenRecord, TokenState, index as index_module
+from payload_cache.index import INDEX_FORMAT, INDEX_VERSION, TokenIndex
 
 
 def open_cache(tmp_path: Path) -> PayloadCache:
@@ -184,3 +187,43 @@ def test_state_files_are_encrypted_and_survive_a_restart(tmp_path):
 
     with pytest.raises(ValueError):
         again.save_state("../escape", b"x")
+
+
+def _whole_document(index: TokenIndex) -> bytes:
+    """The snapshot as a whole-document json.dumps writes it (the on-disk format, version 1)."""
+    generation, tokens, renders = index.rows()
+    sealed = {name: base64.b64encode(index.unseal(name) or b"").decode("ascii") for name in index.unseal_names()}
+    doc = {"format": INDEX_FORMAT, "version": INDEX_VERSION, "tokens": tokens, "renders": renders, "sealed": sealed}
+    return json.dumps(doc, separators=(",", ":")).encode("utf-8")
+
+
+def test_a_flush_encodes_only_the_rows_that_changed_into_the_same_bytes() -> None:
+    index = TokenIndex()
+    for i in range(200):
+        index.put_token(bytes([i]) * 32, TokenRecord(f"clusters/p{i}", f"ns/s{i}", TokenState.CURRENT, 1.5e9 + i + 0.25))
+        index.put_render(RenderRecord(f"ns/s{i}", f"clusters/p{i}", "d" * 64, "b" * 64, "3.2.0", 1.5e9 + i))
+    index.seal("state", b"\x00sealed\xff")
+    assert index.encode()[0] == _whole_document(index)
+    rows_made = []
+    real_dumps = index_module._dumps
+
+    def counting(value):  # type: ignore[no-untyped-def]
+        rows_made.append(value)
+        return real_dumps(value)
+
+    index_module._dumps = counting
+    try:
+        # Changes of every kind: a token moved, rotated, dropped, expired; a render replaced, dropped.
+        index.put_token(bytes([1]) * 32, TokenRecord("clusters/p1", "ns/other", TokenState.PREVIOUS, 1.6e9))
+        index.drop_token(bytes([2]) * 32)
+        index.put_token(b"\xaa" * 32, TokenRecord("clusters/new", "ns/new\u00e9\"", TokenState.CURRENT, None))
+        assert index.forget_expired(1.5e9 + 1) == 1  # p0's token (p1's moved on)
+        index.put_render(RenderRecord("ns/s3", "clusters/p3", "e" * 64, "c" * 64, "3.4.0", 1.7e9))
+        index.drop_render("ns/s4")
+        data, generation = index.encode()
+    finally:
+        index_module._dumps = real_dumps
+    assert data == _whole_document(index) and generation == index.generation
+    rows = [row for row in rows_made if isinstance(row, list)]
+    assert len(rows) == 3  # the moved and the new token, the replaced render: not 400 rows
+    assert TokenIndex.decode(data).lookup(b"\xaa" * 32) == index.lookup(b"\xaa" * 32)

@@ -101,3 +101,39 @@ async def test_a_payload_is_kept_ready_per_version_and_a_new_render_replaces_it(
     cache.put_render(RenderRecord("ns/token-p", "clusters/p", "digest2", cache.put_blob(encode(config, "3.2.0")), "3.2.0", 0.0))
     assert [f["path"] for f in (await fetch("3.4.0"))["storage"]["files"]] == ["/etc/new"]
     handlers.close()
+
+
+async def test_bodies_still_being_written_bound_new_payload_requests(tmp_path: Path, serving_client) -> None:
+    # --max-in-flight counts a request until its handler returns; its body is written after. A
+    # client that does not read holds its body in the server: past the bytes bound, 503 + Retry-After.
+    cache = PayloadCache.open(CacheConfig(cache_dir=tmp_path / "cache", memory_bytes=0))
+    config = {"ignition": {"version": "3.2.0"}, "storage": {"files": [
+        {"path": f"/etc/f{i}", "contents": {"source": "data:," + "x" * 1_000_000}} for i in range(24)]}}
+    body = encode(config, "3.2.0")  # 24 MB: more than both ends' loopback socket buffers
+    cache.put_render(RenderRecord("ns/token-p", "clusters/p", "digest", cache.put_blob(body), "3.2.0", 0.0))
+    cache.put_token("tok", TokenRecord("clusters/p", "ns/token-p", TokenState.CURRENT, None))
+    handlers = IgnitionHandlers(cache=cache, authenticator=TokenAuthenticator(cache), metrics=ServerMetrics(),
+                                state=ServingState(ready=True), max_sending_bytes=len(body) // 2)
+    client = await serving_client(handlers)
+    bearer = "Bearer " + base64.b64encode(b"tok").decode()
+    reader, writer = await asyncio.open_connection(client.server.host, client.server.port)
+    writer.write(f"GET /ignition HTTP/1.1\r\nHost: x\r\nAuthorization: {bearer}\r\n\r\n".encode())
+    await writer.drain()
+    assert (await reader.readline()).startswith(b"HTTP/1.1 200")  # then not read: the write stalls
+    headers = {"Authorization": bearer}
+    for _ in range(100):  # until the stalled write is under way
+        refused = await client.get("/ignition", headers=headers)
+        if refused.status == 503:
+            break
+        await refused.read()
+        await asyncio.sleep(0.05)
+    assert refused.status == 503 and refused.headers["Retry-After"] == "1"
+    read = 0
+    while chunk := await reader.read(1 << 20):  # the slow client reads its body after all
+        read += len(chunk)
+        if read >= len(body):
+            break
+    writer.close()
+    response = await client.get("/ignition", headers=headers)
+    assert response.status == 200 and len(await response.read()) == len(body)
+    handlers.close()

@@ -1,0 +1,74 @@
+"""Ready bodies: a payload served at another spec version is spliced without copying the body."""
+
+from __future__ import annotations
+
+import json
+import tracemalloc
+
+import pytest
+
+from ignition_server.http.app import _payload_response
+from ignition_server.http.ready import PiecewiseBody, ReadyBodies
+from ignition_server.memory import SERVING_MMAP_THRESHOLD
+from ignition_server.render.spec import encode, with_version
+
+# A payload of the seeds' size (~416 KB, issue 33), stored at 3.2.0.
+BODY = encode({"ignition": {"version": "3.2.0"}, "storage": {"files": [
+    {"path": f"/etc/f{i}", "contents": {"source": "data:," + "x" * 8000}} for i in range(52)]}}, "3.2.0")
+
+
+class _Collect:
+    """A stream writer that keeps only the count of bytes written, and the first bytes."""
+
+    def __init__(self) -> None:
+        self.size = 0
+        self.start = b""
+        self.pieces: list[int] = []
+
+    async def write(self, chunk: bytes | memoryview) -> None:
+        self.size += len(chunk)
+        self.pieces.append(len(chunk))
+        if not self.start:
+            self.start = bytes(chunk[:64])
+
+
+# 64 KiB pieces (the default) and the serving worker's whole-body write.
+PIECES = [64 * 1024, SERVING_MMAP_THRESHOLD]
+
+
+@pytest.mark.parametrize("piece", PIECES)
+async def test_a_spliced_body_is_the_stored_bytes_written_as_views(piece: int) -> None:
+    ready = ReadyBodies().make("blob", "3.4.0", BODY)
+    assert ready.body is BODY  # shared with whoever holds the stored body (the memory tier)
+    assert ready.joined() == with_version(BODY, "3.4.0")
+    assert json.loads(ready.joined())["ignition"]["version"] == "3.4.0"
+    payload = PiecewiseBody(ready, piece=piece)
+    assert payload.size == len(ready.joined())
+    writer = _Collect()
+    await payload.write_with_length(writer, payload.size)  # type: ignore[arg-type]
+    assert writer.size == payload.size and writer.start.startswith(b'{"ignition":{"version":"3.4.0"')
+    assert max(writer.pieces) <= piece
+    # The stored version needs no head: the body itself.
+    assert ReadyBodies().make("blob", "3.2.0", BODY).joined() is BODY
+
+
+@pytest.mark.parametrize("piece", PIECES)
+async def test_serving_a_spliced_version_allocates_no_copy_of_the_body(piece: int) -> None:
+    # 64 responses in flight each held a spliced ~416 KB copy before (worker RSS +25 MiB at the seeds' scale).
+    ready_bodies = ReadyBodies(max_bytes=1)  # nothing kept: every request splices again
+    tracemalloc.start()
+    try:
+        base, _ = tracemalloc.get_traced_memory()
+        responses = [_payload_response(ready_bodies.make(f"blob{i}", "3.4.0", BODY), "3.4.0", piece) for i in range(8)]
+        payloads = [response.body for response in responses]
+        assert all(isinstance(payload, PiecewiseBody) for payload in payloads)
+        held, _ = tracemalloc.get_traced_memory()
+        writer = _Collect()
+        for payload in payloads:
+            await payload.write_with_length(writer, payload.size)  # type: ignore[arg-type]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert writer.size == 8 * len(with_version(BODY, "3.4.0"))
+    assert held - base < len(BODY) // 4, held - base  # 8 bodies in flight, none copied
+    assert peak - base < len(BODY), peak - base  # at most a piece or two copied at a time
