@@ -36,6 +36,9 @@ class ProxyHeaderError(ValueError):
     """Not a PROXY header (the connection is closed)."""
 
 
+_V4_MAPPED = bytes(10) + b"\xff\xff"  # ::ffff:a.b.c.d
+
+
 def parse_v2(header: bytes, body: bytes) -> Peer | None:
     """The source address of a v2 header (`header`: its 16 fixed bytes). None for LOCAL
     (the proxy's own health check) or a family without addresses. Pure."""
@@ -50,6 +53,8 @@ def parse_v2(header: bytes, body: bytes) -> Peer | None:
     if family == 1 and len(body) >= 12:
         return socket.inet_ntop(socket.AF_INET, body[0:4]), struct.unpack("!H", body[8:10])[0]
     if family == 2 and len(body) >= 36:
+        if body[0:12] == _V4_MAPPED:  # an IPv4 node behind a dual-stack (v4v6) proxy: no parse later
+            return socket.inet_ntop(socket.AF_INET, body[12:16]), struct.unpack("!H", body[32:34])[0]
         return socket.inet_ntop(socket.AF_INET6, body[0:16]), struct.unpack("!H", body[32:34])[0]
     return None
 

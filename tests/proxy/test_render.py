@@ -128,6 +128,8 @@ def v2(src: str, sport: int, family: int = socket.AF_INET) -> tuple[bytes, bytes
 def test_proxy_headers_parse() -> None:
     assert parse_v2(*v2("192.0.2.7", 5555)) == ("192.0.2.7", 5555)
     assert parse_v2(*v2("2001:db8::7", 6666, socket.AF_INET6)) == ("2001:db8::7", 6666)
+    # An IPv4 node through a dual-stack edge (`bind :::443 v4v6`) as plain IPv4, as it is logged.
+    assert parse_v2(*v2("::ffff:192.0.2.9", 7777, socket.AF_INET6)) == ("192.0.2.9", 7777)
     local = V2_SIGNATURE + bytes([0x20, 0x00]) + b"\0\0"
     assert parse_v2(local, b"") is None  # the proxy's own check
     assert parse_v1(b"PROXY TCP4 192.0.2.8 10.0.0.1 4444 443\r\n") == ("192.0.2.8", 4444)
