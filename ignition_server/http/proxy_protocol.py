@@ -36,6 +36,14 @@ class ProxyHeaderError(ValueError):
     """Not a PROXY header (the connection is closed)."""
 
 
+# The send buffer of a connection from the pod's TLS edge. At the default (212,992 bytes,
+# overhead included) a ~300 KiB payload took several writes, each waiting for HAProxy to read
+# 16 KiB more: a serving process's CPU per kept-alive request through the edge went from
+# ~0.17 to ~0.10 ms, a storm's per connection from ~0.36 to ~0.31 ms, once the whole body fit
+# (HAProxy's too fell, with fewer wake-ups). A limit, not an allocation: what waits in it is the
+# body the edge has not read yet. The kernel caps it at net.core.wmem_max.
+EDGE_SNDBUF = 1 << 20
+
 _V4_MAPPED = bytes(10) + b"\xff\xff"  # ::ffff:a.b.c.d
 
 
@@ -323,6 +331,8 @@ async def serve_connections(
                 loop.call_later(ACCEPT_PAUSE, resume)
                 return
             conn.setblocking(False)
+            if conn.family == socket.AF_UNIX:  # the pod's TLS edge (--edge-socket)
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, EDGE_SNDBUF)
             if trust_all or trusted(peer, networks):
                 try:
                     real = header_now(conn)

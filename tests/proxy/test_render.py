@@ -83,6 +83,8 @@ def test_render_cli_output_passes_haproxy_check(tmp_path: Path) -> None:
     assert "req.ssl_sni -i ignition.a.example.com" in rendered and "src 10.0.0.0/8 fd00::/8" in rendered
     assert "server s1 fd00::7:9090" in rendered and "server s2 127.0.0.1:1 disabled" in rendered
     assert "send-proxy-v2 check-send-proxy" in rendered and "observe layer7" in rendered
+    # A server connection carrying a client's PROXY header is that client's only (test_in_pod_edge).
+    assert rendered.count("http-reuse never") == 1
     assert "prometheus-exporter" in rendered and "option redispatch" in rendered
     # The terminating bind offers the server's TLS (its tls.json), not HAProxy's defaults.
     assert "ssl-min-ver TLSv1.2 ciphers ECDHE-" in rendered and "no-tls-tickets" in rendered
