@@ -117,6 +117,18 @@ def _tls_options(tls: EdgeTLS) -> str:
     return options if tls.session_tickets else options + " no-tls-tickets"
 
 
+# A PROXY v2 connection names one client connection (HAProxy keys its pooled server connections
+# on the PROXY header, the client's port included), so no other client can ever reuse it.
+# Shared (the default), each response parked it in the server's idle pool, where the storm's,
+# of clients long gone, took the pool's room (HAProxy 2.6 keeps idle + used within its estimate
+# of need): the live one was closed instead and the node's next request paid a new connection.
+# Private, it stays with its client connection (the session's list) and ends with it.
+_PRIVATE_CONNECTIONS = (
+    "    # A server connection carries its client's PROXY header: it is that client's alone.",
+    "    http-reuse never",
+)
+
+
 def _terminate(table: Table, route: Route, publication: Publication) -> list[str]:
     ca = _ca(route, publication)
     in_pod = bool(route.backends) and all(b.unix for b in route.backends)
@@ -125,6 +137,7 @@ def _terminate(table: Table, route: Route, publication: Publication) -> list[str
     # In the pod: plain HTTP over the unix socket, each connection's PROXY v2 header naming the node.
     to_servers = f"ca-file {ca} check" if not in_pod else "check"
     tls = "" if in_pod else "ssl verify required "
+    send_proxy = in_pod or route.send_proxy
     checks = token_check_lines(TokenCheck(
         key_files=list(publication.keys), issuers=list(publication.issuers) or ["kubernetes/serviceaccount"],
         bearer=True, open_paths=OPEN_PATHS, token_map=str(map_path(table, route)), require_keys=False,
@@ -166,8 +179,9 @@ def _terminate(table: Table, route: Route, publication: Publication) -> list[str
         "    # A GET whose server dies under it is asked again of another one.",
         "    retry-on conn-failure empty-response response-timeout 502 503",
         "    http-request disable-l7-retry unless METH_GET || METH_HEAD",
+        *(_PRIVATE_CONNECTIONS if send_proxy else []),
         f"    default-server {tls}{to_servers} inter {table.check_interval} fall 2 rise 1"
-        f" observe layer7 error-limit 2 on-error mark-down{' send-proxy-v2 check-send-proxy' if in_pod else _proxy_opts(route)}",
+        f" observe layer7 error-limit 2 on-error mark-down{' send-proxy-v2 check-send-proxy' if send_proxy else ''}",
         *_server_lines(table, route),
         "",
     ]

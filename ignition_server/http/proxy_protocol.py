@@ -36,6 +36,17 @@ class ProxyHeaderError(ValueError):
     """Not a PROXY header (the connection is closed)."""
 
 
+# The send buffer of a connection from the pod's TLS edge. At the default (212,992 bytes,
+# overhead included) a ~300 KiB payload took several writes, each waiting for HAProxy to read
+# 16 KiB more: a serving process's CPU per kept-alive request through the edge went from
+# ~0.17 to ~0.10 ms, a storm's per connection from ~0.36 to ~0.31 ms, once the whole body fit
+# (HAProxy's too fell, with fewer wake-ups). A limit, not an allocation: what waits in it is the
+# body the edge has not read yet. The kernel caps it at net.core.wmem_max.
+EDGE_SNDBUF = 1 << 20
+
+_V4_MAPPED = bytes(10) + b"\xff\xff"  # ::ffff:a.b.c.d
+
+
 def parse_v2(header: bytes, body: bytes) -> Peer | None:
     """The source address of a v2 header (`header`: its 16 fixed bytes). None for LOCAL
     (the proxy's own health check) or a family without addresses. Pure."""
@@ -50,6 +61,8 @@ def parse_v2(header: bytes, body: bytes) -> Peer | None:
     if family == 1 and len(body) >= 12:
         return socket.inet_ntop(socket.AF_INET, body[0:4]), struct.unpack("!H", body[8:10])[0]
     if family == 2 and len(body) >= 36:
+        if body[0:12] == _V4_MAPPED:  # an IPv4 node behind a dual-stack (v4v6) proxy: no parse later
+            return socket.inet_ntop(socket.AF_INET, body[12:16]), struct.unpack("!H", body[32:34])[0]
         return socket.inet_ntop(socket.AF_INET6, body[0:16]), struct.unpack("!H", body[32:34])[0]
     return None
 
@@ -318,6 +331,8 @@ async def serve_connections(
                 loop.call_later(ACCEPT_PAUSE, resume)
                 return
             conn.setblocking(False)
+            if conn.family == socket.AF_UNIX:  # the pod's TLS edge (--edge-socket)
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, EDGE_SNDBUF)
             if trust_all or trusted(peer, networks):
                 try:
                     real = header_now(conn)

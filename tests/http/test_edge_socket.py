@@ -4,14 +4,17 @@ naming its node in a PROXY v2 header (issue 32)."""
 from __future__ import annotations
 
 import base64
+import fcntl
 import json
 import socket
 import struct
+import termios
 import time
 from pathlib import Path
 
 import pytest
 
+from testsupport import fleet as fleetgen
 from testsupport.harness import ServerProcess, wait_for
 
 from .test_connection_guard import connections, server
@@ -105,5 +108,45 @@ def test_a_stale_socket_is_replaced_at_start(tmp_path: Path) -> None:
         status, conn = ask(sock, v2_header("192.0.2.7"))
         assert status == b"HTTP/1.1 200 OK" and time.monotonic() - start < 10
         conn.close()
+    finally:
+        proc.stop()
+
+
+def test_a_payload_is_handed_to_the_edge_in_one_write(tmp_path: Path) -> None:
+    """A ~300 KiB payload waits whole in the edge's socket: the serving process wrote it at once
+    instead of in 200 KiB steps, each waiting for HAProxy to read (its CPU per request)."""
+    meta = fleetgen.generate(tmp_path / "fleet", 1, 1, 300, progress=False)
+    nodepool, token = next(iter(meta["tokens"].items()))
+    sock = tmp_path / "edge" / "serve.sock"
+    sock.parent.mkdir()
+    proc = ServerProcess(Path(meta["source"]), tmp_path / "cache", extra=["--edge-socket", str(sock), "--workers", "0"])
+    request = (v2_header("192.0.2.7") + b"GET /ignition HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+               + base64.b64encode(token.encode()) + f"\r\nNodePool: {nodepool}\r\n\r\n".encode())
+
+    def response() -> bytes:
+        with socket.socket(socket.AF_UNIX) as conn:
+            conn.settimeout(10)
+            conn.connect(str(sock))
+            conn.sendall(request)
+            data = b""
+            while chunk := conn.recv(1 << 20):
+                data += chunk
+                head, _, body = data.partition(b"\r\n\r\n")
+                if body and len(body) >= int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0]):
+                    return data
+            return data
+
+    try:
+        proc.start()
+        wait_for(lambda: response().startswith(b"HTTP/1.1 200"), timeout=120, what="the payload")
+        whole = len(response())
+        assert whole > 300 * 1024
+        with socket.socket(socket.AF_UNIX) as conn:  # asked, and nothing read
+            conn.connect(str(sock))
+            conn.sendall(request)
+
+            def waiting() -> int:
+                return struct.unpack("i", fcntl.ioctl(conn.fileno(), termios.FIONREAD, b"\0" * 4))[0]
+            wait_for(lambda: waiting() == whole, timeout=10, what=f"the whole response waiting ({whole} bytes)")
     finally:
         proc.stop()

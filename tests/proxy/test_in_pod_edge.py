@@ -38,6 +38,14 @@ def served_certificate(port: int, ca: Path) -> bytes:
             return tls.getpeercert(binary_form=True) or b""
 
 
+def server_connects(proxy: ProxyProcess) -> int:
+    """How many connections HAProxy has opened to the server (its `connect` counter, all slots)."""
+    lines = proxy.runtime_command("show stat -1 4 -1").splitlines()
+    header = lines[0].lstrip("# ").split(",")
+    rows = [dict(zip(header, line.split(","))) for line in lines[1:] if line]
+    return sum(int(row["connect"] or 0) for row in rows if row["svname"].startswith("s"))
+
+
 @pytest.fixture
 def haproxy() -> str:
     path = require_tool("haproxy", "apt-get install haproxy")
@@ -80,6 +88,23 @@ def test_the_in_pod_edge_serves_as_the_server_does(tmp_path: Path, haproxy: str)
                  what="the node's address in the server's access log")
         # Nothing of it listens beyond the pod: the server's side is a 0660 unix socket.
         assert sock.stat().st_mode & 0o777 == 0o660
+        # A kept-alive node keeps its server connection, storm or not: a server connection
+        # carries its client's PROXY header, so no other client can reuse it. Shared (HAProxy's
+        # default), the storm's dead ones filled the idle pool and most of these requests paid
+        # a new connection to the server (HAProxy closing the last one).
+        for _ in range(12):  # a storm: one request per connection
+            assert raw_status(connection(proxy.port, server.ca_file), "/ignition", bearer("t-1")) == 200
+        before = server_connects(proxy)
+        kept = [connection(proxy.port, server.ca_file) for _ in range(4)]
+        for _ in range(5):
+            for conn in kept:  # interleaved, so the others' server connections wait idle meanwhile
+                conn.request("GET", "/ignition", headers=dict(bearer("t-1")))
+                response = conn.getresponse()
+                response.read()
+                assert response.status == 200
+        for conn in kept:
+            conn.close()
+        assert server_connects(proxy) - before == len(kept)
     finally:
         proxy.stop()
         server.stop()

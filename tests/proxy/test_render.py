@@ -83,6 +83,8 @@ def test_render_cli_output_passes_haproxy_check(tmp_path: Path) -> None:
     assert "req.ssl_sni -i ignition.a.example.com" in rendered and "src 10.0.0.0/8 fd00::/8" in rendered
     assert "server s1 fd00::7:9090" in rendered and "server s2 127.0.0.1:1 disabled" in rendered
     assert "send-proxy-v2 check-send-proxy" in rendered and "observe layer7" in rendered
+    # A server connection carrying a client's PROXY header is that client's only (test_in_pod_edge).
+    assert rendered.count("http-reuse never") == 1
     assert "prometheus-exporter" in rendered and "option redispatch" in rendered
     # The terminating bind offers the server's TLS (its tls.json), not HAProxy's defaults.
     assert "ssl-min-ver TLSv1.2 ciphers ECDHE-" in rendered and "no-tls-tickets" in rendered
@@ -128,6 +130,8 @@ def v2(src: str, sport: int, family: int = socket.AF_INET) -> tuple[bytes, bytes
 def test_proxy_headers_parse() -> None:
     assert parse_v2(*v2("192.0.2.7", 5555)) == ("192.0.2.7", 5555)
     assert parse_v2(*v2("2001:db8::7", 6666, socket.AF_INET6)) == ("2001:db8::7", 6666)
+    # An IPv4 node through a dual-stack edge (`bind :::443 v4v6`) as plain IPv4, as it is logged.
+    assert parse_v2(*v2("::ffff:192.0.2.9", 7777, socket.AF_INET6)) == ("192.0.2.9", 7777)
     local = V2_SIGNATURE + bytes([0x20, 0x00]) + b"\0\0"
     assert parse_v2(local, b"") is None  # the proxy's own check
     assert parse_v1(b"PROXY TCP4 192.0.2.8 10.0.0.1 4444 443\r\n") == ("192.0.2.8", 4444)
