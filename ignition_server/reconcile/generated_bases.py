@@ -21,7 +21,7 @@ import hashlib
 import json
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from ..basegen.generator import BaseGenerator, BaseJob, cluster_key
 from ..basegen.steps import platform
@@ -32,7 +32,7 @@ from ..render.inputs import NodePoolInputs
 from .bases import BaseIndex, base_key
 from .inputs import JOIN_INPUTS, InputObject, Lookup, input_key
 from .releases import Releases, release_key
-from .status import Status, Waiting
+from .status import DependencyWaits, Status, Waiting
 from .tenancy import Tenancy
 
 log = logging.getLogger("ignition_server.reconcile")
@@ -131,24 +131,18 @@ def generated_key(secret: TokenSecret, notes: Mapping[str, str], lookup: Lookup,
     return cluster_key(cluster, digest), deps
 
 
-@dataclass
-class GeneratedBaseWaits:
+@dataclass(kw_only=True)
+class GeneratedBaseWaits(DependencyWaits):
     """Which NodePools wait for which generated base: asks the generator, waits, says why.
 
     The renders ask `blocked` before rendering; when the generator is done with a key (or
-    the writer's published copy arrives), every NodePool waiting for it is handed back to
-    `inputs_changed` with its base's dependency key, and renders again."""
+    the writer's published copy arrives), the NodePools waiting for it (the readers of their
+    base's dependency key) are requeued and render again."""
 
     generator: BaseGenerator | None
     releases: Releases
     bases: BaseIndex
-    source: Any
-    tenancy: Tenancy
-    share_namespace: str | None  # several replicas: the writer publishes generated bases here
-    writer: Callable[[], bool]
-    inputs_changed: Callable[[ObjectKey], None]  # re-render the NodePools that read this object
     _waiters: dict[str, set[ObjectKey]] = field(default_factory=dict)  # generated base key -> its dependency keys
-    _asking: set[str] = field(default_factory=set)  # keys whose inputs are being read for the generator
     _held: dict[ObjectKey, tuple[str, Status]] = field(default_factory=dict)  # token Secret -> (its inputs, why it waits)
 
     def known(self, key: str) -> str | None:
@@ -161,18 +155,12 @@ class GeneratedBaseWaits:
         if generator is not None and self.share_namespace and self.writer():
             text = generator.known(key)
             if text is not None:
-                asyncio.create_task(self._share_base(key, text), name=f"share mco base {key[:16]}")
+                name = "ignition-server-base-" + key[:16]
+                obj = config_map(self.share_namespace, name, {BASE_KEY: text}, {ANNOTATION_GENERATED_BASE: key})
+                asyncio.create_task(self.publish(obj, f"the generated MCO base {key[:16]}"),
+                                    name=f"share mco base {key[:16]}")
         for dependency in self._waiters.pop(key, set()):
-            self.inputs_changed(dependency)
-
-    async def _share_base(self, key: str, text: str) -> None:
-        """Publish a generated base for the other replicas (Kubernetes mode), as releases are."""
-        name = "ignition-server-base-" + key[:16]
-        obj = config_map(self.share_namespace, name, {BASE_KEY: text}, {ANNOTATION_GENERATED_BASE: key})
-        try:
-            await self.source.put(obj, beside=ObjectKey("ConfigMap", str(self.share_namespace), name))
-        except Exception as exc:  # the others keep waiting; the next run (or restart) publishes again
-            log.error("could not publish the generated MCO base %s for the other replicas: %s", key[:16], exc)
+            self.requeue(dependency)
 
     def published(self, obj: Mapping[str, Any]) -> None:
         """A base the writer generated and published: kept like one generated here."""
@@ -275,7 +263,7 @@ class GeneratedBaseWaits:
             if held is not None:  # seen only on the full text of a large value
                 self._held[secret.key] = (self._precondition_inputs(secret), held)
                 for dependency in self._waiters.get(key, set()):
-                    self.inputs_changed(dependency)
+                    self.requeue(dependency)
                 return
             assert self.generator is not None
             self.generator.request(BaseJob(
