@@ -159,10 +159,9 @@ class IgnitionServer:
                            outputs=outputs, ssl_context=ssl_context, tls_loaded=tls_loaded,
                            registry_session=registry_session)
         running.hosts = hosts
-        takeover = reconciliation.reconciler.takeover
-        if takeover is not None and self.tls_files is not None and self.tls_files.ca is not None:
+        if self.tls_files is not None and self.tls_files.ca is not None:
             tls_dir = self.tls_files.ca.parent
-            takeover.on_hosts = lambda names: write_hosts(tls_dir, names)
+            reconciliation.tell_taken_over_hosts(lambda names: write_hosts(tls_dir, names))
         authenticator = TokenAuthenticator(cache, self.clock, verifier=verifier, directory=reconciliation.directory)
         await self._start_serving(running, authenticator)
         return running

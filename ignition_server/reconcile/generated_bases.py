@@ -32,7 +32,7 @@ from ..render.inputs import NodePoolInputs
 from .bases import BaseIndex, base_key
 from .inputs import JOIN_INPUTS, InputObject, Lookup, input_key
 from .releases import Releases, release_key
-from .status import Status, Waiting
+from .status import DependencyWaits, Status, Waiting
 from .tenancy import Tenancy
 
 log = logging.getLogger("ignition_server.reconcile")
@@ -131,27 +131,21 @@ def generated_key(secret: TokenSecret, notes: Mapping[str, str], lookup: Lookup,
     return cluster_key(cluster, digest), deps
 
 
-@dataclass
-class GeneratedBaseWaits:
+@dataclass(kw_only=True)
+class GeneratedBaseWaits(DependencyWaits):
     """Which NodePools wait for which generated base: asks the generator, waits, says why.
 
     The renders ask `blocked` before rendering; when the generator is done with a key (or
-    the writer's published copy arrives), every NodePool waiting for it is handed back to
-    `inputs_changed` with its base's dependency key, and renders again."""
+    the writer's published copy arrives), the NodePools waiting for it (the readers of their
+    base's dependency key) are requeued and render again."""
 
     generator: BaseGenerator | None
     releases: Releases
     bases: BaseIndex
-    source: Any
-    tenancy: Tenancy
-    share_namespace: str | None  # several replicas: the writer publishes generated bases here
-    writer: Callable[[], bool]
-    inputs_changed: Callable[[ObjectKey], None]  # re-render the NodePools that read this object
     # The FeatureGate `render` reads for (namespace, machine-config-server's configuration-hash): a
     # taken-over HCP's (reconcile/takeover.py), else HyperShift's default; None: not known yet.
     feature_gate: Callable[[str, str], str | None] = lambda namespace, configuration_hash: FEATURE_GATE
     _waiters: dict[str, set[ObjectKey]] = field(default_factory=dict)  # generated base key -> its dependency keys
-    _asking: set[str] = field(default_factory=set)  # keys whose inputs are being read for the generator
     _held: dict[ObjectKey, tuple[str, Status]] = field(default_factory=dict)  # token Secret -> (its inputs, why it waits)
 
     def known(self, key: str) -> str | None:
@@ -164,18 +158,12 @@ class GeneratedBaseWaits:
         if generator is not None and self.share_namespace and self.writer():
             text = generator.known(key)
             if text is not None:
-                asyncio.create_task(self._share_base(key, text), name=f"share mco base {key[:16]}")
+                name = "ignition-server-base-" + key[:16]
+                obj = config_map(self.share_namespace, name, {BASE_KEY: text}, {ANNOTATION_GENERATED_BASE: key})
+                asyncio.create_task(self.publish(obj, f"the generated MCO base {key[:16]}"),
+                                    name=f"share mco base {key[:16]}")
         for dependency in self._waiters.pop(key, set()):
-            self.inputs_changed(dependency)
-
-    async def _share_base(self, key: str, text: str) -> None:
-        """Publish a generated base for the other replicas (Kubernetes mode), as releases are."""
-        name = "ignition-server-base-" + key[:16]
-        obj = config_map(self.share_namespace, name, {BASE_KEY: text}, {ANNOTATION_GENERATED_BASE: key})
-        try:
-            await self.source.put(obj, beside=ObjectKey("ConfigMap", str(self.share_namespace), name))
-        except Exception as exc:  # the others keep waiting; the next run (or restart) publishes again
-            log.error("could not publish the generated MCO base %s for the other replicas: %s", key[:16], exc)
+            self.requeue(dependency)
 
     def published(self, obj: Mapping[str, Any]) -> None:
         """A base the writer generated and published: kept like one generated here."""
@@ -278,7 +266,7 @@ class GeneratedBaseWaits:
             if held is not None:  # seen only on the full text of a large value
                 self._held[secret.key] = (self._precondition_inputs(secret), held)
                 for dependency in self._waiters.get(key, set()):
-                    self.inputs_changed(dependency)
+                    self.requeue(dependency)
                 return
             gate = self.feature_gate(secret.key.namespace, config.get("configuration-hash", ""))
             if gate is None:  # machine-config-server is older than its HCP: its rewrite asks again

@@ -116,9 +116,12 @@ class NodePools:
         if self.secret_of(key) is not None:
             self.queue.add(key, urgent=True)
 
-    def clear_backoff(self, key: ObjectKey) -> None:
-        """What the NodePool's failed render waited for has changed: its next run renders at once."""
-        self._failures.pop(key, None)
+    def dependency_arrived(self, dependency: ObjectKey) -> None:
+        """What the readers of `dependency` waited for (a release, a generated base) is here, or
+        failed: they are queued again, their back-off dropped (release_waits.py, generated_bases.py)."""
+        for key in self.input_graph.readers_of(dependency):
+            self._failures.pop(key, None)
+        self.inputs_changed(dependency)
 
     def forget(self, key: ObjectKey) -> None:
         """The token Secret is gone: nothing of it waits any more."""

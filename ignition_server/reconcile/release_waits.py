@@ -17,8 +17,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Mapping
 
 import yaml
 
@@ -28,8 +28,7 @@ from ..render.inputs import NodePoolInputs
 from .input_graph import InputGraph
 from .inputs import JOIN_INPUTS, input_key
 from .releases import ANNOTATION_RELEASE_CATALOG, CATALOG_KEY, HAPROXY_IMAGE, Releases, release_key
-from .status import Status, Waiting
-from .tenancy import Tenancy
+from .status import DependencyWaits, Status, Waiting
 
 log = logging.getLogger("ignition_server.reconcile")
 
@@ -39,28 +38,19 @@ log = logging.getLogger("ignition_server.reconcile")
 SHARED_IMAGES = frozenset((HAPROXY_IMAGE, "rhel-coreos", "rhel-coreos-extensions", "machine-config-operator"))
 
 
-@dataclass
-class ReleaseWaits:
+@dataclass(kw_only=True)
+class ReleaseWaits(DependencyWaits):
     """Which NodePools wait for a release: asks the resolver, waits, says why.
 
     The renders ask `blocked` before rendering; when the resolver is done with a pull spec,
-    every NodePool that reads the release is handed back to `inputs_changed` and renders again."""
+    every NodePool that reads the release is requeued and renders again."""
 
     releases: Releases
     input_graph: InputGraph
-    source: Any
-    tenancy: Tenancy
-    share_namespace: str | None  # several replicas: the writer publishes resolved releases here
-    writer: Callable[[], bool]
-    inputs_changed: Callable[[ObjectKey], None]  # re-render the NodePools that read this object
-    retry_now: Callable[[ObjectKey], None]  # drop a NodePool's render back-off (it waited on a release)
-    _asking: set[str] = field(default_factory=set)  # releases whose inputs are being read for the resolver
 
     def resolved(self, pull_spec: str) -> None:
         """The resolver finished with `pull_spec` (known now, or failed): its NodePools look again."""
-        for key in self.input_graph.readers_of(release_key(pull_spec)):
-            self.retry_now(key)  # the render back-off was waiting on this
-        self.inputs_changed(release_key(pull_spec))
+        self.requeue(release_key(pull_spec))
         resolver = self.releases.resolver
         content = resolver.known(pull_spec) if resolver is not None else None
         if content is not None and self.share_namespace and self.writer():
@@ -71,12 +61,8 @@ class ReleaseWaits:
         wanted = {name: image for name, image in images.items() if name in SHARED_IMAGES}
         name = "ignition-server-release-" + hashlib.sha256(pull_spec.encode()).hexdigest()[:16]
         entry = [{"pullSpec": pull_spec, "version": version, "images": wanted}]
-        obj = config_map(self.share_namespace, name, {CATALOG_KEY: yaml.safe_dump(entry, sort_keys=True)},
-                         {ANNOTATION_RELEASE_CATALOG: "true"})
-        try:
-            await self.source.put(obj, beside=ObjectKey("ConfigMap", str(self.share_namespace), name))
-        except Exception as exc:  # the others keep waiting; the next resolution (or restart) publishes again
-            log.error("could not publish release %s for the other replicas: %s", pull_spec, exc)
+        await self.publish(config_map(self.share_namespace, name, {CATALOG_KEY: yaml.safe_dump(entry, sort_keys=True)},
+                                      {ANNOTATION_RELEASE_CATALOG: "true"}), f"release {pull_spec}")
 
     def nudge(self) -> None:
         """A replica that became the writer takes over the releases the others wait for."""
@@ -87,7 +73,7 @@ class ReleaseWaits:
             spec = dependency.name
             if self.releases.get(spec) is None and not resolver.pending(spec) and spec not in self._asking \
                     and resolver.failure(spec) is None:
-                self.inputs_changed(dependency)
+                self.requeue(dependency)
 
     def mirror_set_changed(self, key: ObjectKey, obj: Mapping[str, Any] | None) -> None:
         mirrors = self.releases.mirrors
@@ -100,7 +86,7 @@ class ReleaseWaits:
             return
         if changed:
             for dependency in self.input_graph.releases_read():
-                self.inputs_changed(dependency)
+                self.requeue(dependency)
 
     def blocked(self, secret: TokenSecret, inputs: NodePoolInputs) -> Status | Waiting | None:
         """None: render. Waiting: the release is being read. A Status: why it cannot be read."""

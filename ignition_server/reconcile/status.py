@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..model.objects import secret_value, set_secret_value
+from ..model.objects import ObjectKey, secret_value, set_secret_value
+from .tenancy import Tenancy
+
+log = logging.getLogger("ignition_server.reconcile")
 
 
 @dataclass(frozen=True)
@@ -21,6 +25,29 @@ class Waiting:
     NodePool, a reader of it in the input graph, is queued again."""
 
     on: str
+
+
+@dataclass(kw_only=True)
+class DependencyWaits:
+    """What the release and base waits share (release_waits.py, generated_bases.py): NodePools
+    blocked on a dependency the writer fetches, and requeued when it arrives.
+
+    `requeue(dependency)` hands the dependency's readers (the input graph's) back to the work
+    queue with their back-off dropped: what they waited for is here (or failed, and says so)."""
+
+    source: Any
+    tenancy: Tenancy
+    share_namespace: str | None  # several replicas: the writer publishes what it fetched here
+    writer: Callable[[], bool]
+    requeue: Callable[[ObjectKey], None]
+    _asking: set[str] = field(default_factory=set)  # dependencies whose inputs are being read for their fetch
+
+    async def publish(self, obj: dict[str, Any], what: str) -> None:
+        """Publish what the writer fetched for the other replicas (a ConfigMap in its namespace)."""
+        try:
+            await self.source.put(obj, beside=ObjectKey("ConfigMap", str(self.share_namespace), obj["metadata"]["name"]))
+        except Exception as exc:  # the others keep waiting; the next fetch (or restart) publishes again
+            log.error("could not publish %s for the other replicas: %s", what, exc)
 
 
 def written_status(obj: dict[str, Any]) -> Status:

@@ -6,7 +6,7 @@ updates the indexes (TokenSecrets, the catalogs, bases, mirror sets, trusted key
 NodePool keys on `NodePools`' work queue, which runs `NodePools.reconcile` for each
 (reconciler.py and nodepools.py tell the story); Housekeeping runs rotation and expiry on the
 clock. The waits for releases and generated bases queue their NodePools again through
-`nodepools.inputs_changed`, and the registry resolver and the base generator, built before
+`nodepools.dependency_arrived`, and the registry resolver and the base generator, built before
 the reconciler, call back into `release_waits.resolved` and `base_waits.generated`.
 """
 
@@ -97,6 +97,12 @@ class Reconciliation:
         """Let write-backs in flight finish before the process exits (a draining shutdown)."""
         await self.reconciler.drain(timeout)
 
+    def tell_taken_over_hosts(self, tell: Callable[[frozenset[str]], None]) -> None:
+        """--take-over: `tell` gets the taken-over clusters' Ignition Route hostnames whenever
+        they change (the certificates chosen by SNI, tls/sni.py); without it, never called."""
+        if self.reconciler.takeover is not None:
+            self.reconciler.takeover.on_hosts = tell
+
 
 def build_reconciliation(
     *, source: Source, cache: PayloadCache, renderer: Renderer, policy: RotationPolicy, metrics: ServerMetrics,
@@ -130,14 +136,13 @@ def build_reconciliation(
     input_graph = InputGraph()
     write_backs = WriteBacks(source=source, work=work, faults=faults, secret_of=tokens.get, writer=writer,
                              clock=clock, prune_grace=prune_grace)
-    # The waits and the NodePools call each other: `nodepools` exists by the time either is called.
+    # The waits and the NodePools call each other: `nodepools` exists by the time a wait requeues.
     base_waits = GeneratedBaseWaits(
         generator=generator, releases=releases, bases=bases, source=source, tenancy=tenancy,
-        share_namespace=share_namespace, writer=writer, inputs_changed=lambda key: nodepools.inputs_changed(key))
+        share_namespace=share_namespace, writer=writer, requeue=lambda key: nodepools.dependency_arrived(key))
     release_waits = ReleaseWaits(
         releases=releases, input_graph=input_graph, source=source, tenancy=tenancy, share_namespace=share_namespace,
-        writer=writer, inputs_changed=lambda key: nodepools.inputs_changed(key),
-        retry_now=lambda key: nodepools.clear_backoff(key))
+        writer=writer, requeue=lambda key: nodepools.dependency_arrived(key))
     nodepools = NodePools(
         source=source, cache=cache, renderer=renderer, metrics=metrics, faults=faults, releases=releases, bases=bases,
         tenancy=tenancy, input_graph=input_graph, release_waits=release_waits, base_waits=base_waits,

@@ -40,12 +40,7 @@ class WriteBacks:
     writer: Callable[[], bool] = lambda: True
     clock: Callable[[], float] = time.time
     prune_grace: float = 60.0  # an expired token Secret is deleted this long after its expiry (sources that can)
-    # Write-backs in flight at once: thousands queued (a fleet's first statuses) must not stand
-    # between the source and its next reading (the file source's lock is first come, first
-    # served), nor flood an API server.
-    concurrency: int = 4
     _reached_written: set[ObjectKey] = field(default_factory=set)
-    _slots: asyncio.Semaphore | None = None
 
     def status_later(self, key: ObjectKey, obj: dict[str, Any] | None, status: Status, *,
                      durable: Callable[[], Awaitable[None]] | None = None) -> None:
@@ -56,12 +51,20 @@ class WriteBacks:
                 and not self.work.in_hand(key.ref, "status"):
             self.work.discard(key.ref, "status")  # an older status waiting for its retry is moot
             return  # the common case after a restart: no task per NodePool for nothing to write
-        self.work.submit(key.ref, "status", lambda: self._status(key, status, obj, durable))
+        # The flush starts now, not when a worker takes the job: a burst of statuses shares one
+        # flush rather than each worker's turn costing its own (a retry flushes again).
+        flushing = asyncio.ensure_future(durable()) if durable is not None else None
+        if flushing is not None:
+            flushing.add_done_callback(lambda f: f.cancelled() or f.exception())  # the job's to raise
+        self.work.submit(key.ref, "status", lambda: self._status(key, status, obj, flushing, durable))
 
-    async def _status(self, key: ObjectKey, status: Status, obj: dict[str, Any] | None = None,
-                      durable: Callable[[], Awaitable[None]] | None = None) -> None:
-        if durable is not None:
-            await durable()
+    async def _status(self, key: ObjectKey, status: Status, obj: dict[str, Any] | None,
+                      flushing: asyncio.Future[None] | None, durable: Callable[[], Awaitable[None]] | None) -> None:
+        if flushing is not None and durable is not None:
+            if flushing.done() and (flushing.cancelled() or flushing.exception() is not None):
+                await durable()  # a retry after a failed flush: one of its own
+            else:
+                await asyncio.shield(flushing)
         # Only when it changes: the reference flooded its API server otherwise (OCPBUGS-42320).
         current = self.secret_of(key)
         if current is not None and (current.reason, current.message) == (status.reason, status.message):
@@ -81,13 +84,10 @@ class WriteBacks:
         if not self.source.writable:
             log.debug("source %s is read-only: %s of %s not written back", self.source.describe(), what, key)
             return False
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(self.concurrency)
-        async with self._slots:
-            try:
-                return await self.source.write_back(key, mutate) is not None
-            except KeyError:
-                return False  # gone from the source meanwhile: nothing to write to
+        try:  # how many at once is `work`'s bound (ObjectWork.concurrency)
+            return await self.source.write_back(key, mutate) is not None
+        except KeyError:
+            return False  # gone from the source meanwhile: nothing to write to
 
     def note_served(self, secret_ref: str) -> None:
         """Set `ignition-reached` once per Secret, off the request path (the reference paid a GET+UPDATE per request)."""

@@ -8,7 +8,8 @@ import ast
 from ignition_server.reconcile.wiring import Reconciliation
 from testsupport import REPO
 
-SURFACE = {"handle", "ingesting", "run_housekeeping", "directory", "payload_missing", "note_served", "drain"}
+SURFACE = {"handle", "ingesting", "run_housekeeping", "directory", "payload_missing", "note_served", "drain",
+           "tell_taken_over_hosts"}
 PARTS = {"reconciler", "housekeeping"}  # Reconciliation's fields, for tests
 
 
