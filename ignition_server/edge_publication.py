@@ -20,9 +20,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from payload_cache.fsio import atomic_write, make_dir
-
 from .auth.jwks import KeySource, TrustedKey, load_public_keys
+from .fsio import atomic_write, make_dir
 from .tls.profiles import NEVER_OFFERED, TLSProfile
 
 PUBLICATION = "publication.json"

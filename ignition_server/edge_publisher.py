@@ -25,11 +25,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from payload_cache.fsio import atomic_write, make_dir
-
 from .auth.claims import LEGACY_ISSUER
 from .auth.cluster_keys import ClusterKeys
 from .edge_publication import PUBLICATION, publication_document, write_key_files
+from .fsio import atomic_write, make_dir
 
 log = logging.getLogger("ignition_server.edge_publisher")
 

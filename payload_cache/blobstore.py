@@ -9,8 +9,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from ignition_server.fsio import TEMP_PREFIX, atomic_write, fsync_dir, make_dir
+
 from .envelope import UnknownKeyError, blob_context, envelope_key_id, open_envelope, seal
-from .fsio import TEMP_PREFIX, atomic_write, fsync_dir, make_dir
 from .keys import KeyRing, KeySource
 from .layout import Layout, is_blob_id
 

@@ -22,11 +22,12 @@ from types import TracebackType
 
 from cachetools import LRUCache
 
+from ignition_server.fsio import atomic_write, make_dir
+
 from .blobstore import BlobStore, open_with_reload, quarantine_file
 from .config import CacheConfig
 from .envelope import INDEX_CONTEXT, EnvelopeError, seal
 from .errors import CacheKeyError
-from .fsio import atomic_write, make_dir
 from .index import IndexChange, IndexDecodeError, TokenIndex
 from .keys import KeySource, create_key_file, load_key_file
 from .layout import FORMAT_LINE, Layout

@@ -45,8 +45,9 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from ignition_server.fsio import atomic_write, fsync_dir, make_dir, temp_path_for, write_exclusive
+
 from .errors import CacheKeyError
-from .fsio import atomic_write, fsync_dir, make_dir, temp_path_for, write_exclusive
 
 KEY_BYTES = 32
 KEY_ID_BYTES = 8

@@ -16,8 +16,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ignition_server.fsio import TEMP_PREFIX, atomic_write, make_dir
+
 from .errors import CacheFormatError
-from .fsio import TEMP_PREFIX, atomic_write, make_dir
 
 FORMAT_FILE = "FORMAT"
 FORMAT_NAME = "ignition-server-cache"

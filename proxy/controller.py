@@ -26,8 +26,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ignition_server.fsio import atomic_write, make_dir
 from ignition_server.sources.kube.client import KubeClient, KubeError
-from payload_cache.fsio import atomic_write, make_dir
 
 from .endpoints import list_backends
 from .metrics import ProxyMetrics

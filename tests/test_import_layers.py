@@ -24,9 +24,12 @@ PACKAGES = ("ignition_server", "payload_cache", "proxy")
 # Lowest first. A module may import its own layer and the layers below it, never above.
 # Each entry: the modules (a name covers its submodules), and why it sits there.
 LAYERS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("ignition_server", "ignition_server.fsio"),
+     "the package itself (its version, nothing else: importing any module runs it) and crash-safe file writes (temp file, fsync, rename, fsync of the directory): the cache, the sources, "
+     "TLS and the proxy all write this way"),
     (("payload_cache",),
      "the encrypted payload store and token index: knows nothing of HTTP, Kubernetes or the server"),
-    (("ignition_server", "ignition_server.bounded_yaml", "ignition_server.logs", "ignition_server.memory",
+    (("ignition_server.bounded_yaml", "ignition_server.logs", "ignition_server.memory",
       "ignition_server.no_core_dumps", "ignition_server.sockets", "ignition_server.tls"),
      "process-wide helpers with no knowledge of the domain: bounded YAML, log setup, sockets, TLS (profiles, certificates and the self-made CA, its rotation, FIPS)"),
     (("ignition_server.model",),

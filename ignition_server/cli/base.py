@@ -10,9 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from payload_cache.fsio import atomic_write
-
 from ..base_import import base_configmap, from_bootstrap_documents, from_mcs_config
+from ..fsio import atomic_write
 
 
 def run(args: argparse.Namespace) -> int:

@@ -16,8 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from payload_cache.fsio import atomic_write, make_dir
-
+from ..fsio import atomic_write, make_dir
 from ..model.objects import ObjectKey, object_key, value_digest
 from ..model.token_secret import TokenSecret
 from ..render.userdata import pointer_user_data, user_data_secret

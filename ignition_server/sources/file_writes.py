@@ -18,9 +18,8 @@ from typing import Any, Callable
 
 import yaml
 
-from payload_cache.fsio import atomic_write, fsync_dir, temp_path_for, write_exclusive
-
 from .. import bounded_yaml
+from ..fsio import atomic_write, fsync_dir, temp_path_for, write_exclusive
 from ..model.objects import ObjectKey, object_key, slim
 from .events import Mutation
 

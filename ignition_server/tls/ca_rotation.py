@@ -29,8 +29,7 @@ from typing import Awaitable, Callable, Mapping, Protocol
 
 from cryptography import x509
 
-from payload_cache.fsio import atomic_write
-
+from ..fsio import atomic_write
 from .certificates import ensure_self_signed, plaintext_key_pem, write_private_key
 
 log = logging.getLogger("ignition_server.tls")

@@ -31,8 +31,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from payload_cache.fsio import atomic_write
-
+from ..fsio import atomic_write
 from .profiles import TLSProfile
 
 log = logging.getLogger("ignition_server.tls")

@@ -29,8 +29,7 @@ from pathlib import Path
 
 from cryptography import x509
 
-from payload_cache.fsio import atomic_write
-
+from ..fsio import atomic_write
 from .certificates import (
     RENEW_BEFORE,
     SERVING_VALIDITY,
