@@ -208,13 +208,13 @@ def token_check_lines(check: TokenCheck) -> list[str]:
                 f"if {guard} !{{ var(txn.jwt) -m reg {_JWS_REGEX} }}"),
         "    http-request set-var(txn.jwt_alg) var(txn.jwt),jwt_header_query('$.alg') if " + guard,
         _refuse("token algorithm not allowed",
-                f"if {guard} !{{ var(txn.jwt_alg) -m str {' '.join(EDGE_ALGORITHMS)} }}"),
+                f"if {guard} !{{ var(txn.jwt_alg) -m str -- {' '.join(EDGE_ALGORITHMS)} }}"),
         "    # One jwt_verify per key file (current and previous keys); any exact 1 accepts.",
     ]
     for key in keys:
         out.append(
             f"    http-request set-var(txn.jwt_ok) bool(true) if {guard}"
-            f" {{ var(txn.jwt_alg) -m str {key.alg} }}"
+            f" {{ var(txn.jwt_alg) -m str -- {key.alg} }}"
             f' {{ var(txn.jwt),jwt_verify("{key.alg}","{key.path}") -m int 1 }}'
         )
     # A kid that is not a plain word cannot be matched safely: left out, its key's forgeries get 511.
@@ -222,16 +222,16 @@ def token_check_lines(check: TokenCheck) -> list[str]:
     out.append("    http-request set-var(txn.jwt_kid) var(txn.jwt),jwt_header_query('$.kid') if " + guard)
     if kids:
         out.append(_refuse("token signature not valid",
-                           f"if {guard} !{{ var(txn.jwt_ok) -m bool }} {{ var(txn.jwt_kid) -m str {' '.join(kids)} }}"))
+                           f"if {guard} !{{ var(txn.jwt_ok) -m bool }} {{ var(txn.jwt_kid) -m str -- {' '.join(kids)} }}"))
     out += [
         "    # No held key verifies it and its kid names none (or it has none): the cluster may have",
         "    # rotated its key before this edge was reloaded. 511: the client retries, nothing is served.",
         '    http-request return status 511 content-type "text/plain" string "token signing key not known yet\\n"'
         f" hdr Cache-Control no-store hdr Retry-After 5 if {guard} !{{ var(txn.jwt_ok) -m bool }}",
         "    http-request set-var(txn.jwt_iss) var(txn.jwt),jwt_payload_query('$.iss') if " + guard,
-        _refuse("token issuer not accepted", f"if {guard} !{{ var(txn.jwt_iss) -m str {' '.join(iss)} }}"),
+        _refuse("token issuer not accepted", f"if {guard} !{{ var(txn.jwt_iss) -m str -- {' '.join(iss)} }}"),
         "    http-request set-var(txn.jwt_sub) var(txn.jwt),jwt_payload_query('$.sub') if " + guard,
-        _refuse("service account not allowed", f"if {guard} !{{ var(txn.jwt_sub) -m str {' '.join(subs)} }}"),
+        _refuse("service account not allowed", f"if {guard} !{{ var(txn.jwt_sub) -m str -- {' '.join(subs)} }}"),
         "    # exp / nbf when present, against date() with a leeway.",
         "    http-request set-var(txn.jwt_now) date() if " + guard,
     ]

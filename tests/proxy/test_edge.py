@@ -204,6 +204,20 @@ def test_rendered_config_passes_haproxy_check(tmp_path, keys):
         assert res.returncode == 0, res.stdout + res.stderr
 
 
+def test_a_key_id_or_issuer_beginning_with_a_dash_is_a_pattern_not_an_option(tmp_path, keys):
+    """A kid is base64url (a thumbprint): one in 64 begins with '-', which HAProxy took for an ACL
+    option and refused the whole config (the suite's edge tests failed at random for it)."""
+    key_file = write_key_files(tmp_path / "keys", keys["current"].public_key())[0]
+    dashed = EdgeKey(key_file.path, key_file.alg, "-PrzUoLQQif_jkNdzODMQ9WAe3HnKBMsIVdH9PFRxpU")
+    cfg = render_edge_config(bind="127.0.0.1:8443", backend_servers=["127.0.0.1:1"], key_files=[dashed],
+                             issuers=["-odd-issuer"])
+    assert "-PrzUoLQQif" in cfg
+    path = tmp_path / "edge.cfg"
+    path.write_text(cfg)
+    res = subprocess.run([HAPROXY, "-c", "-f", str(path)], capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
 def test_frontend_only_section_embeds(keys, tmp_path):
     kf = write_key_files(tmp_path, keys["current"].public_key())
     cfg = render_edge_config(bind="127.0.0.1:8443", backend_servers=["127.0.0.1:1"], key_files=kf, with_global=False)
