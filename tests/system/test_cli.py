@@ -18,7 +18,8 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
                           timeout=60, env={**os.environ, **(env or {})})
 
 
-def test_cache_commands_on_a_served_cache(tmp_path: Path) -> None:
+def served_cache(tmp_path: Path) -> None:
+    """A cache at tmp_path/cache holding one rendered payload, its server stopped."""
     source = tmp_path / "source"
     write_manifests(source / "p.yaml", build_token_secret(
         namespace="ns", nodepool="ns/p", token="tok", machineconfigs_yaml=EXAMPLE_MACHINECONFIG.format(name="p"),
@@ -26,6 +27,10 @@ def test_cache_commands_on_a_served_cache(tmp_path: Path) -> None:
     proc = ServerProcess(source, tmp_path / "cache").start()
     wait_for(lambda: proc.metrics().get("ign_server_payload_cache_total") == 1, what="the payload rendered")
     assert proc.stop() == 0
+
+
+def test_cache_commands_on_a_served_cache(tmp_path: Path) -> None:
+    served_cache(tmp_path)
     stats = json.loads(run("cache", "stats", "--cache-dir", str(tmp_path / "cache")).stdout)
     assert stats["blob_count"] == 1 and stats["renders"] == 1
     assert len(stats["key_ids"]) == 1 and stats["format"] == "ignition-server-cache 1"  # the whole report, not only the counters
@@ -46,13 +51,7 @@ def test_cache_commands_on_a_served_cache(tmp_path: Path) -> None:
 
 def test_cache_key_rotation_through_the_cli(tmp_path: Path) -> None:
     """add-key, rekey, prune-keys: the blob ends under the new key only, and still verifies."""
-    source = tmp_path / "source"
-    write_manifests(source / "p.yaml", build_token_secret(
-        namespace="ns", nodepool="ns/p", token="tok", machineconfigs_yaml=EXAMPLE_MACHINECONFIG.format(name="p"),
-        generation_time=time.time()))
-    proc = ServerProcess(source, tmp_path / "cache").start()
-    wait_for(lambda: proc.metrics().get("ign_server_payload_cache_total") == 1, what="the payload rendered")
-    assert proc.stop() == 0
+    served_cache(tmp_path)
     cache_dir = ("--cache-dir", str(tmp_path / "cache"))
     old_keys = json.loads(run("cache", "stats", *cache_dir).stdout)["key_ids"]
     added = run("cache", "add-key", *cache_dir)
