@@ -40,9 +40,10 @@ CONSUMED_KINDS: dict[str, tuple[str, ...]] = {
     "ContainerRuntimeConfig": ("machineconfiguration.openshift.io/v1",),
 }
 
-_SEPARATOR = re.compile(r"^(?:---|\.\.\.)[ \t]*(?:#.*)?$", re.M)
-_KIND = re.compile(r"^kind:", re.M)
-_MACHINECONFIG = re.compile(r"""^kind:[ \t]*(["']?)MachineConfig\1[ \t]*(?:#.*)?$""", re.M)
+# Each matched after a newline (the text is searched with one put first): a pattern that begins with
+# a literal is found by a fast scan, where `^` with re.M tries every position (10x slower on 300 KiB).
+_SEPARATOR = re.compile(r"\n(?:---|\.\.\.)[ \t]*(?:#[^\n]*)?(?=\n|\Z)")
+_MACHINECONFIG = re.compile(r"""\nkind:[ \t]*(["']?)MachineConfig\1[ \t]*(?:#[^\n]*)?(?=\n|\Z)""")
 # A document that is a block mapping at column 0 (its first line that is not blank, a comment or
 # a directive): then every other line at column 0 is one of its keys, so its one `kind:` line is
 # its kind. Anything else (a flow mapping, a tag, a list) is parsed.
@@ -85,6 +86,8 @@ NONE = BootstrapObjects()
 
 
 def _documents(text: str) -> Iterable[str]:
+    """Each document's text, with the newline that begins it (searched as _MACHINECONFIG is)."""
+    text = "\n" + text
     start = 0
     for match in _SEPARATOR.finditer(text):
         yield text[start:match.start()]
@@ -96,7 +99,7 @@ def _plainly_machineconfig(document: str) -> bool:
     first = _FIRST.search(document)
     if first is None or not _BLOCK_KEY.match(first.group(1)):
         return False
-    return len(_KIND.findall(document)) == 1 and _MACHINECONFIG.search(document) is not None
+    return document.count("\nkind:") == 1 and _MACHINECONFIG.search(document) is not None
 
 
 def bootstrap_objects(config_yaml: str) -> BootstrapObjects:
