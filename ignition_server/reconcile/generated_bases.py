@@ -22,6 +22,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -173,6 +174,8 @@ class GeneratedBaseWaits(DependencyWaits):
     # Config digest -> what the MCO's bootstrap consumes of it (part of the key): read once per config,
     # off the event loop; a few bytes each (most configs have none: the shared NONE).
     _consumed: LRUCache[str, BootstrapObjects] = field(default_factory=lambda: LRUCache(CONSUMED_KEPT))
+    # One copy of each set: a cluster's NodePools (a dozen configs) hold the same mirror set.
+    _sets: weakref.WeakValueDictionary[str, BootstrapObjects] = field(default_factory=weakref.WeakValueDictionary)
     _held: dict[ObjectKey, tuple[str, Status]] = field(default_factory=dict)  # token Secret -> (its inputs, why it waits)
 
     def consumed(self, secret: TokenSecret) -> BootstrapObjects | None:
@@ -301,7 +304,7 @@ class GeneratedBaseWaits(DependencyWaits):
     async def _read_config(self, secret: TokenSecret, asking: str) -> None:
         try:
             digest, found = await asyncio.to_thread(self._config_objects, secret)
-            self._consumed[digest] = found
+            self._consumed[digest] = self._sets.setdefault(found.digest, found) if found.documents else found
         except Exception:
             log.exception("reading the config of %s failed", secret.ref)
         finally:

@@ -92,6 +92,9 @@ async def test_mirror_sets_key_the_generated_base_and_a_restart_generates_and_re
     assert len(generator.asked) == 3, [j.bootstrap_objects for j in generator.asked]
     by_text = {json.dumps(list(yaml.safe_load_all(j.bootstrap_objects)), sort_keys=True): j for j in generator.asked}
     assert set(by_text) == {json.dumps(objects, sort_keys=True) for objects in ([a], [b], [])}
+    one, two = (reconciler.tokens.get(ObjectKey("Secret", NAMESPACE, f"token-{n}-00000000")) for n in ("one", "two"))
+    assert one is not None and two is not None and one.config_digest != two.config_digest
+    assert reconciler.base_waits.consumed(one) is reconciler.base_waits.consumed(two)  # one copy of a set
     # Without any, the key is what it was before mirror sets were taken (an upgrade generates nothing again).
     plain = reconciler.tokens.get(ObjectKey("Secret", NAMESPACE, "token-plain-00000000"))
     assert plain is not None
