@@ -50,6 +50,25 @@ def _without_suffix(items: list[Any], suffix: list[Any]) -> list[Any]:
     return items
 
 
+def _files(config: dict[str, Any]) -> list[Any]:
+    return list((config.get("storage") or {}).get("files") or []) if isinstance(config.get("storage"), dict) else []
+
+
+def _without_generated_only_files(config: dict[str, Any], generated: dict[str, Any]) -> dict[str, Any]:
+    """`config` less the files only the generated MachineConfigs write (a ContainerRuntimeConfig's
+    `/etc/crio/crio.conf.d/01-ctrcfg-*`): MCO's merge appends a new path where it first meets it,
+    so they come last in the served config, and after a NodePool's own files in MCO's merge; `high`
+    brings them back there. A file a template writes too keeps its place (it is not at the end:
+    the templates' last file, kubenswrapper, is theirs alone)."""
+    files, generated_paths = _files(config), {f.get("path") for f in _files(generated) if isinstance(f, dict)}
+    cut = len(files)
+    while cut and isinstance(files[cut - 1], dict) and files[cut - 1].get("path") in generated_paths:
+        cut -= 1
+    if cut == len(files):
+        return config
+    return {**config, "storage": {**config["storage"], "files": files[:cut]}}
+
+
 def split_base(served: dict[str, Any], generated: dict[str, Any], kubelet_ca: str, controller_version: str) -> list[dict[str, Any]]:
     """The served pool's rendered MachineConfig as two MachineConfigs MCO's merge by name can place.
 
@@ -70,6 +89,7 @@ def split_base(served: dict[str, Any], generated: dict[str, Any], kubelet_ca: st
     generated_names = [n for n in worker if "-generated-" in n] or ["97-worker-generated-kubelet"]
     spec, gen_spec = served["spec"], generated["spec"]
     low_spec = dict(spec)
+    low_spec["config"] = _without_generated_only_files(spec.get("config") or {}, gen_spec.get("config") or {})
     low_spec["kernelArguments"] = _without_suffix(list(spec.get("kernelArguments") or []), list(gen_spec.get("kernelArguments") or []))
     low_spec["extensions"] = _without_suffix(list(spec.get("extensions") or []), list(gen_spec.get("extensions") or []))
     notes = {GENERATED_BY_CONTROLLER: controller_version, ANNOTATION_SERVED_POOL: SERVED_POOL,

@@ -48,6 +48,9 @@ class BaseJob:
     # `render`'s input: a taken-over HCP's spec.configuration.featureGate (takeover/feature_gate.py),
     # which the configuration-hash in `cluster_files` (and so the key) covers.
     feature_gate: str = FEATURE_GATE
+    # What the MCO's bootstrap consumes of the NodePool's config (ImageDigestMirrorSets, KubeletConfigs...;
+    # model/bootstrap_objects.py), YAML: `mcc/custom.yaml`, as HyperShift writes its whole config; in the key.
+    bootstrap_objects: str = ""
 
 
 def platform(cluster_files: Mapping[str, str]) -> str:
@@ -157,8 +160,12 @@ def prepare_controller_input(config: Path, mco: Path, mcc: Path, gates: Path, jo
             shutil.copyfile(source, mcc / source.name)
     if job.os_stream:
         (mcc / "99_osimagestream.yaml").write_text(os_image_stream(job.os_stream))
+    if job.bootstrap_objects:
+        (mcc / "custom.yaml").write_text(job.bootstrap_objects)
+    # Labelled as HyperShift's pools are: the NodePool controller points every KubeletConfig and
+    # ContainerRuntimeConfig at `mco-built-in`, so their generated MachineConfigs are in the probe's too.
     probe = {"apiVersion": "machineconfiguration.openshift.io/v1", "kind": "MachineConfigPool",
-             "metadata": {"name": PROBE_POOL},
+             "metadata": {"name": PROBE_POOL, "labels": {"machineconfiguration.openshift.io/mco-built-in": ""}},
              "spec": {"machineConfigSelector": {"matchLabels": {"machineconfiguration.openshift.io/role": PROBE_POOL}},
                       "nodeSelector": {"matchLabels": {"node-role.kubernetes.io/" + PROBE_POOL: ""}}}}
     (mcc / f"{PROBE_POOL}.machineconfigpool.yaml").write_text(yaml.safe_dump(probe))

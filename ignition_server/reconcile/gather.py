@@ -17,11 +17,12 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
+from ..model.bootstrap_objects import NONE, BootstrapObjects, bootstrap_objects
 from ..model.mco_base import BASE_KEY
 from ..model.objects import ManifestError, ObjectKey, data_text
 from ..model.token_secret import TokenSecret, token_secret_config
 from ..render.inputs import NodePoolInputs, Settings
-from .bases import RHCOS_EXTENSIONS_IMAGE, RHCOS_IMAGE, BaseIndex, release_keys
+from .bases import RHCOS_EXTENSIONS_IMAGE, RHCOS_IMAGE, BaseIndex, base_key, release_keys
 from .generated_bases import generated_key
 from .inputs import JOIN_INPUTS, MCS_INPUTS, SETTINGS_INPUTS, Lookup, input_key
 from .releases import HAPROXY_IMAGE, Releases, release_key
@@ -37,12 +38,15 @@ def gather(
     bases: BaseIndex | None = None,
     generated: Callable[[str], str | None] | None = None,
     tenancy: Tenancy | None = None,
+    consumed: Callable[[TokenSecret], BootstrapObjects | None] | None = None,
 ) -> tuple[NodePoolInputs, frozenset[ObjectKey]]:
     """The NodePool's inputs and what they depend on.
 
     With a slim `lookup` and no YAML this is cheap and decides whether to render at all; a
     render gathers again with full objects and the token Secret's decoded config.
+    `consumed`: what the MCO's bootstrap takes of the config (None: not known yet; no callable: none).
     """
+    objects = consumed(secret) if consumed is not None else NONE
     deps: set[ObjectKey] = set()
     values: dict[str, str | None] = {}
     missing: list[str] = []
@@ -61,19 +65,26 @@ def gather(
         obj = lookup(key)
         settings[wanted.name] = tuple(sorted(data_text(obj).items())) if obj is not None else None
     base_yaml = None
+    base: ObjectKey | None = None
+    on_generated = False
     if bases is not None:
         namespace = secret.key.namespace
         deps |= release_keys(namespace, secret.release, secret.release_version)
         base = bases.find(namespace, secret.release, secret.release_version)
         if base is not None:
+            _refuse_consumed(objects, f"the NodePool's MCO base is the imported ConfigMap {base.namespace}/{base.name}")
             obj = lookup(base)
             base_yaml = data_text(obj).get(BASE_KEY) if obj is not None else None
             if not base_yaml:
                 raise ManifestError(f"MCO base {base.namespace}/{base.name} has no {BASE_KEY}")
         elif generated is not None and secret.release:
-            pair, more = generated_key(secret, notes, lookup, releases, tenancy)
+            pair, more = generated_key(secret, notes, lookup, releases, tenancy, objects)
             deps |= more
             base_yaml = generated(pair) if pair is not None else None
+            on_generated = base_key(namespace, "generated:" + secret.release) in more  # the cluster has a configuration
+    if base is None and not on_generated:
+        _refuse_consumed(objects, "the NodePool has no MCO base generated for it (serve with --generate-bases; its "
+                                  "namespace needs the machine-config-server ConfigMap)")
     for wanted in MCS_INPUTS if base_yaml is not None else ():
         key = input_key(secret, wanted, notes, tenancy)
         deps.add(key)
@@ -111,6 +122,14 @@ def gather(
     return inputs, frozenset(deps)
 
 
+def _refuse_consumed(objects: BootstrapObjects | None, why: str) -> None:
+    """A mirror set (KubeletConfig...) in the config changes the base, which only a generated base can
+    take: refused, naming it, rather than served without it (a node pulling past its mirrors)."""
+    if objects is not None and objects.documents:
+        raise ManifestError(f"the token Secret's config holds {objects.describe()}, which the MCO's bootstrap turns "
+                            f"into the base (registries.conf, policy.json, kubelet and CRI-O configuration), and {why}")
+
+
 def gather_for_render(
     secret: TokenSecret,
     obj: Mapping[str, Any],
@@ -123,7 +142,9 @@ def gather_for_render(
     """What a render reads: `gather` with whole objects (`lookup` reads them in full) and the
     token Secret's decoded config (`obj`: the Secret whole). The reconciler's renders and
     `ignition-server render` both gather through here, so the command prints what serve serves."""
+    config = token_secret_config(obj)
+    objects = bootstrap_objects(config)
     inputs, _deps = gather(
-        secret, secret.annotations, lookup, releases, token_secret_config(obj), bases, generated, tenancy,
+        secret, secret.annotations, lookup, releases, config, bases, generated, tenancy, lambda _secret: objects,
     )
     return inputs

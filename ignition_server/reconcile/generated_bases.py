@@ -5,7 +5,9 @@ release uses the base the release's MCO generates (basegen/) from the cluster's
 configuration, the `machine-config-server` ConfigMap of its namespace (HyperShift's name;
 no such ConfigMap: no generated base) and the pull secret. The pair's key is computed from
 slim objects (a large value's digest stands in for it), so deciding costs no read; the
-5,280 NodePools of 440 clusters name 440 keys, each generated once.
+5,280 NodePools of 440 clusters name 440 keys, each generated once. What the MCO's bootstrap
+consumes of a NodePool's config (an ImageDigestMirrorSet, a KubeletConfig...; model/bootstrap_objects.py)
+is in the key too: it is read once per config, off the event loop, and the NodePool waits meanwhile.
 
 Until the base is known the NodePool's render waits (the last good payload keeps serving);
 a failed run is `InvalidConfig` with the run's output tail, retried with back-off. Only the
@@ -20,14 +22,27 @@ import asyncio
 import hashlib
 import json
 import logging
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from cachetools import LRUCache
+
 from ..basegen.generator import BaseGenerator, BaseJob, cluster_key
 from ..basegen.steps import FEATURE_GATE, platform
+from ..model.bootstrap_objects import NONE, BootstrapObjects, bootstrap_objects
 from ..model.mco_base import BASE_KEY
-from ..model.objects import LargeValue, ObjectKey, annotations_of, config_map, data_text, has_large_values
-from ..model.token_secret import TokenSecret
+from ..model.objects import (
+    LargeValue,
+    ManifestError,
+    ObjectKey,
+    annotations_of,
+    config_map,
+    data_text,
+    has_large_values,
+    value_digest,
+)
+from ..model.token_secret import TokenSecret, token_secret_config
 from ..render.inputs import NodePoolInputs
 from .bases import BaseIndex, base_key
 from .inputs import JOIN_INPUTS, InputObject, Lookup, input_key
@@ -87,6 +102,7 @@ def cloud_config_input(config: Mapping[str, Any] | None) -> InputObject | None:
         return None
     return CLOUD_CONFIGS.get(platform(data_text(config)))
 ANNOTATION_GENERATED_BASE = "ignition-server.openshift.io/generated-base"  # its value: the pair's key
+CONSUMED_KEPT = 16384  # configs whose consumed objects are known (the fleet's 5,280 NodePools, and their changes)
 
 
 def is_generated_base(obj: Mapping[str, Any] | None) -> bool:
@@ -106,8 +122,11 @@ def fingerprint(obj: Mapping[str, Any] | None) -> str:
 
 
 def generated_key(secret: TokenSecret, notes: Mapping[str, str], lookup: Lookup,
-                  releases: Releases, tenancy: Tenancy | None = None) -> tuple[str | None, set[ObjectKey]]:
-    """The (cluster configuration, release digest) key of the NodePool's generated base, and what it reads."""
+                  releases: Releases, tenancy: Tenancy | None = None,
+                  consumed: BootstrapObjects | None = NONE) -> tuple[str | None, set[ObjectKey]]:
+    """The (cluster configuration, release digest) key of the NodePool's generated base, and what it reads.
+
+    `consumed`: what the MCO's bootstrap takes of the NodePool's config (None: not read yet, no key)."""
     namespace = secret.key.namespace
     config_key = input_key(secret, CLUSTER_CONFIG, notes, tenancy)
     secret_key = input_key(secret, JOIN_INPUTS[0], notes, tenancy)
@@ -116,6 +135,8 @@ def generated_key(secret: TokenSecret, notes: Mapping[str, str], lookup: Lookup,
     if config is None:
         return None, deps  # no cluster configuration: no generated base, and no need of the release
     deps |= {release_key(secret.release), base_key(namespace, "generated:" + secret.release)}
+    if consumed is None:
+        return None, deps
     cloud = cloud_config_input(config)
     cloud_fingerprint = ""
     if cloud is not None:
@@ -125,9 +146,13 @@ def generated_key(secret: TokenSecret, notes: Mapping[str, str], lookup: Lookup,
     digest = releases.digest(secret.release) if secret.release else None
     if not digest:
         return None, deps
-    # The OS stream is the NodePool's, so two NodePools of a cluster on two streams are two runs.
-    cluster = hashlib.sha256("\n".join((fingerprint(config), fingerprint(lookup(secret_key)), cloud_fingerprint,
-                                         secret.os_stream)).encode()).hexdigest()
+    # The OS stream is the NodePool's, so two NodePools of a cluster on two streams are two runs; so are
+    # two with different mirror sets (KubeletConfigs...), and NodePools with the same share a run. Without
+    # any, the key is what it was before they were taken: a server upgraded generates nothing again.
+    parts = [fingerprint(config), fingerprint(lookup(secret_key)), cloud_fingerprint, secret.os_stream]
+    if consumed.digest:
+        parts.append(consumed.digest)
+    cluster = hashlib.sha256("\n".join(parts).encode()).hexdigest()
     return cluster_key(cluster, digest), deps
 
 
@@ -146,7 +171,20 @@ class GeneratedBaseWaits(DependencyWaits):
     # taken-over HCP's (reconcile/takeover.py), else HyperShift's default; None: not known yet.
     feature_gate: Callable[[str, str], str | None] = lambda namespace, configuration_hash: FEATURE_GATE
     _waiters: dict[str, set[ObjectKey]] = field(default_factory=dict)  # generated base key -> its dependency keys
+    # Config digest -> what the MCO's bootstrap consumes of it (part of the key): read once per config,
+    # off the event loop; a few bytes each (most configs have none: the shared NONE).
+    _consumed: LRUCache[str, BootstrapObjects] = field(default_factory=lambda: LRUCache(CONSUMED_KEPT))
+    # One copy of each set: a cluster's NodePools (a dozen configs) hold the same mirror set.
+    _sets: weakref.WeakValueDictionary[str, BootstrapObjects] = field(default_factory=weakref.WeakValueDictionary)
     _held: dict[ObjectKey, tuple[str, Status]] = field(default_factory=dict)  # token Secret -> (its inputs, why it waits)
+
+    def consumed(self, secret: TokenSecret) -> BootstrapObjects | None:
+        """What the MCO's bootstrap consumes of the NodePool's config; None: not read yet."""
+        return self._consumed.get(secret.config_digest)
+
+    def lookup(self) -> Callable[[str], str | None] | None:
+        """`known`, for gather; None without a generator (without `--generate-bases` no NodePool is on one)."""
+        return self.known if self.generator is not None else None
 
     def known(self, key: str) -> str | None:
         """The generated base of `key` (None: not generated, or no generator)."""
@@ -191,7 +229,13 @@ class GeneratedBaseWaits(DependencyWaits):
             # HyperShift's GetPayload checks them for every payload (a Secret made for another
             # cluster configuration must not be served the current one's).
             return self._configuration_pending(secret) or self._cloud_config_pending(secret)
-        key, _deps = generated_key(secret, secret.annotations, self.source.get, self.releases, self.tenancy)
+        consumed = self.consumed(secret)
+        if consumed is None:
+            if self.source.get(input_key(secret, CLUSTER_CONFIG, secret.annotations, self.tenancy)) is None:
+                return None  # no cluster configuration: no generated base
+            self._read_consumed(secret)
+            return Waiting(f"the config of {secret.ref} read")  # its mirror sets... are in the base's key
+        key, _deps = generated_key(secret, secret.annotations, self.source.get, self.releases, self.tenancy, consumed)
         release = self.releases.get(secret.release)
         if key is None or release is None:
             return None  # no cluster configuration (no base), or the release waits (release_waits.py)
@@ -251,6 +295,33 @@ class GeneratedBaseWaits(DependencyWaits):
             return cloud_config_mismatch(secret, data_text(obj), cloud.name)
         return None
 
+    def _read_consumed(self, secret: TokenSecret) -> None:
+        asking = "config:" + secret.config_digest
+        if asking not in self._asking:
+            self._asking.add(asking)
+            asyncio.create_task(self._read_config(secret, asking), name=f"config of {secret.ref}")
+
+    async def _read_config(self, secret: TokenSecret, asking: str) -> None:
+        try:
+            digest, found = await asyncio.to_thread(self._config_objects, secret)
+            self._consumed[digest] = self._sets.setdefault(found.digest, found) if found.documents else found
+        except Exception:
+            log.exception("reading the config of %s failed", secret.ref)
+        finally:
+            self._asking.discard(asking)
+        self.requeue(base_key(secret.key.namespace, "generated:" + secret.release))
+
+    def _config_objects(self, secret: TokenSecret) -> tuple[str, BootstrapObjects]:
+        """The config's digest as read, and what the bootstrap consumes of it. A config that cannot be
+        read consumes nothing here: its render says why (the same bytes fail the same way there)."""
+        obj = self.source.get_full(secret.key)
+        if obj is None:
+            return secret.config_digest, NONE
+        try:
+            return value_digest(obj, "config"), bootstrap_objects(token_secret_config(obj))
+        except ManifestError:
+            return value_digest(obj, "config"), NONE
+
     async def _ask_base(self, key: str, secret: TokenSecret) -> None:
         try:
             # In full: the cluster configuration and the pull secret are often past the slim size.
@@ -269,14 +340,16 @@ class GeneratedBaseWaits(DependencyWaits):
                     self.requeue(dependency)
                 return
             gate = self.feature_gate(secret.key.namespace, config.get("configuration-hash", ""))
-            if gate is None:  # machine-config-server is older than its HCP: its rewrite asks again
-                return
+            consumed = self.consumed(secret)
+            if gate is None or consumed is None:  # machine-config-server is older than its HCP: its rewrite asks again
+                return                            # (a config forgotten since: the next reconcile reads it again)
             assert self.generator is not None
             self.generator.request(BaseJob(
                 key=key, namespace=secret.key.namespace, release=secret.release, release_digest=digest,
                 version=release.version or secret.release_version, images=dict(release.images),
                 cluster_files=config, pull_secret=pull_secret, ca_bundle=ca_bundle,
                 os_stream=secret.os_stream, cloud_config=cloud_config, feature_gate=gate,
+                bootstrap_objects=consumed.text,
             ))
         except Exception:
             log.exception("asking for the MCO base of %s failed", secret.ref)

@@ -174,7 +174,7 @@ class NodePools:
         """What the NodePool reads now (slim: large values as digests), recorded in the input graph."""
         try:
             inputs, deps = gather(secret, secret.annotations, self.source.get, self.releases, bases=self.bases,
-                                  generated=self.base_waits.known, tenancy=self.tenancy)
+                                  generated=self.base_waits.lookup(), tenancy=self.tenancy, consumed=self.base_waits.consumed)
         except OutsideTenancy as exc:
             self.metrics.tenancy_refusals.labels(what="input").inc()
             if exc.key is not None:  # judged again when the operator marks (or adds) that object
@@ -231,7 +231,7 @@ class NodePools:
             raise InvalidConfig(f"{secret.ref} is no longer in the source")
         try:
             inputs = gather_for_render(
-                secret, obj, self.source.get_full, self.releases, self.bases, self.base_waits.known, self.tenancy,
+                secret, obj, self.source.get_full, self.releases, self.bases, self.base_waits.lookup(), self.tenancy,
             )
         except ManifestError as exc:
             raise refusal(exc, str(exc)) from None

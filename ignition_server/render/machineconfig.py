@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 import yaml
 
 from .. import bounded_yaml
+from ..model.bootstrap_objects import is_consumed
 from .checked import CheckedItems
 from .inputs import InvalidConfig, refusal
 from .spec import SUPPORTED_VERSIONS, minimum_version
@@ -80,13 +81,16 @@ class MergedConfig(NamedTuple):
 # parsing
 
 
-def parse_machineconfigs(yaml_text: str, checked: CheckedItems | None = None) -> list[dict]:
+def parse_machineconfigs(yaml_text: str, checked: CheckedItems | None = None, *,
+                         bootstrap_consumed: bool = False) -> list[dict]:
     """The MachineConfig objects of a multi-document YAML text (a `kind: List` is expanded).
 
     Empty text → []. Raises InvalidConfig for bad YAML, a document that is not a
     machineconfiguration.openshift.io/v1 MachineConfig, a missing or repeated name, a
     malformed spec, or an embedded Ignition config that is not a supported 3.x version.
     `checked`: config items already found clean are not checked again (render/checked.py).
+    `bootstrap_consumed`: a token Secret's config, whose ImageDigestMirrorSets, KubeletConfigs...
+    went into its generated base (model/bootstrap_objects.py): skipped, not refused.
     """
     try:
         documents = bounded_yaml.load_all(yaml_text or "")
@@ -103,6 +107,8 @@ def parse_machineconfigs(yaml_text: str, checked: CheckedItems | None = None) ->
     result: list[dict] = []
     names: set[str] = set()
     for where, obj in objects:
+        if bootstrap_consumed and is_consumed(obj):
+            continue
         mc = _check_machineconfig(where, obj, checked)
         name = mc["metadata"]["name"]
         if name in names:

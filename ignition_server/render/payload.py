@@ -83,7 +83,7 @@ def server_fragments(inputs: NodePoolInputs, mcs_base: bool = False) -> list[tup
 def _machineconfigs(inputs: NodePoolInputs, reuse: RenderReuse | None) -> list[dict]:
     """Base (if any), then the NodePool's (a NodePool MachineConfig replaces a base one of its
     name), then the server's fragments, then the proxy."""
-    own = parse_machineconfigs(inputs.machineconfigs_yaml, reuse.checked if reuse else None)
+    own = parse_machineconfigs(inputs.machineconfigs_yaml, reuse.checked if reuse else None, bootstrap_consumed=True)
     names = {mc["metadata"]["name"] for mc in own}
     base = []
     if inputs.mco_base_yaml is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -102,6 +103,21 @@ def test_generated_bases_equal_the_bootstrap_mcs_payload_item_by_item(real_world
             machineconfig("60-extra", {"systemd": {"units": [{"name": "extra.service", "enabled": True,
                                                              "contents": "[Service]\nExecStart=/bin/true\n"}]}})],
         ("clusters-a", "empty"): [],  # no MachineConfigs of its own: the base alone
+        # What HyperShift's NodePool controller lets into a config beside MachineConfigs (a mirror set, and
+        # a KubeletConfig and a ContainerRuntimeConfig pointed at the mco-built-in pools): the bootstrap
+        # consumes them into the base, which is this NodePool's own run (model/bootstrap_objects.py).
+        ("clusters-a", "consumed"): [
+            machineconfig("50-consumed", {"storage": {"files": [
+                {"path": "/etc/consumed.conf", "mode": 420, "contents": data_url("consumed\n")}]}}),
+            {"apiVersion": "config.openshift.io/v1", "kind": "ImageDigestMirrorSet", "metadata": {"name": "cluster"},
+             "spec": {"imageDigestMirrors": [{"source": "quay.io/openshift-release-dev/ocp-release",
+                                              "mirrors": ["mirror-a.example.com/ocp/release"]}]}},
+            {"apiVersion": "machineconfiguration.openshift.io/v1", "kind": "KubeletConfig", "metadata": {"name": "max-pods"},
+             "spec": {"kubeletConfig": {"maxPods": 271}, "machineConfigPoolSelector": {
+                 "matchLabels": {"machineconfiguration.openshift.io/mco-built-in": ""}}}},
+            {"apiVersion": "machineconfiguration.openshift.io/v1", "kind": "ContainerRuntimeConfig", "metadata": {"name": "pids"},
+             "spec": {"containerRuntimeConfig": {"pidsLimit": 4099}, "machineConfigPoolSelector": {
+                 "matchLabels": {"machineconfiguration.openshift.io/mco-built-in": ""}}}}],
         # Named between two of MCO's generated MachineConfigs: merged after them here (README), said in
         # `message`; its file touches none of theirs, so the payload is still equal.
         ("clusters-a", "between"): [machineconfig("98-between", {"storage": {"files": [
@@ -142,7 +158,8 @@ def test_generated_bases_equal_the_bootstrap_mcs_payload_item_by_item(real_world
         code, _, bodies[key] = proc.get("/ignition", bearer(f"tok-{key[0]}-{key[1]}"))
         assert code == 200
     cold = time.monotonic() - started
-    assert proc.metrics().get('ign_server_base_generations_total{result="ok"}') == 2  # one per cluster and release
+    # One per cluster and release, and one for the NodePool whose config the bootstrap consumes part of.
+    assert proc.metrics().get('ign_server_base_generations_total{result="ok"}') == 3
     failed = wait_for(lambda: (s := token_status(paths[("clusters-x", "plain")])).reason == "InvalidConfig" and s,
                       timeout=60, what="the broken cluster's InvalidConfig")
     # The message names the step and points to the log; MCO's own words are in the log only (issue 31).
@@ -183,8 +200,13 @@ def test_generated_bases_equal_the_bootstrap_mcs_payload_item_by_item(real_world
     kubelet_a = ours[("clusters-a", "plain")]["file /etc/kubernetes/kubelet.conf"][4]
     kubelet_b = ours[("clusters-b", "plain")]["file /etc/kubernetes/kubelet.conf"][4]
     assert "VersionTLS13" in kubelet_a and "VersionTLS10" in kubelet_b
+    consumed = ours[("clusters-a", "consumed")]
+    assert "mirror-a.example.com/ocp/release" in consumed["file /etc/containers/registries.conf"][4]
+    assert re.search(r"maxPods\W+271", consumed["file /etc/kubernetes/kubelet.conf"][4])
+    assert "4099" in "".join(str(v[4]) for k, v in consumed.items() if k.startswith("file /etc/crio/"))
+    assert not re.search(r"maxPods\W+271", ours[("clusters-a", "plain")]["file /etc/kubernetes/kubelet.conf"][4])
     assert ours[("clusters-b", "plain")]["user core"]["sshAuthorizedKeys"] == ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOc0re core@b"]
-    print(f"cold start to three payloads (two MCO runs): {cold:.1f} s")
+    print(f"cold start to {len(pools)} payloads (three MCO runs): {cold:.1f} s")
 
     # Restarted (SIGKILL): every payload from the encrypted cache, no run, no registry request.
     # The broken cluster goes first: a restart is a fresh attempt for a base that failed (only

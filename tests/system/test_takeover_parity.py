@@ -258,14 +258,7 @@ def found(tmp_path_factory: pytest.TempPathFactory, real_mco: RealMCO, reference
     return result
 
 
-# The HCP's mirrors reach the token Secret's `config` as an ImageDigestMirrorSet, which HyperShift's
-# server hands to the MCO's bootstrap (registries.conf) and ours refuses as "not a MachineConfig".
-MIRRORS_GAP = pytest.mark.xfail(strict=True, reason="an ImageDigestMirrorSet in a token Secret's config is refused, "
-                                "not rendered into registries.conf as the MCO's bootstrap does (README, takeover)")
-
-
-@pytest.mark.parametrize("case", [pytest.param(c, marks=MIRRORS_GAP) if c.mirrors else c for c in CASES],
-                         ids=lambda c: c.name)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_a_taken_over_clusters_payload_equals_the_references_on_the_cpos_objects(found: Found, case: Case) -> None:
     assert case.name not in found.config_maps_differ, f"our ConfigMaps differ from the CPO's: {found.config_maps_differ}"
     assert case.name not in found.reference_failed, found.reference_failed[case.name]
