@@ -1,6 +1,7 @@
 """Boot storms with something going wrong in the middle: `python -m bench storm`.
 
     python -m bench storm [--seconds 12] [--connections 32] [--scenarios steady,rotation,...]
+                          [--targets server,edge,nginx]
 
 Every scenario starts this server (with its default worker processes) on a warm cache and
 runs bench/loadclient.c in `boot` mode: each request is a node booting, on a new TLS
@@ -8,7 +9,11 @@ connection, retrying a 5xx or a failed connection on the real client's schedule 
 doubling to 5 s) and giving up on a 4xx. It counts what a fleet would live through: boots,
 retries, permanent failures. Scenarios, each with a one-line verdict:
 
-  steady       the storm alone (its p99 is the yardstick of the others)
+  steady       the storm alone (its p99 is the yardstick of the others), on each of `--targets`
+               in turn, the same storm side by side: the server direct (`steady`), behind its
+               in-pod TLS edge (`steady-edge`, HAProxy; skipped without haproxy) and nginx serving
+               the same bytes as a static file (`steady-nginx`; skipped without nginx), with the
+               CPU per boot of every process of each (`bench compare` says what each target is)
   rotation     the NodePool's token rotates in the middle (the storm keeps its token)
   kill-worker  a worker process is killed (SIGKILL) in the middle; the owner starts it again
   kill-owner   the owner process is killed (SIGKILL) in the middle and started again at once
@@ -23,6 +28,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -42,15 +48,18 @@ from .compare import Setup, build_client, prepare, say
 _REPO = Path(__file__).resolve().parents[1]
 
 SCENARIOS = ("steady", "rotation", "kill-worker", "kill-owner", "flood")
+TARGETS = ("server", "edge", "nginx")  # the steady storm's, side by side
 
 
 def storm(client: Path, port: int, setup: Setup, seconds: float, connections: int, *, headers: list[str] | None = None,
-          rate: float | None = None, source: str | None = None, mode: str = "boot") -> dict[str, Any]:
+          rate: float | None = None, source: str | None = None, mode: str = "boot", sni: str | None = None) -> dict[str, Any]:
     env = dict(os.environ)
     if rate:
         env["LOADCLIENT_RATE"] = str(rate)
     if source:
         env["LOADCLIENT_SOURCE"] = source
+    if sni:
+        env["LOADCLIENT_SNI"] = sni
     argv = [str(client), "127.0.0.1", str(port), "-", str(seconds), str(connections), mode, "/ignition",
             *(headers if headers is not None else setup.headers)]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 180, check=True, env=env)
@@ -105,20 +114,57 @@ def verdict(name: str, result: dict[str, Any], ok: bool, detail: str) -> dict[st
     return {"scenario": name, "pass": ok, "verdict": line, "result": result}
 
 
+def steady_side_by_side(setup: Setup, client: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The steady storm on each target in turn (compare's targets: the same payload, certificate
+    and processes), each with the CPU per boot of all its processes; one line puts them side by side."""
+    targets = compare.make_targets(setup)
+    outcomes: list[dict[str, Any]] = []
+    for name in args.targets:
+        if name not in targets or (name == "nginx" and shutil.which("nginx") is None):
+            say(f"steady on {name}: skipped ({'haproxy' if name == 'edge' else 'nginx'} is not installed)")
+            continue
+        target = targets[name]
+        port = target.start()
+        try:
+            cpu0 = compare.cpu_seconds_tree(target.procs)
+            result = storm(client, port, setup, args.seconds, args.connections,
+                           sni=compare.EDGE_HOST if name == "edge" else None)
+            cpu = compare.cpu_seconds_tree(target.procs) - cpu0
+        finally:
+            target.stop()
+        result["target"] = name
+        result["target_cpu_share"] = round(cpu / result["elapsed_s"], 3)
+        result["cpu_ms_per_boot"] = round(1000 * cpu / result["requests"], 4) if result["requests"] else 0.0
+        scenario = "steady" if name == "server" else f"steady-{name}"
+        outcomes.append(verdict(scenario, result, result["permanent_failures"] == 0 and result["unfinished"] == 0,
+                                f"{result['rps']:.0f} boots/s, CPU {result['cpu_ms_per_boot']:.3f} ms a boot "
+                                f"(client {result['client_cpu_share']:.2f} cores)"))
+    by_target = {o["result"]["target"]: o["result"] for o in outcomes}
+    nginx = by_target.get("nginx")
+
+    def against_nginx(result: dict[str, Any]) -> str:
+        if nginx is None or result is nginx or not nginx["rps"] or not result["cpu_ms_per_boot"]:
+            return ""
+        return (f" = {result['rps'] / nginx['rps']:.2f}x nginx"
+                f" ({nginx['cpu_ms_per_boot'] / result['cpu_ms_per_boot']:.2f}x per core)")
+    if len(by_target) > 1:
+        say("steady side by side: " + "; ".join(
+            f"{name} {r['rps']:.0f} boots/s, p50 {r['p50_ms']:.0f} / p99 {r['p99_ms']:.0f} ms, "
+            f"{r['cpu_ms_per_boot']:.3f} ms CPU a boot{against_nginx(r)}" for name, r in by_target.items()))
+    return outcomes
+
+
 def run_scenarios(setup: Setup, client: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
     outcomes: list[dict[str, Any]] = []
     half = args.seconds / 2
     steady_p99 = steady_rps = None
     for name in args.scenarios:
         if name == "steady":
-            server = start_server(setup)
-            try:
-                result = storm(client, server.port, setup, args.seconds, args.connections)
-            finally:
-                server.stop()
-            steady_p99, steady_rps = result["p99_ms"], result["rps"]
-            outcomes.append(verdict(name, result, result["permanent_failures"] == 0 and result["unfinished"] == 0,
-                                    f"{result['rps']:.0f} boots/s"))
+            side_by_side = steady_side_by_side(setup, client, args)
+            outcomes += side_by_side
+            direct = [o["result"] for o in side_by_side if o["result"]["target"] == "server"]
+            if direct:  # the yardstick of the scenarios that follow: the server direct
+                steady_p99, steady_rps = direct[0]["p99_ms"], direct[0]["rps"]
         elif name == "rotation":
             # A TTL whose half (the rotation's due time) falls in the middle of the storm.
             ttl = 2 * (time.time() - generation_time(setup) + 3 + half)
@@ -190,7 +236,8 @@ def plot(outcomes: list[dict[str, Any]], out: Path) -> bool:
     except ImportError:
         say("matplotlib not installed (pip install -e '.[bench]'): no plot")
         return False
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    steady = [o["result"] for o in outcomes if "target" in o["result"]]
+    fig, (ax, bars) = plt.subplots(1, 2, figsize=(13, 4.5), gridspec_kw={"width_ratios": [3, 2]})
     for outcome in outcomes:
         timeline = [row for row in outcome["result"]["timeline"] if row[1] > 0]
         ax.plot([row[0] for row in timeline], [row[4] for row in timeline], label=outcome["scenario"])
@@ -201,6 +248,13 @@ def plot(outcomes: list[dict[str, Any]], out: Path) -> bool:
     ax.set_ylabel("boot p99 (ms)")
     ax.set_title("Boot storms: p99 of each second, per scenario")
     ax.legend()
+    # The steady storm's targets side by side: boots/s, each labelled with its CPU per boot.
+    drawn = bars.bar([r["target"] for r in steady], [r["rps"] for r in steady])
+    for rect, result in zip(drawn, steady):
+        bars.annotate(f"{result['cpu_ms_per_boot']:.2f} ms CPU/boot", (rect.get_x() + rect.get_width() / 2, rect.get_height()),
+                      ha="center", va="bottom", fontsize=8)
+    bars.set_ylabel("boots/s")
+    bars.set_title("steady storm: direct, in-pod edge, nginx")
     fig.tight_layout()
     fig.savefig(out, dpi=90)
     plt.close(fig)
@@ -213,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connections", type=int, default=32, help="nodes booting at once")
     parser.add_argument("--payload-kib", type=int, default=290)
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated, from: " + ", ".join(SCENARIOS))
+    parser.add_argument("--targets", default=",".join(TARGETS),
+                        help="the steady storm's targets, side by side, from: " + ", ".join(TARGETS))
     parser.add_argument("--server-args", default="", help="more `serve` flags")
     parser.add_argument("--work", type=Path, default=_REPO / "bench" / "out" / "storm")
     parser.add_argument("--results", type=Path, default=compare.RESULTS)
@@ -221,6 +277,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(args.scenarios) - set(SCENARIOS)
     if unknown:
         parser.error(f"unknown scenarios: {', '.join(sorted(unknown))}")
+    args.targets = [t.strip() for t in args.targets.split(",") if t.strip()]
+    if set(args.targets) - set(TARGETS) or "server" not in args.targets:
+        parser.error(f"--targets: from {', '.join(TARGETS)}, with server (the other scenarios' yardstick)")
     if "steady" not in args.scenarios and {"kill-worker", "kill-owner", "flood"} & set(args.scenarios):
         args.scenarios.insert(0, "steady")  # the yardstick
     args.work.mkdir(parents=True, exist_ok=True)

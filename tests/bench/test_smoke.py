@@ -13,6 +13,7 @@ import pytest
 
 from testsupport import fleet
 from testsupport.harness import run_bench
+from testsupport.realtools import require_tool
 
 
 def test_warm_restart_serves_every_nodepool_without_rendering(tmp_path: Path) -> None:
@@ -34,18 +35,24 @@ def test_warm_restart_serves_every_nodepool_without_rendering(tmp_path: Path) ->
 
 
 def test_storm_scenarios_run_and_say_their_verdicts(tmp_path: Path) -> None:
-    """The boot-storm bench end to end, briefly: the C load client in boot mode, a worker killed
-    in the middle, verdicts and storm.json (figures from so short a run mean nothing)."""
+    """The boot-storm bench end to end, briefly: the C load client in boot mode, the steady storm
+    on the server direct and behind its in-pod TLS edge side by side, a worker killed in the
+    middle, verdicts and storm.json (figures from so short a run mean nothing)."""
     if shutil.which("gcc") is None:
         pytest.fail("gcc is needed to build bench/loadclient.c")
+    require_tool("haproxy", "apt-get install haproxy")
     ran = run_bench("storm", "--seconds", "3", "--connections", "4", "--payload-kib", "20", "--scenarios", "steady,kill-worker",
-                    "--work", str(tmp_path / "work"), "--results", str(tmp_path / "results"), timeout=300)
+                    "--targets", "server,edge", "--work", str(tmp_path / "work"), "--results", str(tmp_path / "results"),
+                    timeout=300)
     code, out = ran.returncode, ran.stdout
-    assert "steady       PASS" in out and "kill-worker" in out, out
+    assert "steady       PASS" in out and "steady-edge  PASS" in out and "kill-worker" in out, out
+    assert "steady side by side: server " in out and "; edge " in out, out
     outcomes = json.loads((tmp_path / "results" / "storm.json").read_text())["outcomes"]
-    assert [o["scenario"] for o in outcomes] == ["steady", "kill-worker"]
+    assert [o["scenario"] for o in outcomes] == ["steady", "steady-edge", "kill-worker"]
     assert all(o["result"]["permanent_failures"] == 0 for o in outcomes)
-    assert outcomes[1]["result"]["events"], "the worker was killed in the middle"
+    edge = outcomes[1]["result"]
+    assert edge["target"] == "edge" and edge["status_200"] > 0 and edge["cpu_ms_per_boot"] > 0, edge
+    assert outcomes[2]["result"]["events"], "the worker was killed in the middle"
     assert code in (0, 1)  # a 3 s storm on a busy machine may miss the recovery target; the run itself must work
 
 
