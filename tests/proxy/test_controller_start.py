@@ -35,6 +35,11 @@ def test_a_slow_haproxy_start_is_waited_for_not_killed(tmp_path: Path) -> None:
         assert time.monotonic() - started >= 11
         assert "Uptime" in proxy.runtime_command("show info")
         assert proxy.proc is not None and proxy.proc.poll() is None
+        # The harness returns once the stats socket answers; the controller removes its notify
+        # socket only when HAProxy's READY=1 arrives, a moment later.
+        deadline = time.monotonic() + 10
+        while (tmp_path / "state" / "notify.sock").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert not (tmp_path / "state" / "notify.sock").exists()
     finally:
         proxy.stop()
