@@ -10,7 +10,10 @@ out (a replaced key's overlap window ends):
   files and their algs, the accepted issuers (legacy and every cluster's bound-token
   issuer), the path of the opaque-token map (`<cache-dir>/edge/tokens.map`: sha256 hex of
   each valid token, old and new during a rotation's overlap), the certificate and the CA that
-  signed the serving certificate (to verify the server when re-encrypting).
+  signed the serving certificate (to verify the server when re-encrypting), and `hosts`: the
+  taken-over clusters' Route hostnames, each with its certificate in `DIR/hosts/` (issued from
+  `sni-hosts.json` by tls/sni_files.py, rechecked every few seconds by `follow_hosts`), so a
+  terminating proxy chooses by SNI as the server does.
 
 The server only publishes: it imports nothing from `proxy/`, which reads this directory; the
 files' format is the contract both import (`edge_publication.py`, beside this module).
@@ -29,6 +32,7 @@ from .auth.claims import LEGACY_ISSUER
 from .auth.cluster_keys import ClusterKeys
 from .edge_publication import PUBLICATION, publication_document, write_key_files
 from .fsio import atomic_write, make_dir
+from .tls.sni_files import HostCertificateFiles
 
 log = logging.getLogger("ignition_server.edge_publisher")
 
@@ -51,6 +55,7 @@ class EdgePublisher:
     cert_pem: bytes  # serving certificate chain + key, for a terminating proxy's TLS
     ca_file: Path | None = None  # to verify the backend (the self-made CA)
     token_map: Path | None = None  # sha256 hex of each valid opaque token (TokenOutputs writes it)
+    hosts: HostCertificateFiles | None = None  # the taken-over hostnames' certificates (self-made CA only)
     _task: asyncio.Task[None] | None = None
     _timer: asyncio.TimerHandle | None = None
     _written: bytes | None = field(default=None)
@@ -70,6 +75,13 @@ class EdgePublisher:
             delay = max(0.0, min(ends) - time.time()) + 0.01
             self._timer = asyncio.get_running_loop().call_later(delay, self.keys_changed)
 
+    async def follow_hosts(self, interval: float = 5.0) -> None:
+        """The taken-over hostnames change (the takeover rewrites sni-hosts.json), the CA rotates
+        and certificates near their end: publish again (a write that changes nothing writes nothing)."""
+        while True:
+            await asyncio.sleep(interval)
+            self.keys_changed()
+
     def write(self) -> None:
         make_dir(self.directory)
         clusters = self.keys.clusters()
@@ -86,6 +98,7 @@ class EdgePublisher:
         document = publication_document(
             keys=published, issuers=issuers, token_map=self.token_map, cert=cert_path.resolve(),
             ca=self.ca_file.resolve() if self.ca_file else None, backend=self.backend,
+            hosts=self.hosts.update() if self.hosts is not None else None,
         )
         if document != self._written:
             atomic_write(self.directory / PUBLICATION, document, 0o644)

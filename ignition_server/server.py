@@ -55,6 +55,7 @@ from .tls.certificates import (
 )
 from .tls.fips import describe as fips_describe
 from .tls.sni import HostCertificates, refresh_periodically, write_hosts
+from .tls.sni_files import HostCertificateFiles
 from .workers.pool import WorkerPool
 from .workers.render_wait import RenderWait
 
@@ -121,6 +122,7 @@ class IgnitionServer:
     cluster: Cluster | None = None
     watch_health: WatchHealth | None = None
     render_wait: RenderWait = field(default_factory=RenderWait)
+    edge_publisher: EdgePublisher | None = None  # --edge-dir: what a front proxy reads
 
     async def run(self, stop: asyncio.Event) -> None:
         """Start up, serve until `stop` is set, shut down."""
@@ -253,6 +255,8 @@ class IgnitionServer:
                                                               loaded=running.tls_loaded), name="tls-reload"))
         if pool is None and running.hosts is not None:
             tasks.append(asyncio.create_task(refresh_periodically(running.hosts), name="sni-hosts"))
+        if self.edge_publisher is not None and self.edge_publisher.hosts is not None:
+            tasks.append(asyncio.create_task(self.edge_publisher.follow_hosts(), name="edge-hosts"))
         if cluster is not None:
             tasks.append(asyncio.create_task(cluster.elector.run(), name="lease"))
         if pool is not None:
@@ -331,7 +335,11 @@ class IgnitionServer:
             backend=f"[{host}]:{settings.listen[1]}" if ":" in host else f"{host}:{settings.listen[1]}",
             cert_pem=self.tls_files.cert.read_bytes() + self.tls_files.key_pem(),  # HAProxy reads it plaintext
             ca_file=self.tls_files.ca, token_map=settings.edge_token_map,
+            # The taken-over clusters' hostnames, each with its certificate: a terminating proxy's SNI choice.
+            hosts=HostCertificateFiles.for_dir(self.tls_files.ca.parent, self.tls_files.password, settings.edge_dir / "hosts")
+            if self.tls_files.ca is not None else None,
         )
+        self.edge_publisher = writer
         writer.keys_changed()  # published at start too: opaque-token clusters have no keys to announce it
         return writer.keys_changed
 
