@@ -12,7 +12,9 @@ a shared volume in a cluster) and compares them with what HAProxy holds:
   published hostnames: the ingress routes them and the crt-list names them): the config is
   re-rendered and HAProxy reloaded through the master CLI; counted in `reloads`.
 
-A table or publication that cannot be read is logged and counted; the last good one stays.
+A table or publication that cannot be read is logged and counted; the last good one stays. At
+the start there is none: a publication not written yet is waited for (the server beside the
+edge in its pod starts at the same time), a table that cannot be used stops the controller.
 """
 
 from __future__ import annotations
@@ -177,8 +179,33 @@ class Controller:
             routes.append(route)
         return dataclasses.replace(desired, table=dataclasses.replace(desired.table, routes=tuple(routes)))
 
-    async def start(self) -> None:
-        desired = await self._read()
+    async def _first_read(self, stop: asyncio.Event | None) -> Desired | None:
+        """What HAProxy starts from. A publication not written yet (the server beside this edge in
+        its pod still starting: both containers start at once) is waited for, not a failure: exiting
+        made the kubelet restart the edge with a growing back-off, delaying the pod's readiness.
+        A table that cannot be used still fails at once. None: stopped while waiting."""
+        said = False
+        while True:
+            try:
+                return await self._read()
+            except PublicationError as error:
+                if not said:
+                    log.info("waiting for the server's publication: %s", error)
+                    said = True
+                self.metrics.input_errors.inc()
+            if stop is None:
+                await asyncio.sleep(self.interval)
+            else:
+                try:
+                    await asyncio.wait_for(stop.wait(), self.interval)
+                    return None
+                except asyncio.TimeoutError:
+                    pass
+
+    async def start(self, stop: asyncio.Event | None = None) -> None:
+        desired = await self._first_read(stop)
+        if desired is None:
+            return
         self._write_files(desired)
         for sock in (master_socket(desired.table), stats_socket(desired.table)):
             if sock.exists():
@@ -297,7 +324,7 @@ class Controller:
         log.info("HAProxy reloaded: the routes or the trusted keys changed")
 
     async def run(self, stop: asyncio.Event) -> None:
-        await self.start()
+        await self.start(stop)
         try:
             while not stop.is_set():
                 try:
