@@ -80,7 +80,8 @@ class EdgePublisher:
         and certificates near their end: publish again (a write that changes nothing writes nothing)."""
         while True:
             await asyncio.sleep(interval)
-            self.keys_changed()
+            if self.hosts is not None and self.hosts.due():
+                self.keys_changed()
 
     def write(self) -> None:
         make_dir(self.directory)

@@ -36,6 +36,8 @@ class HostCertificateFiles:
     _hosts: frozenset[str] = frozenset()
     _issued: dict[str, dt.datetime] = field(default_factory=dict)
     _ca_stamp: tuple[int, int] | None = None
+    _hosts_stamp: tuple[int, int] | None = None
+    _checked: dt.datetime | None = None
     _signer: tuple[x509.Certificate, PrivateKey] | None = field(default=None, repr=False)
 
     @classmethod
@@ -43,8 +45,17 @@ class HostCertificateFiles:
         """None when the server does not hold the CA's key (then it serves no taken-over names)."""
         return cls(tls_dir, password, out) if (tls_dir / "ca.key").exists() else None
 
+    def due(self) -> bool:
+        """Whether `update` has anything to do: the list or the CA changed, or an hour passed (a
+        certificate near its end). Two stats: cheap enough to ask every few seconds."""
+        now = self.clock.now(dt.timezone.utc)
+        return (self._checked is None or now - self._checked > dt.timedelta(hours=1)
+                or stamp(self.tls_dir / HOSTS_FILE) != self._hosts_stamp or stamp(self.tls_dir / "ca.crt") != self._ca_stamp)
+
     def update(self) -> dict[str, Path]:
         """Bring the files in step with the list and the CA; the names served and their files."""
+        self._checked = self.clock.now(dt.timezone.utc)
+        self._hosts_stamp = stamp(self.tls_dir / HOSTS_FILE)
         try:
             listed = read_hosts(self.tls_dir)
             refused = {h for h in listed if not is_host_name(h)}

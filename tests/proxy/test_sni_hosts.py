@@ -123,3 +123,24 @@ def test_a_name_that_is_not_a_host_name_is_neither_issued_nor_read(tmp_path: Pat
                                     hosts={name: tmp_path / "h.pem"})
     with pytest.raises(PublicationError):
         parse_publication(document.decode())
+
+
+def test_the_files_are_redone_only_when_the_list_or_the_ca_changes(tmp_path: Path) -> None:
+    """The publisher asks `due` every 5 s: two stats, and a write only when something changed."""
+    from ignition_server.tls.certificates import ensure_self_signed
+    from ignition_server.tls.sni_files import HostCertificateFiles
+
+    ensure_self_signed(tmp_path / "tls", None)
+    files = HostCertificateFiles.for_dir(tmp_path / "tls", None, tmp_path / "hosts")
+    assert files is not None and files.due()
+    write_hosts(tmp_path / "tls", ["a.example.com"])
+    first = files.update()["a.example.com"].read_bytes()
+    assert not files.due()
+    assert files.update()["a.example.com"].read_bytes() == first  # nothing re-issued
+    write_hosts(tmp_path / "tls", ["a.example.com", "b.example.com"])
+    assert files.due()
+    assert sorted(files.update()) == ["a.example.com", "b.example.com"]
+    # A CA rotation (a new ca.crt): every certificate is issued again, from the CA that signs now.
+    (tmp_path / "tls" / "ca.crt").write_bytes((tmp_path / "tls" / "ca.crt").read_bytes() + b"\n")
+    assert files.due()
+    assert files.update()["a.example.com"].read_bytes() != first
