@@ -45,19 +45,25 @@ def published_hosts(edge: Path) -> list[str]:
         return []
 
 
-def test_a_terminate_route_serves_each_taken_over_hostname_its_own_certificate(tmp_path: Path) -> None:
+@pytest.mark.parametrize("in_pod", [False, True], ids=["front-proxy", "in-pod-edge"])
+def test_a_terminate_route_serves_each_taken_over_hostname_its_own_certificate(tmp_path: Path, in_pod: bool) -> None:
+    """In front of the servers (SNI-routed: the published names go to the route, others nowhere)
+    and as the in-pod edge (one TLS bind: the published names get theirs, others the default one)."""
     haproxy = require_tool("haproxy", "apt-get install haproxy")
     source = write_manifests(tmp_path / "src" / "a.yaml", build_token_secret(
         namespace="clusters-a", nodepool="clusters-a/workers", token="t-1", generation_time=time.time())).parent
     edge = tmp_path / "edge"
-    server = ServerProcess(source, tmp_path / "server" / "cache", extra=["--edge-dir", str(edge)]).start()
+    sock = tmp_path / "run" / "serve.sock"
+    sock.parent.mkdir()
+    server = ServerProcess(source, tmp_path / "server" / "cache", extra=[
+        "--edge-dir", str(edge), *(["--edge-socket", str(sock)] if in_pod else [])]).start()
     proxy = ProxyProcess(tmp_path / "proxy" / "state")
     try:
         tls_dir = server.cache_dir / "tls"
         write_hosts(tls_dir, HOSTS)  # what the takeover writes for the HCPs it took over
         wait_for(lambda: published_hosts(edge) == sorted(HOSTS), timeout=20, what="the hostnames published")
         proxy.write_table([{"host": "localhost", "mode": "terminate", "publication": str(edge),
-                            "backends": [f"127.0.0.1:{server.port}"]}])
+                            "backends": [f"unix@{sock}" if in_pod else f"127.0.0.1:{server.port}"]}], in_pod=in_pod)
         proxy.start(haproxy)
         wait_for(proxy.servers_up, timeout=20, what="the server healthy behind the proxy")
 
@@ -68,9 +74,11 @@ def test_a_terminate_route_serves_each_taken_over_hostname_its_own_certificate(t
             assert not any(other in san for other in HOSTS if other != host), f"{host}'s certificate names another: {san}"
             wait_for(lambda host=host: wait_for_payload(proxy.port, host, server.ca_file), timeout=30,
                      what=f"a payload through {host}")
-        # A name the server did not publish is not routed: no certificate at all.
+        # A name the server did not publish: not routed (no certificate at all), or in the pod, the
+        # default certificate, which does not cover it.
         verdict, san = sni_handshake(proxy.port, "attacker.example.com", server.ca_file)
-        assert san == "", (verdict, san)
+        assert "attacker" not in san and not (verdict.endswith("(ok)") and san), (verdict, san)
+        assert (san == "") != in_pod, san
         # The route's own host still gets the server's certificate.
         assert sni_handshake(proxy.port, "localhost", server.ca_file)[0].endswith("(ok)")
 
@@ -87,7 +95,7 @@ def test_a_terminate_route_serves_each_taken_over_hostname_its_own_certificate(t
 
         # A cluster no longer taken over: its name is no longer served (a reload: the set changed).
         write_hosts(tls_dir, HOSTS[:2])
-        wait_for(lambda: sni_handshake(proxy.port, HOSTS[2], server.ca_file)[1] == "", timeout=30,
+        wait_for(lambda: f"DNS:{HOSTS[2]}" not in sni_handshake(proxy.port, HOSTS[2], server.ca_file)[1], timeout=30,
                  what="gamma's hostname no longer served")
         verdict, san = sni_handshake(proxy.port, HOSTS[0], server.ca_file)
         assert verdict.endswith("(ok)") and f"DNS:{HOSTS[0]}" in san, (verdict, san)
