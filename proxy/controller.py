@@ -45,6 +45,8 @@ from .render import (
     master_socket,
     render_config,
     server_name,
+    sni_names,
+    sni_names_path,
     stats_socket,
 )
 from .runtime import Master, Runtime, RuntimeApiError
@@ -154,6 +156,7 @@ class Controller:
             if stale.name[: -len(".pem")] not in pems:
                 stale.unlink(missing_ok=True)
         atomic_write(crt_list_path(table, route), crt_list(table, route, publication).encode(), 0o600)
+        atomic_write(sni_names_path(table, route), "".join(f"{n}\n" for n in sni_names(route, publication)).encode(), 0o600)
 
     async def _read(self) -> Desired:
         desired = await asyncio.to_thread(read_desired, self.config)

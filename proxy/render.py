@@ -78,6 +78,20 @@ def sni_names(route: Route, publication: Publication | None) -> list[str]:
     return [route.host, *(h for h in published if h != route.host.lower())]
 
 
+def sni_names_path(table: Table, route: Route) -> Path:
+    return table.state_dir / "certs" / f"{route.name}.names"
+
+
+def _sni_match(table: Table, route: Route, publication: Publication | None) -> str:
+    """The ACL matching a route's names: inline for its one host; from a file (`sni_names`, one a
+    line, the controller writes it) once the server publishes hostnames: HAProxy takes at most 64
+    words a line, and a fleet's taken-over clusters are hundreds."""
+    names = sni_names(route, publication)
+    if len(names) == 1:
+        return f"req.ssl_sni -i {names[0]}"
+    return f"req.ssl_sni -i -f {sni_names_path(table, route)}"
+
+
 def loop_socket(table: Table, route: Route) -> Path:
     # unix@, not abns@: unix sockets are handed over on a seamless reload.
     return table.state_dir / f"t{table.routes.index(route)}.sock"
@@ -264,11 +278,11 @@ def _ingress(table: Table, publications: Mapping[str, Publication]) -> list[str]
     for route in table.routes:
         if route.allow:
             cidrs = " ".join(str(c) for c in route.allow)
-            names = " ".join(sni_names(route, publications.get(route.name)))
-            out.append(f"    tcp-request content reject if {{ req.ssl_sni -i {names} }} !{{ src {cidrs} }}")
+            match = _sni_match(table, route, publications.get(route.name))
+            out.append(f"    tcp-request content reject if {{ {match} }} !{{ src {cidrs} }}")
     out.append("    tcp-request content accept if { req.ssl_hello_type 1 }")
     for route in table.routes:
         target = route.name if route.mode == "passthrough" else f"{route.name}_loop"
-        out.append(f"    use_backend {target} if {{ req.ssl_sni -i {' '.join(sni_names(route, publications.get(route.name)))} }}")
+        out.append(f"    use_backend {target} if {{ {_sni_match(table, route, publications.get(route.name))} }}")
     out.append("")
     return out

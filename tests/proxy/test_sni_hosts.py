@@ -152,3 +152,37 @@ def test_the_files_are_redone_only_when_the_list_or_the_ca_changes(tmp_path: Pat
     (tmp_path / "tls" / "ca.crt").write_bytes((tmp_path / "tls" / "ca.crt").read_bytes() + b"\n")
     assert files.due()
     assert files.update()["a.example.com"].read_bytes() != first
+
+
+def test_a_fleets_hostnames_fit_haproxys_configuration(tmp_path: Path) -> None:
+    """Hundreds of taken-over clusters behind one terminate route: HAProxy takes at most 64 words a
+    line, so the ingress matches the names from a file, and the crt-list holds one line each;
+    `haproxy -c` accepts what the controller writes."""
+    import subprocess
+
+    import yaml
+
+    from ignition_server.edge_publication import publication_document
+    from ignition_server.tls.certificates import ensure_self_signed
+    from ignition_server.tls.sni_files import HostCertificateFiles
+    from proxy.controller import Controller, read_desired
+
+    haproxy = require_tool("haproxy", "apt-get install haproxy")
+    files = ensure_self_signed(tmp_path / "tls", "https://localhost:9090")
+    hosts = [f"ignition.c{i:03d}.apps.example.com" for i in range(300)]
+    write_hosts(tmp_path / "tls", hosts)
+    issuer = HostCertificateFiles.for_dir(tmp_path / "tls", None, tmp_path / "edge" / "hosts")
+    assert issuer is not None
+    published = issuer.update()
+    (tmp_path / "edge" / "edge.pem").write_bytes(files.cert.read_bytes() + files.key_pem())
+    (tmp_path / "edge" / "publication.json").write_bytes(publication_document(
+        keys=[], issuers=[], token_map=None, cert=tmp_path / "edge" / "edge.pem", ca=files.ca, backend="127.0.0.1:9090",
+        hosts=published))
+    table = tmp_path / "table.yaml"
+    table.write_text(yaml.safe_dump({"listen": 18443, "state_dir": str(tmp_path / "state"), "routes": [
+        {"host": "localhost", "mode": "terminate", "publication": str(tmp_path / "edge"), "backends": ["127.0.0.1:9090"]}]}))
+    Controller(table)._write_files(read_desired(table))
+    rendered = (tmp_path / "state" / "haproxy.cfg").read_text()
+    assert max(len(line.split()) for line in rendered.splitlines()) < 64
+    check = subprocess.run([haproxy, "-c", "-f", str(tmp_path / "state" / "haproxy.cfg")], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
