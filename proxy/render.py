@@ -69,7 +69,8 @@ def crt_list_path(table: Table, route: Route) -> Path:
 def crt_list(table: Table, route: Route, publication: Publication) -> str:
     """The crt-list of a terminate route: each published hostname's certificate, for that SNI name
     only (the bind's `crt`, the server's default certificate, serves every other name)."""
-    return "".join(f"{host_cert_path(table, route, host)} {host}\n" for host, _ in publication.hosts)
+    directory = host_cert_path(table, route, "-").parent  # one path, not one per host: this runs every sync
+    return "".join(f"{directory}/{host}.pem {host}\n" for host, _ in publication.hosts)
 
 
 def sni_names(route: Route, publication: Publication | None) -> list[str]:
