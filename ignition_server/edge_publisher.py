@@ -1,7 +1,8 @@
 """What the server publishes for a front proxy (`proxy/`), kept in step with its trust.
 
 With `--edge-dir DIR` the server writes, again whenever a service-account key rotates in or
-out (a replaced key's overlap window ends):
+out (a replaced key's overlap window ends), and whenever the serving pair on disk changes (a
+renewal, a CA rotation: `follow`, every 5 s):
 
 - `DIR/keys/sa-<fingerprint>.pem`: the public keys it trusts (never a private key);
 - `DIR/edge.pem`: its serving certificate and key, for a proxy terminating TLS with a
@@ -25,6 +26,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,13 +54,18 @@ class EdgePublisher:
     keys: ClusterKeys
     directory: Path
     backend: str  # host:port of this server
-    cert_pem: bytes  # serving certificate chain + key, for a terminating proxy's TLS
+    # The serving certificate chain + key, for a terminating proxy's TLS, read at each write, and
+    # what changes when that pair does on disk (the certificate renewed, the CA rotated): read
+    # once at the start, a proxy kept the first certificate after the server had moved on.
+    cert_pem: Callable[[], bytes]
+    cert_stamp: Callable[[], object] = lambda: None
     ca_file: Path | None = None  # to verify the backend (the self-made CA)
     token_map: Path | None = None  # sha256 hex of each valid opaque token (TokenOutputs writes it)
     hosts: HostCertificateFiles | None = None  # the taken-over hostnames' certificates (self-made CA only)
     _task: asyncio.Task[None] | None = None
     _timer: asyncio.TimerHandle | None = None
     _written: bytes | None = field(default=None)
+    _cert_stamp: object = None
 
     def keys_changed(self) -> None:
         if self._task is None or self._task.done():
@@ -75,12 +82,16 @@ class EdgePublisher:
             delay = max(0.0, min(ends) - time.time()) + 0.01
             self._timer = asyncio.get_running_loop().call_later(delay, self.keys_changed)
 
-    async def follow_hosts(self, interval: float = 5.0) -> None:
-        """The taken-over hostnames change (the takeover rewrites sni-hosts.json), the CA rotates
-        and certificates near their end: publish again (a write that changes nothing writes nothing)."""
+    async def follow(self, interval: float = 5.0) -> None:
+        """The serving pair changes on disk, the taken-over hostnames change (the takeover rewrites
+        sni-hosts.json), the CA rotates, certificates near their end: publish again."""
         while True:
             await asyncio.sleep(interval)
-            if self.hosts is not None and self.hosts.due():
+            try:
+                cert_due = self.cert_stamp() != self._cert_stamp
+            except OSError:  # the pair being replaced: next time
+                cert_due = False
+            if cert_due or (self.hosts is not None and self.hosts.due()):
                 self.keys_changed()
 
     def write(self) -> None:
@@ -94,8 +105,10 @@ class EdgePublisher:
         cert_path = self.directory / "edge.pem"
         if self.token_map is not None:
             _ensure_exists(self.token_map)
-        if not cert_path.exists() or cert_path.read_bytes() != self.cert_pem:
-            atomic_write(cert_path, self.cert_pem, 0o600)
+        self._cert_stamp = self.cert_stamp()
+        cert_pem = self.cert_pem()
+        if not cert_path.exists() or cert_path.read_bytes() != cert_pem:
+            atomic_write(cert_path, cert_pem, 0o600)
         document = publication_document(
             keys=published, issuers=issuers, token_map=self.token_map, cert=cert_path.resolve(),
             ca=self.ca_file.resolve() if self.ca_file else None, backend=self.backend,
