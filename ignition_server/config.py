@@ -188,6 +188,9 @@ class ServeSettings:
     # Keep what HyperShift's control plane stops writing for HostedControlPlanes annotated
     # disable-ignition-server (README, "Taking over from HyperShift's ignition server").
     take_over: bool = False
+    # What HyperShift's control-plane-operator has in MANAGED_SERVICE where this server takes over
+    # ("ARO-HCP" on Azure Red Hat OpenShift; "" elsewhere): the CPO's netutil.IsPrivateHCP reads it.
+    managed_service: str = ""
     # The self-made CA: its lifetime (renewed at 80% of it, with an overlap of one token TTL).
     ca_lifetime: float = 3650 * 86400.0
     ca_check_interval: float = 60.0

@@ -4,8 +4,10 @@ The server writes them (`edge_publisher.py`'s EdgePublisher, beside this module)
 (`proxy/publication.py`, `proxy/jwt_frontend.py`); both import this module and nothing of each other.
 `<dir>/publication.json` (PUBLICATION) names the public key files with their algs and key ids
 (the edge answers an unknown kid 511, a known kid's bad signature 403), the accepted
-issuers, the opaque-token map, the serving certificate and its CA; `<dir>/keys/<prefix>-<fp>.pem`
-are the public keys (never a private key). `<dir>/tls.json` (TLS_SETTINGS) is the TLS the
+issuers, the opaque-token map, the serving certificate and its CA, and `hosts`: each taken-over
+cluster's Route hostname with its own certificate file (`<dir>/hosts/<host>.pem`, tls/sni_files.py),
+which a terminating proxy serves for that SNI name; `<dir>/keys/<prefix>-<fp>.pem` are the
+public keys (never a private key). `<dir>/tls.json` (TLS_SETTINGS) is the TLS the
 server's own context offers (its `--tls-profile` and `--fips`), which a terminating proxy
 offers in its place.
 """
@@ -16,7 +18,7 @@ import json
 import os
 import re
 import ssl
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,6 +135,7 @@ def write_key_files(
 
 def publication_document(
     *, keys: list[PublishedKey], issuers: list[str], token_map: Path | None, cert: Path, ca: Path | None, backend: str,
+    hosts: Mapping[str, Path] | None = None,
 ) -> bytes:
     """The manifest a proxy reads. Pure."""
     document = {
@@ -143,5 +146,6 @@ def publication_document(
         "cert": str(cert),
         "ca": str(ca) if ca else None,
         "backend": backend,
+        "hosts": {name: str(path) for name, path in sorted((hosts or {}).items())},
     }
     return (json.dumps(document, indent=2, sort_keys=True) + "\n").encode()

@@ -1,7 +1,8 @@
 """What the server publishes for a front proxy (`proxy/`), kept in step with its trust.
 
 With `--edge-dir DIR` the server writes, again whenever a service-account key rotates in or
-out (a replaced key's overlap window ends):
+out (a replaced key's overlap window ends), and whenever the serving pair on disk changes (a
+renewal, a CA rotation: `follow`, every 5 s):
 
 - `DIR/keys/sa-<fingerprint>.pem`: the public keys it trusts (never a private key);
 - `DIR/edge.pem`: its serving certificate and key, for a proxy terminating TLS with a
@@ -10,7 +11,10 @@ out (a replaced key's overlap window ends):
   files and their algs, the accepted issuers (legacy and every cluster's bound-token
   issuer), the path of the opaque-token map (`<cache-dir>/edge/tokens.map`: sha256 hex of
   each valid token, old and new during a rotation's overlap), the certificate and the CA that
-  signed the serving certificate (to verify the server when re-encrypting).
+  signed the serving certificate (to verify the server when re-encrypting), and `hosts`: the
+  taken-over clusters' Route hostnames, each with its certificate in `DIR/hosts/` (issued from
+  `sni-hosts.json` by tls/sni_files.py, rechecked every few seconds by `follow_hosts`), so a
+  terminating proxy chooses by SNI as the server does.
 
 The server only publishes: it imports nothing from `proxy/`, which reads this directory; the
 files' format is the contract both import (`edge_publication.py`, beside this module).
@@ -22,6 +26,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +34,7 @@ from .auth.claims import LEGACY_ISSUER
 from .auth.cluster_keys import ClusterKeys
 from .edge_publication import PUBLICATION, publication_document, write_key_files
 from .fsio import atomic_write, make_dir
+from .tls.sni_files import HostCertificateFiles
 
 log = logging.getLogger("ignition_server.edge_publisher")
 
@@ -48,12 +54,18 @@ class EdgePublisher:
     keys: ClusterKeys
     directory: Path
     backend: str  # host:port of this server
-    cert_pem: bytes  # serving certificate chain + key, for a terminating proxy's TLS
+    # The serving certificate chain + key, for a terminating proxy's TLS, read at each write, and
+    # what changes when that pair does on disk (the certificate renewed, the CA rotated): read
+    # once at the start, a proxy kept the first certificate after the server had moved on.
+    cert_pem: Callable[[], bytes]
+    cert_stamp: Callable[[], object] = lambda: None
     ca_file: Path | None = None  # to verify the backend (the self-made CA)
     token_map: Path | None = None  # sha256 hex of each valid opaque token (TokenOutputs writes it)
+    hosts: HostCertificateFiles | None = None  # the taken-over hostnames' certificates (self-made CA only)
     _task: asyncio.Task[None] | None = None
     _timer: asyncio.TimerHandle | None = None
     _written: bytes | None = field(default=None)
+    _cert_stamp: object = None
 
     def keys_changed(self) -> None:
         if self._task is None or self._task.done():
@@ -70,6 +82,18 @@ class EdgePublisher:
             delay = max(0.0, min(ends) - time.time()) + 0.01
             self._timer = asyncio.get_running_loop().call_later(delay, self.keys_changed)
 
+    async def follow(self, interval: float = 5.0) -> None:
+        """The serving pair changes on disk, the taken-over hostnames change (the takeover rewrites
+        sni-hosts.json), the CA rotates, certificates near their end: publish again."""
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                cert_due = self.cert_stamp() != self._cert_stamp
+            except OSError:  # the pair being replaced: next time
+                cert_due = False
+            if cert_due or (self.hosts is not None and self.hosts.due()):
+                self.keys_changed()
+
     def write(self) -> None:
         make_dir(self.directory)
         clusters = self.keys.clusters()
@@ -81,11 +105,14 @@ class EdgePublisher:
         cert_path = self.directory / "edge.pem"
         if self.token_map is not None:
             _ensure_exists(self.token_map)
-        if not cert_path.exists() or cert_path.read_bytes() != self.cert_pem:
-            atomic_write(cert_path, self.cert_pem, 0o600)
+        self._cert_stamp = self.cert_stamp()
+        cert_pem = self.cert_pem()
+        if not cert_path.exists() or cert_path.read_bytes() != cert_pem:
+            atomic_write(cert_path, cert_pem, 0o600)
         document = publication_document(
             keys=published, issuers=issuers, token_map=self.token_map, cert=cert_path.resolve(),
             ca=self.ca_file.resolve() if self.ca_file else None, backend=self.backend,
+            hosts=self.hosts.update() if self.hosts is not None else None,
         )
         if document != self._written:
             atomic_write(self.directory / PUBLICATION, document, 0o644)

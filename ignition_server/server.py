@@ -50,11 +50,13 @@ from .tls.certificates import (
     TLSFiles,
     ensure_self_signed,
     make_ca,
+    pair_stamp,
     reload_on_change,
     serving_context,
 )
 from .tls.fips import describe as fips_describe
 from .tls.sni import HostCertificates, refresh_periodically, write_hosts
+from .tls.sni_files import HostCertificateFiles
 from .workers.pool import WorkerPool
 from .workers.render_wait import RenderWait
 
@@ -121,6 +123,7 @@ class IgnitionServer:
     cluster: Cluster | None = None
     watch_health: WatchHealth | None = None
     render_wait: RenderWait = field(default_factory=RenderWait)
+    edge_publisher: EdgePublisher | None = None  # --edge-dir: what a front proxy reads
 
     async def run(self, stop: asyncio.Event) -> None:
         """Start up, serve until `stop` is set, shut down."""
@@ -253,6 +256,8 @@ class IgnitionServer:
                                                               loaded=running.tls_loaded), name="tls-reload"))
         if pool is None and running.hosts is not None:
             tasks.append(asyncio.create_task(refresh_periodically(running.hosts), name="sni-hosts"))
+        if self.edge_publisher is not None:
+            tasks.append(asyncio.create_task(self.edge_publisher.follow(), name="edge-publication"))
         if cluster is not None:
             tasks.append(asyncio.create_task(cluster.elector.run(), name="lease"))
         if pool is not None:
@@ -326,12 +331,18 @@ class IgnitionServer:
         # offers what this server's context does (its profile, FIPS mode), never its own defaults.
         write_tls_settings(settings.edge_dir, EdgeTLS.of(ssl_context))
         host = "127.0.0.1" if settings.listen[0] in ("0.0.0.0", "::", "") else settings.listen[0]
+        files = self.tls_files
         writer = EdgePublisher(
             keys=keys, directory=settings.edge_dir,
             backend=f"[{host}]:{settings.listen[1]}" if ":" in host else f"{host}:{settings.listen[1]}",
-            cert_pem=self.tls_files.cert.read_bytes() + self.tls_files.key_pem(),  # HAProxy reads it plaintext
+            cert_pem=lambda: files.cert.read_bytes() + files.key_pem(),  # HAProxy reads it plaintext
+            cert_stamp=lambda: pair_stamp(files),
             ca_file=self.tls_files.ca, token_map=settings.edge_token_map,
+            # The taken-over clusters' hostnames, each with its certificate: a terminating proxy's SNI choice.
+            hosts=HostCertificateFiles.for_dir(self.tls_files.ca.parent, self.tls_files.password, settings.edge_dir / "hosts")
+            if self.tls_files.ca is not None else None,
         )
+        self.edge_publisher = writer
         writer.keys_changed()  # published at start too: opaque-token clusters have no keys to announce it
         return writer.keys_changed
 

@@ -19,7 +19,7 @@ from ignition_server.sources.kube.client import KubeClient
 from .controller import Controller, read_desired
 from .publication import PublicationError
 from .render import render_config
-from .table import TableError
+from .table import TableError, read_table
 
 ENV_PREFIX = "IGNITION_PROXY_"
 
@@ -63,7 +63,7 @@ async def _serve_metrics(controller: Controller, listen: str) -> web.AppRunner:
 
 
 async def _run(args: argparse.Namespace) -> int:
-    table = (await asyncio.to_thread(read_desired, Path(args.config))).table
+    table = await asyncio.to_thread(read_table, Path(args.config))  # the publications may come later
     kube = None
     if any(route.endpoints for route in table.routes):
         kube = await KubeClient.connect(Path(args.kubeconfig) if args.kubeconfig else None)

@@ -7,11 +7,14 @@ a shared volume in a cluster) and compares them with what HAProxy holds:
 - backends added, removed or moved: `set server addr` / `state` on the route's slots;
 - a token map changed (a rotation: old and new hashes during the overlap): the controller's
   copy is rewritten (what a future reload loads) and the map swapped in with one commit;
-- a certificate changed: `set ssl cert` + `commit ssl cert`;
-- anything else (routes, modes, allow-lists, service-account key files, issuers): the config
-  is re-rendered and HAProxy reloaded through the master CLI; counted in `reloads`.
+- a certificate changed (the server's own, or a published hostname's): `set ssl cert` + `commit ssl cert`;
+- anything else (routes, modes, allow-lists, service-account key files, issuers, the set of
+  published hostnames: the ingress routes them and the crt-list names them): the config is
+  re-rendered and HAProxy reloaded through the master CLI; counted in `reloads`.
 
-A table or publication that cannot be read is logged and counted; the last good one stays.
+A table or publication that cannot be read is logged and counted; the last good one stays. At
+the start there is none: a publication not written yet is waited for (the server beside the
+edge in its pod starts at the same time), a table that cannot be used stops the controller.
 """
 
 from __future__ import annotations
@@ -33,7 +36,19 @@ from .endpoints import list_backends
 from .metrics import ProxyMetrics
 from .notify import notify_socket, wait_ready
 from .publication import Publication, PublicationError, parse_token_map, read_publication
-from .render import cert_path, map_path, master_socket, render_config, server_name, stats_socket
+from .render import (
+    cert_path,
+    crt_list,
+    crt_list_path,
+    host_cert_path,
+    map_path,
+    master_socket,
+    render_config,
+    server_name,
+    sni_names,
+    sni_names_path,
+    stats_socket,
+)
 from .runtime import Master, Runtime, RuntimeApiError
 from .table import Backend, Route, Table, TableError, read_table
 
@@ -53,15 +68,17 @@ class Desired:
     publications: dict[str, Publication]
     maps: dict[str, dict[str, str]]  # route name -> token map
     certs: dict[str, bytes]  # route name -> PEM chain + key
+    host_certs: dict[str, dict[str, bytes]] = dataclasses.field(default_factory=dict)  # route -> published host -> PEM
 
     def structure(self) -> str:
-        """The config with every route's backends left out: when it changes, HAProxy reloads;
-        when only backends change, the runtime API does it."""
+        """The config with every route's backends left out, and the crt-lists: when it changes,
+        HAProxy reloads; when only backends or certificates' contents change, the runtime API does it."""
         bare = dataclasses.replace(
             self.table, routes=tuple(
                 # A unix socket's path cannot be set through the runtime API: it is structure.
                 dataclasses.replace(r, backends=tuple(b for b in r.backends if b.unix)) for r in self.table.routes))
-        return render_config(bare, self.publications)
+        lists = [crt_list(self.table, r, self.publications[r.name]) for r in self.table.routes if r.name in self.host_certs]
+        return render_config(bare, self.publications) + "".join(lists)
 
 
 def read_desired(config: Path) -> Desired:
@@ -70,6 +87,7 @@ def read_desired(config: Path) -> Desired:
     publications: dict[str, Publication] = {}
     maps: dict[str, dict[str, str]] = {}
     certs: dict[str, bytes] = {}
+    host_certs: dict[str, dict[str, bytes]] = {}
     for route in table.routes:
         if route.publication is None:
             continue
@@ -79,9 +97,10 @@ def read_desired(config: Path) -> Desired:
             try:
                 maps[route.name] = parse_token_map(publication.token_map.read_text()) if publication.token_map else {}
                 certs[route.name] = publication.cert.read_bytes()
+                host_certs[route.name] = {host: path.read_bytes() for host, path in publication.hosts}
             except OSError as error:
                 raise PublicationError(f"route {route.host}: {error}") from None
-    return Desired(table, publications, maps, certs)
+    return Desired(table, publications, maps, certs, host_certs)
 
 
 async def resolve(backend: Backend) -> str:
@@ -119,7 +138,25 @@ class Controller:
                 path = cert_path(table, route)
                 make_dir(path.parent)
                 atomic_write(path, desired.certs[route.name], 0o600)
+            if route.name in desired.host_certs:
+                self._write_host_certs(table, route, desired.host_certs[route.name], desired.publications[route.name])
         atomic_write(table.state_dir / "haproxy.cfg", render_config(table, desired.publications).encode(), 0o600)
+
+    @staticmethod
+    def _write_host_certs(table: Table, route: Route, pems: dict[str, bytes], publication: Publication) -> None:
+        """The published hostnames' certificates and the crt-list naming them; a name no longer
+        published loses its file (HAProxy holds what it loaded until the reload that drops it)."""
+        for host, pem in pems.items():
+            path = host_cert_path(table, route, host)
+            make_dir(path.parent)
+            if not path.exists() or path.read_bytes() != pem:
+                atomic_write(path, pem, 0o600)
+        directory = host_cert_path(table, route, "x").parent
+        for stale in directory.glob("*.pem") if directory.is_dir() else ():
+            if stale.name[: -len(".pem")] not in pems:
+                stale.unlink(missing_ok=True)
+        atomic_write(crt_list_path(table, route), crt_list(table, route, publication).encode(), 0o600)
+        atomic_write(sni_names_path(table, route), "".join(f"{n}\n" for n in sni_names(route, publication)).encode(), 0o600)
 
     async def _read(self) -> Desired:
         desired = await asyncio.to_thread(read_desired, self.config)
@@ -145,8 +182,33 @@ class Controller:
             routes.append(route)
         return dataclasses.replace(desired, table=dataclasses.replace(desired.table, routes=tuple(routes)))
 
-    async def start(self) -> None:
-        desired = await self._read()
+    async def _first_read(self, stop: asyncio.Event | None) -> Desired | None:
+        """What HAProxy starts from. A publication not written yet (the server beside this edge in
+        its pod still starting: both containers start at once) is waited for, not a failure: exiting
+        made the kubelet restart the edge with a growing back-off, delaying the pod's readiness.
+        A table that cannot be used still fails at once. None: stopped while waiting."""
+        said = False
+        while True:
+            try:
+                return await self._read()
+            except PublicationError as error:
+                if not said:
+                    log.info("waiting for the server's publication: %s", error)
+                    said = True
+                self.metrics.input_errors.inc()
+            if stop is None:
+                await asyncio.sleep(self.interval)
+            else:
+                try:
+                    await asyncio.wait_for(stop.wait(), self.interval)
+                    return None
+                except asyncio.TimeoutError:
+                    pass
+
+    async def start(self, stop: asyncio.Event | None = None) -> None:
+        desired = await self._first_read(stop)
+        if desired is None:
+            return
         self._write_files(desired)
         for sock in (master_socket(desired.table), stats_socket(desired.table)):
             if sock.exists():
@@ -214,6 +276,12 @@ class Controller:
                     self._write_files(desired)
                     await runtime.replace_cert(cert_path(desired.table, route), desired.certs[route.name].decode())
                     self.metrics.runtime_changes.labels("cert").inc()
+                old_hosts = before.host_certs.get(route.name, {})
+                for host, pem in desired.host_certs.get(route.name, {}).items():
+                    if old_hosts.get(host) != pem:  # re-issued (a CA rotation, near its end): same name, same set
+                        self._write_files(desired)
+                        await runtime.replace_cert(host_cert_path(desired.table, route, host), pem.decode())
+                        self.metrics.runtime_changes.labels("cert").inc()
         except (RuntimeApiError, OSError) as error:
             # Try again next round from what HAProxy was last known to hold.
             self.metrics.runtime_errors.inc()
@@ -259,7 +327,7 @@ class Controller:
         log.info("HAProxy reloaded: the routes or the trusted keys changed")
 
     async def run(self, stop: asyncio.Event) -> None:
-        await self.start()
+        await self.start(stop)
         try:
             while not stop.is_set():
                 try:

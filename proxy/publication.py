@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ignition_server.edge_publication import PUBLICATION, TLS_SETTINGS, EdgeTLS, PublishedKey, parse_tls_settings
+from ignition_server.tls.sni import is_host_name
 
 
 class PublicationError(ValueError):
@@ -25,6 +26,9 @@ class Publication:
     cert: Path
     ca: Path | None
     tls: EdgeTLS = EdgeTLS.server_default()  # what the server's TLS offers: a terminating edge offers the same
+    # Taken-over clusters' Route hostnames and each one's certificate file (the server's tls/sni_files.py):
+    # a terminate route routes and serves them by SNI too.
+    hosts: tuple[tuple[str, Path], ...] = ()
 
 
 def parse_publication(text: str, tls_text: str | None = None) -> Publication:
@@ -39,9 +43,13 @@ def parse_publication(text: str, tls_text: str | None = None) -> Publication:
         cert = Path(data["cert"])
         ca = Path(data["ca"]) if data.get("ca") else None
         tls = parse_tls_settings(tls_text) if tls_text is not None else EdgeTLS.server_default()
+        hosts = tuple(sorted((str(name), Path(path)) for name, path in (data.get("hosts") or {}).items()))
+        for name, _ in hosts:  # written into the config as SNI filters and ACL patterns
+            if not is_host_name(name):
+                raise ValueError(f"hosts: {name!r} is not a host name")
     except (ValueError, KeyError, TypeError) as error:
         raise PublicationError(f"publication not readable: {error}") from None
-    return Publication(keys, issuers, token_map, cert, ca, tls)
+    return Publication(keys, issuers, token_map, cert, ca, tls, hosts)
 
 
 def read_publication(directory: Path) -> Publication:

@@ -5,7 +5,9 @@ One `bind :::PORT v4v6` frontend in TCP mode reads the TLS ClientHello and route
 
 - *passthrough* routes go to a TCP backend: TLS ends at the server (no token check possible);
 - *terminate* routes loop (PROXY v2 over a unix socket, so the client's address survives) to
-  an internal HTTPS frontend that terminates TLS with the server's published certificate and
+  an internal HTTPS frontend that terminates TLS with the server's published certificate (and,
+  for each taken-over cluster's Route hostname the server publishes, that name's own certificate,
+  chosen by SNI from a `crt-list`; those names are routed to the route too) and
   the server's own TLS settings (versions, ciphers, session tickets: its `tls.json`),
   checks the token (proxy.jwt_frontend: JWTs with `jwt_verify`, opaque tokens in the route's map),
   and re-encrypts to the backends, verifying them with the server's CA; or, when the backends
@@ -54,6 +56,41 @@ def map_path(table: Table, route: Route) -> Path:
 
 def cert_path(table: Table, route: Route) -> Path:
     return table.state_dir / "certs" / f"{route.name}.pem"
+
+
+def host_cert_path(table: Table, route: Route, host: str) -> Path:
+    return table.state_dir / "certs" / route.name / f"{host}.pem"
+
+
+def crt_list_path(table: Table, route: Route) -> Path:
+    return table.state_dir / "certs" / f"{route.name}.list"
+
+
+def crt_list(table: Table, route: Route, publication: Publication) -> str:
+    """The crt-list of a terminate route: each published hostname's certificate, for that SNI name
+    only (the bind's `crt`, the server's default certificate, serves every other name)."""
+    directory = host_cert_path(table, route, "-").parent  # one path, not one per host: this runs every sync
+    return "".join(f"{directory}/{host}.pem {host}\n" for host, _ in publication.hosts)
+
+
+def sni_names(route: Route, publication: Publication | None) -> list[str]:
+    """The names a route answers: its own host, and a terminate route's published hostnames."""
+    published = [h for h, _ in publication.hosts] if publication is not None and route.mode == "terminate" else []
+    return [route.host, *(h for h in published if h != route.host.lower())]
+
+
+def sni_names_path(table: Table, route: Route) -> Path:
+    return table.state_dir / "certs" / f"{route.name}.names"
+
+
+def _sni_match(table: Table, route: Route, publication: Publication | None) -> str:
+    """The ACL matching a route's names: inline for its one host; from a file (`sni_names`, one a
+    line, the controller writes it) once the server publishes hostnames: HAProxy takes at most 64
+    words a line, and a fleet's taken-over clusters are hundreds."""
+    names = sni_names(route, publication)
+    if len(names) == 1:
+        return f"req.ssl_sni -i {names[0]}"
+    return f"req.ssl_sni -i -f {sni_names_path(table, route)}"
 
 
 def loop_socket(table: Table, route: Route) -> Path:
@@ -151,6 +188,7 @@ def _terminate(table: Table, route: Route, publication: Publication) -> list[str
         sock = loop_socket(table, route)
         bind = f"unix@{sock} mode 600 accept-proxy"
         head = []
+    crt_list_option = f" crt-list {crt_list_path(table, route)}" if publication.hosts else ""
     loop = [] if table.in_pod else [
         f"backend {route.name}_loop",
         "    mode tcp",
@@ -165,7 +203,7 @@ def _terminate(table: Table, route: Route, publication: Publication) -> list[str
         "    # there): a ClientHello, then nothing, held its connection 60 s. A client idle this long",
         "    # (no byte sent or read) is cut; waiting on the server is not idleness (timeout server).",
         f"    timeout client {HANDSHAKE_TIMEOUT}",
-        f"    bind {bind} ssl crt {cert_path(table, route)}{_tls_options(publication.tls)}",
+        f"    bind {bind} ssl crt {cert_path(table, route)}{crt_list_option}{_tls_options(publication.tls)}",
         *head,
         "    option http-buffer-request",
         *checks,
@@ -221,7 +259,7 @@ def render_config(table: Table, publications: Mapping[str, Publication]) -> str:
         "",
     ]
     if not table.in_pod:
-        out += _ingress(table)
+        out += _ingress(table, publications)
     if table.prometheus_listen:
         out += [
             "frontend prometheus",
@@ -242,7 +280,7 @@ def render_config(table: Table, publications: Mapping[str, Publication]) -> str:
     return "\n".join(out) + "\n"
 
 
-def _ingress(table: Table) -> list[str]:
+def _ingress(table: Table, publications: Mapping[str, Publication]) -> list[str]:
     """The TCP frontend on `listen` that routes each connection on its ClientHello's SNI."""
     out = [
         "frontend ingress",
@@ -254,10 +292,11 @@ def _ingress(table: Table) -> list[str]:
     for route in table.routes:
         if route.allow:
             cidrs = " ".join(str(c) for c in route.allow)
-            out.append(f"    tcp-request content reject if {{ req.ssl_sni -i {route.host} }} !{{ src {cidrs} }}")
+            match = _sni_match(table, route, publications.get(route.name))
+            out.append(f"    tcp-request content reject if {{ {match} }} !{{ src {cidrs} }}")
     out.append("    tcp-request content accept if { req.ssl_hello_type 1 }")
     for route in table.routes:
         target = route.name if route.mode == "passthrough" else f"{route.name}_loop"
-        out.append(f"    use_backend {target} if {{ req.ssl_sni -i {route.host} }}")
+        out.append(f"    use_backend {target} if {{ {_sni_match(table, route, publications.get(route.name))} }}")
     out.append("")
     return out

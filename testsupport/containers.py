@@ -164,11 +164,16 @@ class Workload:
 
     @classmethod
     def load(cls, path: Path) -> "Workload":
-        (document,) = [d for d in yaml.safe_load_all(path.read_text()) if d and d.get("kind") in ("Deployment", "StatefulSet")]
+        return cls.of(list(yaml.safe_load_all(path.read_text())))
+
+    @classmethod
+    def of(cls, documents: list[dict[str, Any]], container: str | None = None) -> "Workload":
+        """The Deployment's or StatefulSet's container named `container` (None: its only one)."""
+        (document,) = [d for d in documents if d and d.get("kind") in ("Deployment", "StatefulSet")]
         pod = document["spec"]["template"]["spec"]
-        (container,) = pod["containers"]
+        (chosen,) = [c for c in pod["containers"] if container is None or c["name"] == container]
         claims = {claim["metadata"]["name"] for claim in document["spec"].get("volumeClaimTemplates", [])}
-        return cls(pod, container, claims)
+        return cls(pod, chosen, claims)
 
     def security(self) -> dict[str, Any]:
         """The container's security context over the pod's, as the kubelet merges them."""
@@ -221,6 +226,10 @@ class PodContainer:
     files: dict[str, dict[str, bytes]] = field(default_factory=dict)  # secret/configMap volume -> files
     proc: subprocess.Popen[bytes] | None = None
     started: float = 0.0
+    # The pod's volumes, shared by its containers (a socket in a memory emptyDir, the cache claim):
+    # None, the container's own (one container per pod). A shared memory emptyDir is a directory
+    # under /dev/shm rather than a tmpfs of each container's own, so that both see one.
+    pod_dir: Path | None = None
 
     @property
     def name(self) -> str:
@@ -231,7 +240,7 @@ class PodContainer:
         return self.workdir / "container.log"
 
     def volume_dir(self, volume: str) -> Path:
-        return self.workdir / "volumes" / volume
+        return (self.pod_dir or self.workdir) / "volumes" / volume
 
     def _volumes(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """Bind mounts and tmpfs mounts for the container's volumeMounts, made as the kubelet makes them."""
@@ -241,7 +250,7 @@ class PodContainer:
         for mount in self.workload.container.get("volumeMounts", []):
             name, target, read_only = mount["name"], mount["mountPath"], bool(mount.get("readOnly"))
             volume = volumes.get(name, {})
-            if "emptyDir" in volume and (volume["emptyDir"] or {}).get("medium") == "Memory":
+            if "emptyDir" in volume and (volume["emptyDir"] or {}).get("medium") == "Memory" and self.pod_dir is None:
                 size = str(volume["emptyDir"].get("sizeLimit", "64Mi")).replace("Mi", "m").replace("Gi", "g")
                 tmpfs.append({"target": target, "options": f"mode=777,size={size}"})
                 continue
@@ -317,6 +326,33 @@ class PodContainer:
                 raise AssertionError(f"the container did not start:\n{self.logs()}")
             time.sleep(0.02)
         return pid
+
+    def processes(self) -> list[int]:
+        """Host pids of every process in the container (pid 1 and its descendants)."""
+        found, todo = [], [self.pid()]
+        while todo:
+            pid = todo.pop()
+            found.append(pid)
+            for task in Path(f"/proc/{pid}/task").glob("*/children"):
+                try:
+                    todo += [int(child) for child in task.read_text().split()]
+                except OSError:  # gone meanwhile
+                    pass
+        return found
+
+    def usage(self) -> tuple[float, int]:
+        """(CPU seconds used so far, resident bytes now) of the container's live processes, as a
+        cgroup would count them (children that exited included through their parent's cutime)."""
+        ticks = os.sysconf("SC_CLK_TCK")
+        cpu, rss = 0.0, 0
+        for pid in self.processes():
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                rss += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            except OSError:
+                continue
+            cpu += sum(int(v) for v in fields[11:15]) / ticks  # utime stime cutime cstime
+        return cpu, rss
 
     def status(self) -> dict[str, str]:
         """/proc/<pid>/status of the container's pid 1: what the kernel says it runs with."""

@@ -4,7 +4,9 @@ in deploy/, the README's RBAC tables, the Dockerfile's stages."""
 from __future__ import annotations
 
 import re
+import subprocess
 from itertools import pairwise
+from pathlib import Path
 
 import yaml
 
@@ -19,6 +21,16 @@ def documents() -> list[dict]:
     """Every object of deploy/'s manifests (kustomization.yaml aside)."""
     return [d for path in sorted(DEPLOY.glob("*.yaml")) if path.name != "kustomization.yaml"
             for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def kustomize(directory: Path, *flags: str) -> list[dict]:
+    """`kubectl kustomize` of an overlay: the objects an admin's `kubectl apply -k` would send."""
+    from testsupport.realtools import require_tool
+
+    kubectl = require_tool("kubectl", "apt-get install kubernetes-client")
+    out = subprocess.run([kubectl, "kustomize", *flags, str(directory)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
 
 
 def one(kind: str) -> dict:

@@ -295,6 +295,20 @@ def handshakes(port: int, ca_file: Path, *args: str, servername: str | None = No
     return result.returncode == 0 and "Cipher is (NONE)" not in result.stdout
 
 
+def sni_handshake(port: int, servername: str, ca: Path) -> tuple[str, str]:
+    """What `openssl s_client` says of the chain served for `servername`, verified with `ca` and for
+    that hostname (`-verify_hostname`, as a node's Ignition checks it): (its verdict, the leaf's subjectAltName)."""
+    result = openssl_client(port, ca, "-verify_hostname", servername, "-showcerts", servername=servername)
+    out = result.stdout
+    verdict = next((line.strip() for line in out.splitlines() if "Verify return code" in line), out[-500:])
+    if "-----BEGIN CERTIFICATE-----" not in out:
+        return verdict, ""
+    leaf = out[out.index("-----BEGIN CERTIFICATE-----"):out.index("-----END CERTIFICATE-----") + 25]
+    san = subprocess.run(["openssl", "x509", "-noout", "-ext", "subjectAltName"], input=leaf,
+                         capture_output=True, text=True, timeout=30).stdout
+    return verdict, san
+
+
 def session_tickets(port: int, ca_file: Path, version: str, servername: str | None = None) -> bool:
     """Whether the server issues a session ticket to a client of `version` (`-tls1_2`, `-tls1_3`)
     that asks for one and reads its answer to the end."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import subprocess
 from dataclasses import dataclass, field
@@ -62,12 +63,13 @@ class CPOOutput:
 class HcpInputs:
     binary: Path
 
-    def run(self, objects: list[dict[str, Any]], workdir: Path) -> CPOOutput:
+    def run(self, objects: list[dict[str, Any]], workdir: Path, env: dict[str, str] | None = None) -> CPOOutput:
+        """`env`: the CPO's own environment (MANAGED_SERVICE=ARO-HCP), besides PATH; none by default."""
         workdir.mkdir(parents=True, exist_ok=True)
         given, written = workdir / "objects.yaml", workdir / "cpo.yaml"
         given.write_text(as_documents(objects))
         done = subprocess.run([str(self.binary), "-in", str(given), "-out", str(written)],
-                              capture_output=True, text=True, timeout=60)
+                              capture_output=True, text=True, timeout=60, env={"PATH": os.environ.get("PATH", ""), **(env or {})})
         if done.returncode != 0:
             raise AssertionError(f"hcp-inputs failed ({done.returncode}): {done.stderr or done.stdout}")
         config_maps = {cm["metadata"]["name"]: cm for cm in yaml.safe_load_all(written.read_text()) if cm}

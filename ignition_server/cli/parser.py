@@ -119,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add(serve, "--take-over", action="store_true",
          help="--kubernetes: for every HostedControlPlane annotated hypershift.openshift.io/disable-ignition-server, "
               "keep the ConfigMaps and CA Secret HyperShift's control plane stops writing (README, Taking over)")
+    _add(serve, "--managed-service", default="",
+         help="--take-over: the value of the control-plane-operator's MANAGED_SERVICE where HyperShift runs "
+              "(ARO-HCP on Azure Red Hat OpenShift: an Azure HCP with the Swift annotation is then private, as the CPO decides)")
     _add(serve, "--namespace-memory", default="64Mi",
          help="--kubernetes: what the objects this server reads may hold per namespace (0: unbounded); an object "
               "past it is refused, logged and told (an Event), its namespace keeping its last good state")

@@ -51,6 +51,7 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         lease_duration=parse_duration(args.lease_duration),
         prune_grace=parse_duration(args.prune_expired_after),
         take_over=bool(args.take_over),
+        managed_service=str(args.managed_service or ""),
         namespace_budget=parse_size(str(args.namespace_memory)),
         ca_lifetime=parse_duration(args.ca_lifetime),
         ca_check_interval=parse_duration(args.ca_check_interval),

@@ -68,6 +68,7 @@ class Takeover:
     standby: float = 1.0  # a replica that does not write asks this often whether it has become the writer
     resync: float = 600.0  # every taken-over HCP is looked at again this often (a CA rotation)
     concurrency: int = 2
+    managed_service: str = ""  # the CPO's MANAGED_SERVICE (--managed-service): ARO-HCP's private-endpoint fallback
     queue: WorkQueue[ObjectKey] = field(init=False)
     _hcps: dict[str, set[ObjectKey]] = field(default_factory=dict)  # namespace -> HCPs seen there
     _said: dict[ObjectKey, str] = field(default_factory=dict)  # the failure last reported (log and Event), by HCP
@@ -208,7 +209,7 @@ class Takeover:
         existing = {name: obj for name in MANAGED if (obj := get("ConfigMap", name)) is not None}
         problems = []
         try:
-            planned = plan(hcp, named, existing)
+            planned = plan(hcp, named, existing, self.managed_service)
         except ValueError as exc:  # MissingInput for a core ConfigMap (the SSH key), NotSerializable
             problems.append(str(exc))
         else:

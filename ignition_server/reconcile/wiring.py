@@ -116,6 +116,7 @@ def build_reconciliation(
     debounce: float = NodePools.debounce, render_concurrency: int = NodePools.render_concurrency,
     prune_grace: float = WriteBacks.prune_grace,
     take_over: Callable[[], bytes | None] | None = None,  # --take-over: the CA bundle to publish (None: off)
+    managed_service: str = "",  # --managed-service: the CPO's MANAGED_SERVICE, for the takeover
 ) -> Reconciliation:
     releases = releases if releases is not None else Releases()
     tenancy = (tenancy if tenancy is not None else Tenancy()).reading(source.get)  # the shareable mark
@@ -151,7 +152,8 @@ def build_reconciliation(
     rotation = Rotation(tokens=tokens, cache=cache, policy=policy, write_backs=write_backs, work=work,
                         faults=faults, metrics=metrics, persist_index=persist_index, clock=clock)
     takeover = None if take_over is None else Takeover(  # a source that creates and replaces: the Kubernetes one
-        source=cast(TakeoverSource, source), writer=writer, ca_pem=take_over, faults=faults)
+        source=cast(TakeoverSource, source), writer=writer, ca_pem=take_over, faults=faults,
+        managed_service=managed_service)
     if takeover is not None:
         base_waits.feature_gate = takeover.feature_gate
     reconciler = Reconciler(
@@ -191,6 +193,7 @@ def reconciliation_for(
         # What pointer configs trust is what the NodePool controller must put in its own.
         take_over=(lambda: outputs.pointer.ca_pem if outputs.pointer is not None else None)
         if settings.kubernetes and settings.take_over else None,
+        managed_service=settings.managed_service,
     )
     return reconciliation, session
 

@@ -14,6 +14,10 @@ from typing import Any
 
 CONFIG_V1 = "config.openshift.io/v1"
 _PRIVATE_ACCESS = ("PublicAndPrivate", "Private")
+# The CPO's MANAGED_SERVICE for Azure Red Hat OpenShift's hosted control planes (hyperv1.AroHCP),
+# and the annotation that marked Swift pod networking before `spec.platform.azure.private` existed.
+ARO_HCP = "ARO-HCP"
+SWIFT_ANNOTATION = "hypershift.openshift.io/swift-pod-network-instance"
 
 
 def _spec(hcp: dict[str, Any]) -> dict[str, Any]:
@@ -62,15 +66,21 @@ def base_domain(hcp: dict[str, Any]) -> str:
     return f"{prefix}.{dns.get('baseDomain', '')}" if prefix else dns.get("baseDomain", "")
 
 
-def is_private(hcp: dict[str, Any]) -> bool:
-    """netutil.IsPrivateHCP (without ARO-HCP's annotation fallback, which needs the CPO's environment)."""
+def is_private(hcp: dict[str, Any], managed_service: str = "") -> bool:
+    """netutil.IsPrivateHCP. `managed_service` is what the CPO reads from its environment
+    (MANAGED_SERVICE; `serve --managed-service`): on ARO-HCP, an Azure HCP without a topology or
+    `private.type` is private when it carries the Swift annotation (UseSwiftNetworkingHCP's
+    fallback for clusters made before the API field)."""
     kind, platform = _platform(hcp)
     if kind in ("AWS", "GCP"):
         return platform.get("endpointAccess") in _PRIVATE_ACCESS
     if kind == "Azure":
         if platform.get("topology"):
             return platform["topology"] in _PRIVATE_ACCESS
-        return (platform.get("private") or {}).get("type") == "Swift"
+        if (platform.get("private") or {}).get("type") == "Swift":
+            return True
+        annotations = (hcp.get("metadata") or {}).get("annotations") or {}
+        return managed_service == ARO_HCP and bool(annotations.get(SWIFT_ANNOTATION))
     return False
 
 
@@ -92,14 +102,14 @@ def _https(host: str, port: int) -> str:
     return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
 
 
-def infrastructure(hcp: dict[str, Any]) -> dict[str, Any]:
+def infrastructure(hcp: dict[str, Any], managed_service: str = "") -> dict[str, Any]:
     kind, platform = _platform(hcp)
     spec_ = _spec(hcp)
     endpoint = (hcp.get("status") or {}).get("controlPlaneEndpoint") or {}
     host, port = endpoint.get("host", ""), int(endpoint.get("port") or 0)
     spec: dict[str, Any] = {"platformSpec": {"type": kind}, "cloudConfig": {}}
     status: dict[str, Any] = {
-        "apiServerInternalURI": _https(f"api.{hcp['metadata']['name']}.hypershift.local" if is_private(hcp) else host, port),
+        "apiServerInternalURI": _https(f"api.{hcp['metadata']['name']}.hypershift.local" if is_private(hcp, managed_service) else host, port),
         "apiServerURL": _https(spec_.get("kubeAPIServerDNSName") or host, port),
         "etcdDiscoveryDomain": base_domain(hcp), "infrastructureName": spec_.get("infraID", ""),
         "controlPlaneTopology": "External", "platform": kind, "platformStatus": {"type": kind},

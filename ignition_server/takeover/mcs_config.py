@@ -65,9 +65,10 @@ def _required(obj: dict[str, Any] | None, what: str) -> dict[str, Any]:
     return obj
 
 
-def mcs_data(hcp: dict[str, Any], named: Named) -> dict[str, str]:
+def mcs_data(hcp: dict[str, Any], named: Named, managed_service: str = "") -> dict[str, str]:
     """The ConfigMap's data. Raises MissingInput for a missing `root-ca`, `pull-secret` or
-    `kubelet-client-ca` (the CPO reads all three, though the pull secret is not written here)."""
+    `kubelet-client-ca` (the CPO reads all three, though the pull secret is not written here).
+    `managed_service`: the CPO's MANAGED_SERVICE (cluster_config.is_private)."""
     root_ca = _required(named.root_ca, f"Secret {Named.ROOT_CA}")
     _required(named.pull_secret, f"Secret {Named.PULL_SECRET}")
     kubelet_ca = _required(named.kubelet_client_ca, f"ConfigMap {Named.KUBELET_CLIENT_CA}")
@@ -79,7 +80,7 @@ def mcs_data(hcp: dict[str, Any], named: Named) -> dict[str, str]:
     data["root-ca.crt"] = (secret_value(root_ca, CA_KEY) or b"").decode(errors="replace")
     data["signer-ca.crt"] = str((kubelet_ca.get("data") or {}).get(CA_KEY) or "")
     data["cluster-dns-02-config.yaml"] = serialize(cluster_config.dns(hcp), "DNS")
-    data["cluster-infrastructure-02-config.yaml"] = serialize(cluster_config.infrastructure(hcp), "Infrastructure")
+    data["cluster-infrastructure-02-config.yaml"] = serialize(cluster_config.infrastructure(hcp, managed_service), "Infrastructure")
     data["cluster-network-02-config.yaml"] = serialize(cluster_config.network(hcp), "Network")
     data["cluster-proxy-01-config.yaml"] = serialize(cluster_config.proxy(hcp), "Proxy")
     data["image-config.yaml"] = serialize(cluster_config.image(hcp), "Image")
@@ -91,6 +92,6 @@ def mcs_data(hcp: dict[str, Any], named: Named) -> dict[str, str]:
     return data
 
 
-def mcs_config_map(hcp: dict[str, Any], named: Named) -> dict[str, Any]:
+def mcs_config_map(hcp: dict[str, Any], named: Named, managed_service: str = "") -> dict[str, Any]:
     """The `machine-config-server` ConfigMap the CPO writes for `hcp`, owned by it."""
-    return owned_config_map(hcp, NAME, mcs_data(hcp, named))
+    return owned_config_map(hcp, NAME, mcs_data(hcp, named, managed_service))

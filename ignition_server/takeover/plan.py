@@ -26,13 +26,13 @@ class Plan:
     error: str | None = None  # why the machine-config-server ConfigMap is not written (the core ones still are)
 
 
-def desired(hcp: dict[str, Any], named: Named) -> tuple[dict[str, dict[str, Any]], str | None]:
+def desired(hcp: dict[str, Any], named: Named, managed_service: str = "") -> tuple[dict[str, dict[str, Any]], str | None]:
     """name -> the ConfigMap the CPO would write for `hcp`, in the CPO's order: the core ConfigMaps
     (MissingInput, NotSerializable: nothing at all), then machine-config-server (if its inputs
     fail, the core ConfigMaps alone, and why)."""
     wanted = core_ignition.core_config_maps(hcp, named)
     try:
-        wanted[mcs_config.NAME] = mcs_config.mcs_config_map(hcp, named)
+        wanted[mcs_config.NAME] = mcs_config.mcs_config_map(hcp, named, managed_service)
     except ValueError as exc:  # MissingInput, NotSerializable, an HCP Go would not decode
         return wanted, str(exc)
     return wanted, None
@@ -71,12 +71,13 @@ def update_for(existing: dict[str, Any] | None, wanted: dict[str, Any]) -> dict[
     return None if after == existing else after
 
 
-def plan(hcp: dict[str, Any], named: Named, existing: Mapping[str, dict[str, Any]]) -> Plan:
+def plan(hcp: dict[str, Any], named: Named, existing: Mapping[str, dict[str, Any]], managed_service: str = "") -> Plan:
     """`existing`: the ConfigMaps of the HCP's namespace named in MANAGED, as read. Nothing for an
-    HCP without the annotation: the CPO writes those itself."""
+    HCP without the annotation: the CPO writes those itself. `managed_service`: the CPO's
+    MANAGED_SERVICE (`serve --managed-service`)."""
     if not taken_over(hcp):
         return Plan()
-    wanted, error = desired(hcp, named)
+    wanted, error = desired(hcp, named, managed_service)
     writes = [w for name, cm in wanted.items() if (w := update_for(existing.get(name), cm)) is not None]
     stale = set(core_ignition.CORE_NAMES) - set(core_ignition.names(hcp))
     deletes = [existing[name] for name in core_ignition.CORE_NAMES if name in stale and name in existing]

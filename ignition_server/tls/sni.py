@@ -21,6 +21,7 @@ import asyncio
 import datetime as dt
 import json
 import logging
+import re
 import ssl
 import tempfile
 from collections.abc import Iterable
@@ -47,6 +48,12 @@ log = logging.getLogger("ignition_server.tls")
 
 HOSTS_FILE = "sni-hosts.json"
 _SHM = Path("/dev/shm")
+_HOST_NAME = re.compile(r"(?=.{1,253}$)[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*")
+
+
+def is_host_name(name: str) -> bool:
+    """A lowercase DNS name (no trailing dot, no wildcard): safe as a file name and a HAProxy SNI filter."""
+    return _HOST_NAME.fullmatch(name) is not None
 
 
 def write_hosts(directory: Path, hosts: Iterable[str]) -> None:
@@ -54,7 +61,20 @@ def write_hosts(directory: Path, hosts: Iterable[str]) -> None:
     atomic_write(directory / HOSTS_FILE, json.dumps(sorted({h.lower().rstrip(".") for h in hosts})).encode())
 
 
-def _stamp(path: Path) -> tuple[int, int] | None:
+def read_hosts(directory: Path) -> frozenset[str]:
+    """The listed hostnames (none without a list); OSError or ValueError when the list is unreadable."""
+    if not (directory / HOSTS_FILE).exists():
+        return frozenset()
+    return frozenset(str(h) for h in json.loads((directory / HOSTS_FILE).read_text()))
+
+
+def ca_signer(directory: Path, password: bytes | None) -> tuple[x509.Certificate, PrivateKey]:
+    """The CA that signs now (the first of `ca.crt`) with its key, unsealed in memory only."""
+    return (x509.load_pem_x509_certificate(directory.joinpath("ca.crt").read_bytes()),
+            read_private_key(directory / "ca.key", password))
+
+
+def stamp(path: Path) -> tuple[int, int] | None:
     try:
         st = path.stat()
     except OSError:
@@ -96,16 +116,15 @@ class HostCertificates:
         context.sni_callback = self._select
 
     def refresh(self) -> None:
-        stamp = _stamp(self.directory / HOSTS_FILE)
-        if stamp != self._hosts_stamp:
-            self._hosts_stamp = stamp
+        hosts_stamp = stamp(self.directory / HOSTS_FILE)
+        if hosts_stamp != self._hosts_stamp:
+            self._hosts_stamp = hosts_stamp
             try:
-                listed = json.loads((self.directory / HOSTS_FILE).read_text()) if stamp is not None else []
-                self._hosts = frozenset(str(h) for h in listed)
+                self._hosts = read_hosts(self.directory)
             except (OSError, ValueError) as exc:
                 log.warning("%s not read (keeping the hostnames known): %s", HOSTS_FILE, exc)
             self._contexts = {h: c for h, c in self._contexts.items() if h in self._hosts}
-        ca_stamp = _stamp(self.directory / "ca.crt")
+        ca_stamp = stamp(self.directory / "ca.crt")
         if ca_stamp != self._ca_stamp:
             self._ca_stamp = ca_stamp
             self._contexts.clear()
@@ -130,8 +149,7 @@ class HostCertificates:
 
     def _issue(self, name: str, now: dt.datetime) -> ssl.SSLContext:
         if self._signer is None:
-            self._signer = (x509.load_pem_x509_certificate(self.directory.joinpath("ca.crt").read_bytes()),  # the first signs
-                            read_private_key(self.directory / "ca.key", self.files.password))
+            self._signer = ca_signer(self.directory, self.files.password)
         chain, key = issue_serving(*self._signer, [name], now)
         # The ssl module loads a pair only from files: a private directory, gone once loaded, in
         # memory where there is a tmpfs (the key never reaches a disk; and it is quicker).

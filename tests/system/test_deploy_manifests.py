@@ -10,15 +10,8 @@ import yaml
 
 from ignition_server.metrics import ServerMetrics
 from payload_cache.stats import CacheStats
-from testsupport.deploy import DEPLOY, check_unprivileged_pod, documents, one, rbac_rules, readme_rbac_table
+from testsupport.deploy import DEPLOY, check_unprivileged_pod, documents, kustomize, one, rbac_rules, readme_rbac_table
 from testsupport.realtools import require_tool
-
-
-def kustomize(directory: Path, *flags: str) -> list[dict]:
-    kubectl = require_tool("kubectl", "apt-get install kubernetes-client")
-    out = subprocess.run([kubectl, "kustomize", *flags, str(directory)], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    return [d for d in yaml.safe_load_all(out.stdout) if d]
 
 
 def test_kustomization_lists_every_manifest() -> None:

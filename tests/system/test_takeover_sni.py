@@ -7,14 +7,13 @@ and worker processes)."""
 from __future__ import annotations
 
 import base64
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ignition_server.takeover import ca_cert
-from testsupport.harness import ServerProcess, wait_for
+from testsupport.harness import ServerProcess, sni_handshake as handshake, wait_for
 from testsupport.hcp_inputs import hcp_world
 from testsupport.kubeapi import KubeAPI
 
@@ -24,20 +23,6 @@ CLUSTERS = {"alpha": "ignition.alpha.apps.example.com", "beta": "ignition-beta.h
 
 def route(hostname: str) -> list[dict[str, Any]]:
     return [{"service": "Ignition", "servicePublishingStrategy": {"type": "Route", "route": {"hostname": hostname}}}]
-
-
-def handshake(port: int, servername: str, ca: Path) -> tuple[str, str]:
-    """What `openssl s_client` says of the chain served for `servername`, verified with `ca` and for
-    that hostname: (its verdict, the leaf's subjectAltName)."""
-    done = subprocess.run(["openssl", "s_client", "-connect", f"127.0.0.1:{port}", "-servername", servername,
-                           "-CAfile", str(ca), "-verify_hostname", servername, "-showcerts"],
-                          input=b"", capture_output=True, timeout=30)
-    out = done.stdout.decode(errors="replace")
-    verdict = next((line.strip() for line in out.splitlines() if "Verify return code" in line), out[-500:])
-    leaf = out[out.index("-----BEGIN CERTIFICATE-----"):out.index("-----END CERTIFICATE-----") + 25]
-    san = subprocess.run(["openssl", "x509", "-noout", "-ext", "subjectAltName"], input=leaf.encode(),
-                         capture_output=True, timeout=30).stdout.decode()
-    return verdict, san
 
 
 @pytest.mark.parametrize("workers", ["0", "2"])

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from ignition_server.takeover.cluster_config import ARO_HCP, SWIFT_ANNOTATION
 from ignition_server.takeover.core_ignition import CORE_LABEL, core_config_maps, names
 from ignition_server.takeover.mcs_config import HASH_KEY, configuration_hash, mcs_config_map
 from testsupport.hcp_inputs import HcpInputs, HcpWorld, hcp_world
@@ -117,9 +118,9 @@ def world_for(case: str) -> HcpWorld:
     return hcp_world(**CASES[case])
 
 
-def ours(world: HcpWorld) -> dict[str, dict[str, Any]]:
+def ours(world: HcpWorld, managed_service: str = "") -> dict[str, dict[str, Any]]:
     named = world.named()
-    return {"machine-config-server": mcs_config_map(world.hcp, named), **core_config_maps(world.hcp, named)}
+    return {"machine-config-server": mcs_config_map(world.hcp, named, managed_service), **core_config_maps(world.hcp, named)}
 
 
 def assert_same(cpo: dict[str, Any], mine: dict[str, Any]) -> None:
@@ -175,3 +176,52 @@ def test_the_trusted_bundle_is_serialized_as_read(hcp_inputs: HcpInputs, tmp_pat
     cpo = hcp_inputs.run(world.objects(), tmp_path / "empty")
     assert "user-ca-bundle-config.yaml" not in cpo.config_maps["machine-config-server"]["data"]
     assert_same(cpo.config_maps["machine-config-server"], ours(world)["machine-config-server"])
+
+
+AZURE_RG = {"type": "Azure", "azure": {"resourceGroup": "rg-hc1"}}
+# ARO-HCP's private-endpoint fallback (netutil.IsPrivateHCP -> UseSwiftNetworkingHCP): the CPO reads
+# MANAGED_SERVICE from its environment; our server is told it with --managed-service.
+MANAGED_CASES: dict[str, tuple[dict[str, Any], str | None]] = {
+    "azure-swift-annotation": (AZURE_RG, "swift-instance-1"),
+    "azure-swift-annotation-empty": (AZURE_RG, ""),
+    "azure-no-annotation": (AZURE_RG, None),
+    "azure-public-topology-swift-annotation": ({"type": "Azure", "azure": {"resourceGroup": "rg", "topology": "Public"}},
+                                               "swift-instance-1"),
+    "aws-public-swift-annotation": (aws(endpointAccess="Public"), "swift-instance-1"),
+    "none-swift-annotation": ({"type": "None"}, "swift-instance-1"),
+}
+
+
+def managed_world(case: str) -> HcpWorld:
+    platform, annotation = MANAGED_CASES[case]
+    world = hcp_world(platform=platform)
+    if annotation is not None:
+        world.hcp["metadata"]["annotations"][SWIFT_ANNOTATION] = annotation
+    return world
+
+
+@pytest.mark.parametrize("managed_service", ["", ARO_HCP, "ROSA-HCP"])
+@pytest.mark.parametrize("case", sorted(MANAGED_CASES))
+def test_the_managed_services_private_endpoint_is_the_cpos(case: str, managed_service: str, hcp_inputs: HcpInputs,
+                                                            tmp_path: Path) -> None:
+    """hcp-inputs run with the CPO's MANAGED_SERVICE in its environment, ours with --managed-service's value."""
+    world = managed_world(case)
+    cpo = hcp_inputs.run(world.objects(), tmp_path, env={"MANAGED_SERVICE": managed_service} if managed_service else None)
+    mine = ours(world, managed_service)
+    assert sorted(mine) == sorted(cpo.config_maps)
+    for name, config_map in cpo.config_maps.items():
+        assert_same(config_map, mine[name])
+
+
+def test_on_aro_hcp_the_swift_annotation_makes_the_endpoint_private(hcp_inputs: HcpInputs, tmp_path: Path) -> None:
+    """The case above that tells the settings apart: the same HCP, internal API URI public without
+    MANAGED_SERVICE and `api.<name>.hypershift.local` with it, in the CPO's output and ours."""
+    world = managed_world("azure-swift-annotation")
+    key = "cluster-infrastructure-02-config.yaml"
+    elsewhere = hcp_inputs.run(world.objects(), tmp_path / "plain").config_maps["machine-config-server"]["data"][key]
+    on_aro = hcp_inputs.run(world.objects(), tmp_path / "aro", env={"MANAGED_SERVICE": ARO_HCP}
+                            ).config_maps["machine-config-server"]["data"][key]
+    assert "apiServerInternalURI: https://api.hc1.hypershift.local:" in on_aro
+    assert "hypershift.local" not in elsewhere
+    assert ours(world, ARO_HCP)["machine-config-server"]["data"][key] == on_aro
+    assert ours(world)["machine-config-server"]["data"][key] == elsewhere
