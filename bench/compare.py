@@ -1,6 +1,7 @@
 """This server against nginx and bare aiohttp, in one run: `python -m bench compare`.
 
     python -m bench compare [--seconds 8] [--rounds 2] [--connections 32] [--processes 2] [--server-args '...']
+                            [--server-tree DIR] [--targets bare,server,tree]
 
 Targets, each started, measured and stopped in turn, interleaved over `--rounds` rounds:
   server  `ignition-server serve` on a one-NodePool fleet (~293 KiB payload), real auth headers
@@ -11,6 +12,8 @@ Targets, each started, measured and stopped in turn, interleaved over `--rounds`
           table, TLS with the server's published certificate and the token pre-check at the edge, each
           request handed to the serving processes over `serve --edge-socket` (plain HTTP, PROXY v2).
           Its CPU counts every process: the server's, the controller's and HAProxy's (skipped without haproxy)
+  tree    with --server-tree DIR: the server run from another copy of the code (`git archive <commit>
+          ignition_server payload_cache proxy | tar -x -C DIR`), interleaved with `server` in the same rounds
 Modes: `storm` (a new TLS connection per request, full handshake, `Connection: close`, as a
 booting node) and `keepalive`.
 
@@ -88,6 +91,7 @@ class Setup:
     server_args: list[str]
     source: Path
     cache_dir: Path
+    server_tree: Path | None = None
     bare_processes: int = 2
     nginx_workers: int = 2
 
@@ -179,10 +183,28 @@ def make_targets(setup: Setup) -> dict[str, Any]:
         return [server.proc]
 
     targets = {"nginx": Target("nginx", nginx), "bare": Target("bare", bare), "server": Target("server", ours)}
+    if setup.server_tree is not None:
+        tree = ServerProcess(source=setup.source, cache_dir=setup.cache_dir, extra=setup.server_args,
+                             env=tree_environment(setup.server_tree))
+
+        def theirs(port: int) -> list[subprocess.Popen[bytes]]:
+            tree.port = port
+            tree.start(wait=True)
+            assert tree.proc is not None
+            return [tree.proc]
+
+        targets["tree"] = Target("tree", theirs)
     haproxy = shutil.which("haproxy")
     if haproxy is not None:
         targets["edge"] = Target("edge", lambda port: _in_pod_edge(setup, haproxy, port, logs))
     return targets
+
+
+def tree_environment(tree: Path) -> dict[str, str]:
+    """This environment with the server's code taken from `tree` (bench/run.py's use_server_tree:
+    PYTHONPATH wins over the editable install, PYTHONSAFEPATH keeps the working directory off sys.path)."""
+    path = os.pathsep.join(filter(None, [str(tree.resolve()), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, "PYTHONSAFEPATH": "1"}
 
 
 EDGE_HOST = "localhost"  # the SNI the client sends the edge (the in-pod route does not route on it)
@@ -276,7 +298,7 @@ def cpu_seconds_tree(procs: list[subprocess.Popen[bytes]]) -> float:
 
 
 def measure(setup: Setup, client: Path, args: argparse.Namespace) -> dict[str, Any]:
-    targets = make_targets(setup)
+    targets = {name: target for name, target in make_targets(setup).items() if name in args.targets}
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {t: {m: [] for m in MODES} for t in targets}
     for round_ in range(1, args.rounds + 1):
         for name in targets:
@@ -318,11 +340,11 @@ def summarise(runs: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any
     for name in best:
         for mode in MODES:
             entry = best[name][mode]
-            entry["vs_nginx"] = round(entry["rps"] / best["nginx"][mode]["rps"], 3)
-            entry["vs_bare"] = round(entry["rps"] / best["bare"][mode]["rps"], 3)
-            for other in ("nginx", "bare"):
+            for other in ("nginx", "bare"):  # 0.0 where that target was not run (--targets)
+                theirs = best.get(other, {}).get(mode)
+                entry[f"vs_{other}"] = round(entry["rps"] / theirs["rps"], 3) if theirs and theirs["rps"] else 0.0
                 mine = entry["cpu_ms_per_req"]
-                entry[f"per_core_vs_{other}"] = round(best[other][mode]["cpu_ms_per_req"] / mine, 3) if mine else 0.0
+                entry[f"per_core_vs_{other}"] = round(theirs["cpu_ms_per_req"] / mine, 3) if theirs and mine else 0.0
     return best
 
 
@@ -375,18 +397,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verify", action="store_true",
                         help="the client verifies the certificate (costs it an ECDSA verify per handshake)")
     parser.add_argument("--server-args", default="", help="more `serve` flags, e.g. '--workers 2'")
+    parser.add_argument("--server-tree", type=Path,
+                        help="also run the server from this copy of the code (target `tree`), interleaved with `server`")
+    parser.add_argument("--targets", default=",".join(TARGETS) + ",tree",
+                        help="which targets to run, comma-separated (edge needs haproxy, tree --server-tree)")
     parser.add_argument("--work", type=Path, default=_REPO / "bench" / "out" / "compare")
     parser.add_argument("--results", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
-    if shutil.which("nginx") is None:
-        parser.error("nginx is needed (apt-get install nginx)")
+    args.targets = set(args.targets.split(","))
+    if args.server_tree is not None and not (args.server_tree / "ignition_server" / "__init__.py").exists():
+        parser.error(f"--server-tree {args.server_tree} holds no ignition_server package")
+    if "nginx" in args.targets and shutil.which("nginx") is None:
+        parser.error("nginx is needed (apt-get install nginx), or leave it out of --targets")
     args.work.mkdir(parents=True, exist_ok=True)
     args.results.mkdir(parents=True, exist_ok=True)
     client = build_client(args.work)
     setup = prepare(args.work, args.payload_kib, shlex.split(args.server_args))
     setup.bare_processes, setup.nginx_workers = args.processes, args.processes
+    setup.server_tree = args.server_tree
     say(f"payload {setup.payload.stat().st_size / 1024:.0f} KiB; nginx and bare aiohttp with {args.processes} processes; "
         f"{args.connections} connections, {args.seconds:.0f} s "
         f"per target and mode, {args.rounds} rounds; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
@@ -407,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
             say(f"best {mode:9s} {name:7s} {b['rps']:8.1f} req/s  p50 {b['p50_ms']:.1f} ms  p99 {b['p99_ms']:.1f} ms  "
                 f"errors {b['errors']}  {b['vs_nginx']:.2f}x nginx  {b['vs_bare']:.2f}x bare aiohttp  "
                 f"cpu {b['cpu_ms_per_req']:.3f} ms/req ({b['per_core_vs_nginx']:.2f}x nginx's req per core)")
-    for name in ("server", "edge"):
+    for name in ("server", "tree", "edge"):
         if name in best:
             s, k = best[name]["storm"], best[name]["keepalive"]
             say(f"{name} vs nginx: storm {s['vs_nginx']:.2f}x, keep-alive {k['vs_nginx']:.2f}x (per core: "
