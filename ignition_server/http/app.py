@@ -181,9 +181,9 @@ class IgnitionHandlers:
             version = self._negotiate(accept, record.min_version)
             ready = self._ready.get(record.blob_id, version) if version is not None else None
             if ready is not None and version is not None:
-                response = _payload_response(ready, version, self._piece(len(ready)), self._sending)
+                response = _payload_response(ready, version, self._piece(len(ready), request), self._sending)
             else:
-                response = await self._payload(grant, record, accept, version)
+                response = await self._payload(grant, record, accept, version, request)
             self._metrics.get_requests.inc(grant.nodepool)
             if request.method == "GET":
                 # A HEAD carries no payload: no node booted from it, so it is not `ignition-reached`.
@@ -203,7 +203,8 @@ class IgnitionHandlers:
                                 client=remote or "-")
         return response
 
-    async def _payload(self, grant: Grant, record: RenderRecord, accept: str | None, version: str | None) -> web.Response:
+    async def _payload(self, grant: Grant, record: RenderRecord, accept: str | None, version: str | None,
+                       request: web.BaseRequest) -> web.Response:
         """A body not kept ready at `version`: from the memory tier or disk, then kept."""
         body = self._cache.get_blob_from_memory(record.blob_id)
         if body is None:
@@ -216,13 +217,16 @@ class IgnitionHandlers:
             # Rare and final for that node: worth saying which feature needs the newer spec.
             raise Refusal(406, await asyncio.to_thread(unsatisfiable_reason, accept, body)) from None
         ready = self._ready.make(record.blob_id, version, body)
-        return _payload_response(ready, version, self._piece(len(ready)), self._sending)
+        return _payload_response(ready, version, self._piece(len(ready), request), self._sending)
 
-    def _piece(self, size: int) -> int:
-        """How much of a `size`-byte body to write at once: all of it while few connections are open here."""
+    def _piece(self, size: int, request: web.BaseRequest) -> int:
+        """How much of a `size`-byte body to write at once (ready.piece_for)."""
         if self._open_connections is None:
             return self._write_piece
-        return piece_for(size, self._open_connections(), self._write_piece, self._whole_writes)
+        # Requests parsed on this connection so far, this one included (aiohttp's RequestHandler
+        # keeps no public count; pyproject pins aiohttp's minor version, as guard.py's privates).
+        earlier = getattr(request.protocol, "_request_count", 1) > 1
+        return piece_for(size, self._open_connections(), earlier, self._write_piece, self._whole_writes)
 
     async def healthz(self, _request: web.BaseRequest) -> web.Response:
         return web.Response(text="ok\n")

@@ -50,10 +50,16 @@ HEAD_JOIN = 4 * 1024
 DEFAULT_SENDING_BYTES = 64 * 1024 * 1024
 
 
-def piece_for(size: int, open_connections: int, piece: int = WRITE_PIECE, whole_bytes: int = WHOLE_WRITES_BYTES) -> int:
-    """How much of a `size`-byte body to write at once, `open_connections` open in this process:
-    all of it while they could pin at most `whole_bytes` that way, `piece` beyond. Pure."""
-    return size if open_connections * size <= whole_bytes else piece
+def piece_for(size: int, open_connections: int, served_before: bool, piece: int = WRITE_PIECE,
+              whole_bytes: int = WHOLE_WRITES_BYTES) -> int:
+    """How much of a `size`-byte body to write at once on a connection that has (`served_before`)
+    or has not had a response before, `open_connections` open in this process. Pure.
+
+    A connection's first response goes in pieces: written whole, its TLS buffer would grow to the
+    body (reallocated and zeroed on the way) for a connection that most often ends after it (a
+    node fetches once; every connection of a storm). Later ones go whole while the connections
+    open could pin at most `whole_bytes` that way."""
+    return size if served_before and open_connections * size <= whole_bytes else piece
 
 
 @dataclass(frozen=True, slots=True)

@@ -74,14 +74,16 @@ async def test_serving_a_spliced_version_allocates_no_copy_of_the_body(piece: in
     assert peak - base < len(BODY), peak - base  # at most a piece or two copied at a time
 
 
-def test_a_body_is_written_whole_only_while_few_connections_are_open() -> None:
+def test_a_body_is_written_whole_only_on_a_reused_connection_while_few_are_open() -> None:
     # Written whole, each connection's TLS layer keeps a body's worth of records (issue 32/33):
-    # whole while that stays under the bound, 64 KiB pieces beyond (64 kept-alive clients).
+    # whole while that stays under the bound, 64 KiB pieces beyond (64 kept-alive clients); and
+    # never a connection's first response (a storm's connections, a node's one fetch).
     size = len(BODY)
-    assert piece_for(size, 1) == size
-    assert piece_for(size, WHOLE_WRITES_BYTES // size) == size
-    assert piece_for(size, WHOLE_WRITES_BYTES // size + 1) == WRITE_PIECE
-    assert piece_for(size, 64) == WRITE_PIECE
+    assert piece_for(size, 1, True) == size
+    assert piece_for(size, WHOLE_WRITES_BYTES // size, True) == size
+    assert piece_for(size, WHOLE_WRITES_BYTES // size + 1, True) == WRITE_PIECE
+    assert piece_for(size, 64, True) == WRITE_PIECE
+    assert piece_for(size, 1, False) == WRITE_PIECE
 
 
 async def test_a_body_asked_again_is_kept_joined_and_written_in_one_write() -> None:
@@ -94,10 +96,10 @@ async def test_a_body_asked_again_is_kept_joined_and_written_in_one_write() -> N
     assert bodies.get("blob", "3.4.0") is again  # joined once, not per request
     assert bodies.held() == len(again.body)
     # Whole (few connections): the joined bytes as aiohttp's own body, one write with the headers.
-    response = _payload_response(again, "3.4.0", piece_for(len(again), 1))
+    response = _payload_response(again, "3.4.0", piece_for(len(again), 1, True))
     assert response.body is not None and not isinstance(response.body, PiecewiseBody)
     # Many connections: still pieces of at most WRITE_PIECE.
-    payload = _payload_response(again, "3.4.0", piece_for(len(again), 1000)).body
+    payload = _payload_response(again, "3.4.0", piece_for(len(again), 1000, True)).body
     assert isinstance(payload, PiecewiseBody)
     writer = _Collect()
     await payload.write_with_length(writer, payload.size)  # type: ignore[arg-type]
