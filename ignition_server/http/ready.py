@@ -32,14 +32,15 @@ DEFAULT_READY_BYTES = 8 * 1024 * 1024
 # each of those an mmap + munmap with fresh zeroed pages: keep-alive served ~1,000 req/s per
 # core that way, ~2,300 with the same buffers from the heap (one process, same run).
 WRITE_PIECE = 64 * 1024
-# Bodies are written whole while (connections open in this process) x (body size) stays under
-# this, in WRITE_PIECE pieces beyond. A TLS write is encrypted whole into the connection's
-# outgoing memory BIO, which keeps that capacity for the connection's life (and a slow reader
-# holds the records themselves): written whole, 64 kept-alive clients of a 294 KiB payload cost a
-# serving worker 25 MiB over idle against 10 in pieces (+40 MiB at the seeds' fleet, issue 33).
-# In pieces, a kept-alive ~300 KiB body took five TLS and socket writes where bare aiohttp takes
-# one: 53-64 µs of the worker's system CPU per request against 34 whole (issue 32, one worker, 16
-# connections). Under the bound, whole writes pin at most this much more than pieces would.
+# On a kept-alive connection after its first response (piece_for), bodies are written whole
+# while (connections open in this process) x (body size) stays under this, in WRITE_PIECE
+# pieces beyond. A TLS write is encrypted whole into the connection's outgoing memory BIO, which
+# keeps that capacity for the connection's life (and a slow reader holds the records themselves):
+# written whole, 64 kept-alive clients of a 294 KiB payload cost a serving worker 25 MiB over idle
+# against 10 in pieces (+40 MiB at the seeds' fleet, issue 33). In pieces, a kept-alive ~300 KiB
+# body took six socket writes where bare aiohttp takes one: 51-60 µs of the worker's system CPU
+# per request against 38-46 whole (issue 32, one worker, 16 connections). Under the bound, whole
+# writes pin at most this much more than pieces would.
 WHOLE_WRITES_BYTES = 8 * 1024 * 1024
 # A version head is sent joined to this much of the body: one write, a few KiB copied.
 HEAD_JOIN = 4 * 1024
