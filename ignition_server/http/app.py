@@ -30,11 +30,13 @@ from .ready import (
     DEFAULT_READY_BYTES,
     DEFAULT_SENDING_BYTES,
     HEAD_JOIN,
+    WHOLE_WRITES_BYTES,
     WRITE_PIECE,
     PiecewiseBody,
     ReadyBodies,
     ReadyBody,
     Sending,
+    piece_for,
 )
 
 IGNITION_MEDIA_TYPE = "application/vnd.coreos.ignition+json"
@@ -72,6 +74,8 @@ class IgnitionHandlers:
         write_piece: int = WRITE_PIECE,
         ready_bytes: int = DEFAULT_READY_BYTES,
         max_sending_bytes: int = DEFAULT_SENDING_BYTES,
+        open_connections: Callable[[], int] | None = None,
+        whole_writes_bytes: int = WHOLE_WRITES_BYTES,
     ) -> None:
         self._cache = cache
         self._auth = authenticator
@@ -84,6 +88,10 @@ class IgnitionHandlers:
         self._second_opinion = second_opinion
         self._access = access or AccessLog("auto")
         self._write_piece = write_piece  # below the process's mmap threshold (memory.py)
+        # This process's open connections: bodies go out whole while few are open (ready.py's
+        # WHOLE_WRITES_BYTES). None: always in pieces (a process whose mmap threshold is below a body).
+        self._open_connections = open_connections
+        self._whole_writes = whole_writes_bytes
         self._versions: dict[tuple[str | None, str], str] = {}
         self._in_flight = 0  # payload requests being answered now (one event loop: no lock)
         self._ids = itertools.count(1)
@@ -173,9 +181,9 @@ class IgnitionHandlers:
             version = self._negotiate(accept, record.min_version)
             ready = self._ready.get(record.blob_id, version) if version is not None else None
             if ready is not None and version is not None:
-                response = _payload_response(ready, version, self._write_piece, self._sending)
+                response = _payload_response(ready, version, self._piece(len(ready), request), self._sending)
             else:
-                response = await self._payload(grant, record, accept, version)
+                response = await self._payload(grant, record, accept, version, request)
             self._metrics.get_requests.inc(grant.nodepool)
             if request.method == "GET":
                 # A HEAD carries no payload: no node booted from it, so it is not `ignition-reached`.
@@ -195,7 +203,8 @@ class IgnitionHandlers:
                                 client=remote or "-")
         return response
 
-    async def _payload(self, grant: Grant, record: RenderRecord, accept: str | None, version: str | None) -> web.Response:
+    async def _payload(self, grant: Grant, record: RenderRecord, accept: str | None, version: str | None,
+                       request: web.BaseRequest) -> web.Response:
         """A body not kept ready at `version`: from the memory tier or disk, then kept."""
         body = self._cache.get_blob_from_memory(record.blob_id)
         if body is None:
@@ -207,7 +216,17 @@ class IgnitionHandlers:
         if version is None:
             # Rare and final for that node: worth saying which feature needs the newer spec.
             raise Refusal(406, await asyncio.to_thread(unsatisfiable_reason, accept, body)) from None
-        return _payload_response(self._ready.make(record.blob_id, version, body), version, self._write_piece, self._sending)
+        ready = self._ready.make(record.blob_id, version, body)
+        return _payload_response(ready, version, self._piece(len(ready), request), self._sending)
+
+    def _piece(self, size: int, request: web.BaseRequest) -> int:
+        """How much of a `size`-byte body to write at once (ready.piece_for)."""
+        if self._open_connections is None:
+            return self._write_piece
+        # Requests parsed on this connection so far, this one included (aiohttp's RequestHandler
+        # keeps no public count; pyproject pins aiohttp's minor version, as guard.py's privates).
+        earlier = getattr(request.protocol, "_request_count", 1) > 1
+        return piece_for(size, self._open_connections(), earlier, self._write_piece, self._whole_writes)
 
     async def healthz(self, _request: web.BaseRequest) -> web.Response:
         return web.Response(text="ok\n")

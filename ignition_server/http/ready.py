@@ -5,8 +5,11 @@ head, then the stored body past its own (render.spec.version_splice). The body i
 for it: a spliced copy per request was a quarter of the serving CPU in keep-alive (py-spy,
 bench compare) and, with 64 responses of 416 KB in flight, ~25 MiB more of a worker's memory
 (the seeds' fleet, issue 33). A booting fleet asks the same few NodePools at the same version
-over and over, so the (head, body) pair is kept, bounded by the bytes it keeps alive. Blob ids
-are content hashes, so an entry can never go stale: a re-render is a new blob id.
+over and over, so the (head, body) pair is kept, bounded by the bytes it keeps alive; a pair
+asked for again is kept joined from then on (one copy per entry, not per request): a body
+written whole is then one TLS write and one socket write, where a head and the rest were two
+(issue 32). Blob ids are content hashes, so an entry can never go stale: a re-render is a new
+blob id.
 """
 
 from __future__ import annotations
@@ -29,6 +32,16 @@ DEFAULT_READY_BYTES = 8 * 1024 * 1024
 # each of those an mmap + munmap with fresh zeroed pages: keep-alive served ~1,000 req/s per
 # core that way, ~2,300 with the same buffers from the heap (one process, same run).
 WRITE_PIECE = 64 * 1024
+# On a kept-alive connection after its first response (piece_for), bodies are written whole
+# while (connections open in this process) x (body size) stays under this, in WRITE_PIECE
+# pieces beyond. A TLS write is encrypted whole into the connection's outgoing memory BIO, which
+# keeps that capacity for the connection's life (and a slow reader holds the records themselves):
+# written whole, 64 kept-alive clients of a 294 KiB payload cost a serving worker 25 MiB over idle
+# against 10 in pieces (+40 MiB at the seeds' fleet, issue 33). In pieces, a kept-alive ~300 KiB
+# body took six socket writes where bare aiohttp takes one: 51-60 µs of the worker's system CPU
+# per request against 38-46 whole (issue 32, one worker, 16 connections). Under the bound, whole
+# writes pin at most this much more than pieces would.
+WHOLE_WRITES_BYTES = 8 * 1024 * 1024
 # A version head is sent joined to this much of the body: one write, a few KiB copied.
 HEAD_JOIN = 4 * 1024
 # Payload bytes a process may be writing at once before new payload requests are answered 503 +
@@ -36,6 +49,18 @@ HEAD_JOIN = 4 * 1024
 # being written to slow clients (1,024 of 416 KB would be 416 MiB in one worker). 64 in flight
 # at the seeds' fleet (issue 33) write ~26 MiB.
 DEFAULT_SENDING_BYTES = 64 * 1024 * 1024
+
+
+def piece_for(size: int, open_connections: int, served_before: bool, piece: int = WRITE_PIECE,
+              whole_bytes: int = WHOLE_WRITES_BYTES) -> int:
+    """How much of a `size`-byte body to write at once on a connection that has (`served_before`)
+    or has not had a response before, `open_connections` open in this process. Pure.
+
+    A connection's first response goes in pieces: written whole, its TLS buffer would grow to the
+    body (reallocated and zeroed on the way) for a connection that most often ends after it (a
+    node fetches once; every connection of a storm). Later ones go whole while the connections
+    open could pin at most `whole_bytes` that way."""
+    return size if served_before and open_connections * size <= whole_bytes else piece
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +101,14 @@ class ReadyBodies:
         return int(self._bodies.currsize)
 
     def get(self, blob_id: str, version: str) -> ReadyBody | None:
-        return self._bodies.get((blob_id, version))
+        key = (blob_id, version)
+        ready = self._bodies.get(key)
+        if ready is not None and (ready.head or ready.rest):
+            # Asked again: joined once, so that every later response is one write (module doc).
+            # A fleet asking each NodePool once (the seeds' warm restart) never pays the copy.
+            ready = ReadyBody(b"", ready.joined())
+            self._bodies[key] = ready
+        return ready
 
     def make(self, blob_id: str, version: str, body: bytes,
              splice: Callable[[bytes, str], tuple[bytes, int]] = version_splice) -> ReadyBody:

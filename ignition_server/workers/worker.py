@@ -104,10 +104,9 @@ class Worker:
             second_opinion=self.ask_owner,
             request_id_prefix=f"{process_name(spec.number)}-",
             access=AccessLog(settings.log_format),
-            # 64 KiB pieces, drained one by one: a body written whole was encrypted whole into
-            # the TLS transport's buffer, ~1 MiB a response in flight; at the seeds' fleet (issue
-            # 33, 64 in flight) the serving worker peaked 40 MiB higher, for no CPU saved.
+            # Whole while few connections are open here, 64 KiB pieces beyond (http/ready.py).
             write_piece=WRITE_PIECE,
+            open_connections=connections.row(spec.number).open_here,
             ready_bytes=spec.ready_bytes,
         )
 

@@ -137,3 +137,21 @@ async def test_bodies_still_being_written_bound_new_payload_requests(tmp_path: P
     response = await client.get("/ignition", headers=headers)
     assert response.status == 200 and len(await response.read()) == len(body)
     handlers.close()
+
+
+async def test_aiohttp_counts_a_connections_requests_where_the_write_size_reads_it(aiohttp_raw_server, aiohttp_client) -> None:
+    # IgnitionHandlers._piece writes a connection's first response in pieces and later ones whole
+    # (http/ready.piece_for) by reading aiohttp's private per-connection request count: were it
+    # renamed, every response would silently go in pieces (six socket writes where one does).
+    from aiohttp import web
+
+    seen: list[object] = []
+
+    async def record(request: web.BaseRequest) -> web.Response:
+        seen.append(getattr(request.protocol, "_request_count", None))
+        return web.Response(text="ok")
+
+    client = await aiohttp_client(await aiohttp_raw_server(record))
+    for _ in range(3):  # one kept-alive connection (the test client's pool)
+        assert (await client.get("/")).status == 200
+    assert seen == [1, 2, 3]

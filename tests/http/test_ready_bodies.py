@@ -8,7 +8,7 @@ import tracemalloc
 import pytest
 
 from ignition_server.http.app import _payload_response
-from ignition_server.http.ready import PiecewiseBody, ReadyBodies
+from ignition_server.http.ready import WHOLE_WRITES_BYTES, WRITE_PIECE, PiecewiseBody, ReadyBodies, piece_for
 from ignition_server.memory import SERVING_MMAP_THRESHOLD
 from ignition_server.render.spec import encode, with_version
 
@@ -72,3 +72,35 @@ async def test_serving_a_spliced_version_allocates_no_copy_of_the_body(piece: in
     assert writer.size == 8 * len(with_version(BODY, "3.4.0"))
     assert held - base < len(BODY) // 4, held - base  # 8 bodies in flight, none copied
     assert peak - base < len(BODY), peak - base  # at most a piece or two copied at a time
+
+
+def test_a_body_is_written_whole_only_on_a_reused_connection_while_few_are_open() -> None:
+    # Written whole, each connection's TLS layer keeps a body's worth of records (issue 32/33):
+    # whole while that stays under the bound, 64 KiB pieces beyond (64 kept-alive clients); and
+    # never a connection's first response (a storm's connections, a node's one fetch).
+    size = len(BODY)
+    assert piece_for(size, 1, True) == size
+    assert piece_for(size, WHOLE_WRITES_BYTES // size, True) == size
+    assert piece_for(size, WHOLE_WRITES_BYTES // size + 1, True) == WRITE_PIECE
+    assert piece_for(size, 64, True) == WRITE_PIECE
+    assert piece_for(size, 1, False) == WRITE_PIECE
+
+
+async def test_a_body_asked_again_is_kept_joined_and_written_in_one_write() -> None:
+    bodies = ReadyBodies()
+    first = bodies.make("blob", "3.4.0", BODY)
+    assert first.head and first.body is BODY  # made: a head and views of the stored body
+    again = bodies.get("blob", "3.4.0")
+    assert again is not None and again.head == b"" and again.rest == 0
+    assert again.body == with_version(BODY, "3.4.0")
+    assert bodies.get("blob", "3.4.0") is again  # joined once, not per request
+    assert bodies.held() == len(again.body)
+    # Whole (few connections): the joined bytes as aiohttp's own body, one write with the headers.
+    response = _payload_response(again, "3.4.0", piece_for(len(again), 1, True))
+    assert response.body is not None and not isinstance(response.body, PiecewiseBody)
+    # Many connections: still pieces of at most WRITE_PIECE.
+    payload = _payload_response(again, "3.4.0", piece_for(len(again), 1000, True)).body
+    assert isinstance(payload, PiecewiseBody)
+    writer = _Collect()
+    await payload.write_with_length(writer, payload.size)  # type: ignore[arg-type]
+    assert writer.size == len(again) and max(writer.pieces) <= WRITE_PIECE
