@@ -49,7 +49,7 @@ class _Scan:
     gone: list[Path]
 
 
-@dataclass
+@dataclass(slots=True)  # one per file, 11,001 at the seeds' fleet: no __dict__ each
 class _FileState:
     stamp: tuple[int, int, int]  # (mtime_ns, size, inode)
     digest: str

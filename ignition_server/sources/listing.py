@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 import struct
+import sys
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..model.objects import LargeValue, ObjectKey
+from ..model.objects import LargeValue, ObjectKey, shared
 
 SNAPSHOT_NAME = "source-listing"
 SNAPSHOT_VERSION = 3  # 2: values over 4 KiB as digests; 3: framed, compressed records
@@ -63,7 +64,7 @@ def decode_record(raw: bytes) -> Record:
     try:
         fields = json.loads(zlib.decompress(raw))
         return Record(tuple(fields["stamp"]), fields["digest"], fields["read_at"],
-                      [(ObjectKey(kind, namespace, name), _revive(obj)) for kind, namespace, name, obj in fields["objects"]])
+                      [(ObjectKey(shared(kind), shared(namespace), name), _revive(obj)) for kind, namespace, name, obj in fields["objects"]])
     except (zlib.error, KeyError, TypeError) as exc:
         raise ValueError(f"not a listing record: {exc}") from None
 
@@ -113,7 +114,9 @@ def _revive(value: Any) -> Any:
         mark = value.get(_LARGE_MARK)
         if mark is not None and len(value) == 1:
             return LargeValue(mark[0], mark[1])
-        return {k: _revive(v) for k, v in value.items()}
+        return {sys.intern(k): _revive(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_revive(v) for v in value]
+    if isinstance(value, str):
+        return shared(value)  # as `slim` does: a restored object is kept as a parsed one is
     return value

@@ -408,3 +408,54 @@ async def test_a_poll_reads_changed_files_while_holding_ingesting_and_hands_them
                                                         "data": {"a": "2"}}))
     await source.poll_once()
     assert ingest.entered == entered + 1 and read_while[-1] is True and handed_while[-1] is False
+
+
+async def test_kept_objects_share_their_short_strings_parsed_or_restored(tmp_path: Path) -> None:
+    """5,280 NodePools' kept objects: keys, kinds and namespaces are one copy each (issue 33: a
+    user-data Secret kept 2.4 KB of which ~40 % was its own copies of those), whether a file was
+    parsed or restored from the listing snapshot; a token Secret's release text too."""
+    from ignition_server.model.objects import LargeValue
+    from ignition_server.model.token_secret import is_user_data_secret
+    from payload_cache import CacheConfig, PayloadCache
+
+    source_dir = tmp_path / "source"
+    source_dir.mkdir()
+    for i in range(2):
+        cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"cm-{i}", "namespace": "tenant-a"},
+              "data": {"mode": "enabled"}}
+        (source_dir / f"cm-{i}.yaml").write_text(yaml.safe_dump(cm))
+        secret = build_token_secret(namespace="tenant-a", nodepool=f"tenant-a/p{i}", token=f"t{i}")
+        (source_dir / f"p{i}.yaml").write_text(yaml.safe_dump(secret))
+        user_data = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                     "metadata": {"name": f"user-data-p{i}", "namespace": "tenant-a",
+                                  "annotations": {"hypershift.openshift.io/nodePool": f"tenant-a/p{i}"}},
+                     "data": {"value": base64.b64encode(b"x" * 100).decode()}}
+        (source_dir / f"user-data-p{i}.yaml").write_text(yaml.safe_dump(user_data))
+        old = time.time() - 60  # older than the racy window: restorable
+        for path in source_dir.iterdir():
+            os.utime(path, (old, old))
+    cache = PayloadCache.open(CacheConfig(cache_dir=tmp_path / "cache"))
+
+    def check(source: FileSource, how: str) -> None:
+        a, b = (source.get(ObjectKey("ConfigMap", "tenant-a", f"cm-{i}")) for i in range(2))
+        assert a is not None and b is not None and a is not b
+        assert [id(k) for k in a] == [id(k) for k in b], how
+        assert a["metadata"]["namespace"] is b["metadata"]["namespace"], how
+        assert a["data"]["mode"] is b["data"]["mode"], how
+        keys = [k for k in source.objects() if k.kind == "ConfigMap"]
+        assert keys[0].namespace is keys[1].namespace, how
+        u0, u1 = (source.get(ObjectKey("Secret", "tenant-a", f"user-data-p{i}")) for i in range(2))
+        assert u0 is not None and u1 is not None and isinstance(u0["data"]["value"], LargeValue)
+        assert not hasattr(u0["data"]["value"], "__dict__"), how  # two in each of 5,280 Secrets
+        assert u0["type"] is u1["type"] and u0["kind"] is u1["kind"], how
+        t0, t1 = (parse_token_secret(source.get(ObjectKey("Secret", "tenant-a", f"token-p{i}-00000000")) or {})
+                  for i in range(2))
+        assert t0.release == t1.release and t0.release is t1.release, how
+        assert not hasattr(t0, "__dict__"), how
+
+    parsed = FileSource(source_dir, state=cache, digest_values=is_user_data_secret)
+    await parsed.run(Recorder(), iterations=0)
+    check(parsed, "parsed")
+    restored = FileSource(source_dir, state=cache, digest_values=is_user_data_secret)
+    await restored.run(Recorder(), iterations=0)
+    check(restored, "restored from the snapshot")
