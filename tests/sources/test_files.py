@@ -459,3 +459,17 @@ async def test_kept_objects_share_their_short_strings_parsed_or_restored(tmp_pat
     restored = FileSource(source_dir, state=cache, digest_values=is_user_data_secret)
     await restored.run(Recorder(), iterations=0)
     check(restored, "restored from the snapshot")
+
+
+async def test_polls_are_spaced_by_what_the_walk_costs(tmp_path: Path) -> None:
+    """At 11,001 manifests a walk is ~45 ms of CPU and more beside the serving workers: polls
+    then wait their turn (issue 33), a small source keeps its interval."""
+    from ignition_server.sources.files import WALK_CPU_SHARE, poll_spacing
+
+    assert poll_spacing(1.0, 0.002) == 1.0
+    assert poll_spacing(1.0, 0.2) == pytest.approx(0.2 / WALK_CPU_SHARE) and poll_spacing(1.0, 0.2) >= 4.0
+    for i in range(300):
+        (tmp_path / f"cm-{i}.yaml").write_text(yaml.safe_dump({**CONFIGMAP, "metadata": {"name": f"cm-{i}", "namespace": "ns"}}))
+    source = FileSource(tmp_path, poll_interval=0.01)
+    await source.run(Recorder(), iterations=1)
+    assert 0 < source._walk_cpu < 1.0  # the walk's own thread CPU, measured each poll
