@@ -90,7 +90,7 @@ class FileSource:
     state: ListingStore | None = None
     _records: dict[Path, bytes] = field(default_factory=dict)  # per file, for the next snapshot (listing.encode_record)
     _restorable: dict[str, bytes] = field(default_factory=dict)  # the last snapshot's records, until listed
-    _snapshot_dirty: bool = False
+    _snapshot_dirty: bool = False  # a record changed since the snapshot was saved (or loaded)
     # Held while a poll reads the files it found changed (`run`'s `ingesting`): the reconciler
     # starts no render meanwhile, so a flood of new files is parsed at full speed and every
     # token Secret in it (another tenant's too) is indexed before the CPU goes to renders.
@@ -163,6 +163,8 @@ class FileSource:
             self.root, len(self._fingerprints), len(self._files), time.monotonic() - started,
             restorable - len(self._restorable),
         )
+        if self._restorable:
+            self._snapshot_dirty = True  # records of files gone while down: the snapshot drops them
         self._restorable.clear()
         await self._save_snapshot()
         last_save = time.monotonic()
@@ -226,8 +228,6 @@ class FileSource:
             if scan.to_read or scan.gone:
                 with self._ingesting():
                     changes = await loop.run_in_executor(self._reader, self._read, scan)
-        if changes:
-            self._snapshot_dirty = True
         # The first listing is handed over even when empty: it tells the reconciler what is gone.
         if (changes or not self._listed) and self._handler is not None:
             self._listed = True
@@ -393,8 +393,11 @@ class FileSource:
         read_at = time.time_ns() if read_at is None else read_at
         self._files[path] = _FileState(stamp, digest, tuple(new_keys), read_at)
         if self.state is not None:
-            self._records[path] = restored if restored is not None else listing.encode_record(
-                stamp, digest, read_at, applied)
+            if restored is not None:
+                self._records[path] = restored  # as the saved snapshot holds it: nothing to save
+            else:
+                self._records[path] = listing.encode_record(stamp, digest, read_at, applied)
+                self._snapshot_dirty = True
         return changes
 
     def _drop(self, key: ObjectKey) -> dict[str, Any]:
@@ -405,7 +408,8 @@ class FileSource:
         return gone if gone is not None else {"kind": key.kind, "metadata": {"name": key.name, "namespace": key.namespace}}
 
     def _forget(self, path: Path) -> list[Change]:
-        self._records.pop(path, None)
+        if self._records.pop(path, None) is not None:
+            self._snapshot_dirty = True
         state = self._files.pop(path, None)
         changes = []
         for key in state.keys if state else ():

@@ -473,3 +473,49 @@ async def test_polls_are_spaced_by_what_the_walk_costs(tmp_path: Path) -> None:
     source = FileSource(tmp_path, poll_interval=0.01)
     await source.run(Recorder(), iterations=1)
     assert 0 < source._walk_cpu < 1.0  # the walk's own thread CPU, measured each poll
+
+
+async def test_a_restart_that_restores_every_file_writes_no_snapshot(tmp_path: Path) -> None:
+    """At the seeds' fleet the snapshot is ~10 MiB: packing and sealing it again right after a
+    restart that changed nothing was a ~20 MiB transient in the owner while the workers served
+    (issue 33). A file changed or gone while down, or written since, still saves it."""
+    from payload_cache import CacheConfig, PayloadCache
+
+    source_dir = tmp_path / "source"
+    source_dir.mkdir()
+    for i in range(3):
+        path = source_dir / f"p{i}.yaml"
+        path.write_text(yaml.safe_dump(build_token_secret(namespace="ns", nodepool=f"ns/p{i}", token=f"t{i}")))
+        old = time.time() - 60  # older than the racy window
+        os.utime(path, (old, old))
+
+    class Counting(PayloadCache):
+        saves = 0
+
+        def save_state(self, name: str, data: bytes) -> None:
+            Counting.saves += 1
+            super().save_state(name, data)
+
+    def cache() -> Counting:
+        return Counting.open(CacheConfig(cache_dir=tmp_path / "cache"))  # type: ignore[return-value]
+
+    await FileSource(source_dir, state=cache()).run(Recorder(), iterations=0)
+    assert Counting.saves == 1  # the first listing, parsed
+    Counting.saves = 0
+    recorder = Recorder()
+    restarted = FileSource(source_dir, state=cache())
+    await restarted.run(recorder, iterations=0)
+    assert len(recorder.flat()) == 3 and Counting.saves == 0  # all restored: the saved one stands
+    await restarted.flush()
+    assert Counting.saves == 0
+    (source_dir / "p2.yaml").unlink()  # gone while down: its record goes
+    await FileSource(source_dir, state=cache()).run(Recorder(), iterations=0)
+    assert Counting.saves == 1
+    Counting.saves = 0
+    await FileSource(source_dir, state=cache()).run(Recorder(), iterations=0)
+    assert Counting.saves == 0
+    path = source_dir / "p1.yaml"  # changed while down
+    path.write_text(yaml.safe_dump(build_token_secret(namespace="ns", nodepool="ns/p1", token="t1-new")))
+    os.utime(path, (time.time() - 60, time.time() - 60))
+    await FileSource(source_dir, state=cache()).run(Recorder(), iterations=0)
+    assert Counting.saves == 1
