@@ -84,7 +84,7 @@ class FileSource:
     # for objects only ever compared, as the user-data Secrets the reconciler writes (~8 MiB of
     # pointer configs at 5,280 NodePools, each with its token).
     digest_values: Callable[[dict[str, Any]], bool] = lambda _obj: False
-    _fingerprints: dict[ObjectKey, str] = field(default_factory=dict)
+    _fingerprints: dict[ObjectKey, bytes] = field(default_factory=dict)  # sha256 digests: 65 B each, the hex 113
     # Where the listing is kept between runs, so a restart parses only the files that
     # changed (sources/listing.py).
     state: ListingStore | None = None
@@ -489,8 +489,8 @@ def _decoded(raw: bytes | None, path: Path) -> listing.Record | None:
         return None
 
 
-def _fingerprint(obj: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+def _fingerprint(obj: dict[str, Any]) -> bytes:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).digest()
 
 
 def _stamp(path: Path) -> tuple[int, int, int]:
