@@ -49,8 +49,8 @@ class _Scan:
     """What a poll's walk found, before anything is read: the files to read (new, changed, or
     written too recently for their stamp to tell) and the files gone."""
 
-    to_read: list[tuple[Path, Stamp]]
-    gone: list[Path]
+    to_read: list[tuple[str, Stamp]]
+    gone: list[str]
 
 
 @dataclass(slots=True)  # one per file, 11,001 at the seeds' fleet: no __dict__ each
@@ -69,10 +69,11 @@ class FileSource:
     root: Path
     poll_interval: float = 0.5
     read_only: bool = False
-    _files: dict[Path, _FileState] = field(default_factory=dict)
-    _paths: dict[str, Path] = field(default_factory=dict)  # one Path object per file, reused by every poll
+    # Files are named by their path as a str, as the walk finds it: a Path object per file was
+    # ~300 B more each (its parts list and cached text), 11,001 of them at the seeds' fleet.
+    _files: dict[str, _FileState] = field(default_factory=dict)
     _objects: dict[ObjectKey, dict[str, Any]] = field(default_factory=dict)
-    _where: dict[ObjectKey, Path] = field(default_factory=dict)
+    _where: dict[ObjectKey, str] = field(default_factory=dict)
     _handler: ChangeHandler | None = None
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _listed: bool = False
@@ -88,7 +89,7 @@ class FileSource:
     # Where the listing is kept between runs, so a restart parses only the files that
     # changed (sources/listing.py).
     state: ListingStore | None = None
-    _records: dict[Path, bytes] = field(default_factory=dict)  # per file, for the next snapshot (listing.encode_record)
+    _records: dict[str, bytes] = field(default_factory=dict)  # per file, for the next snapshot (listing.encode_record)
     _restorable: dict[str, bytes] = field(default_factory=dict)  # the last snapshot's records, until listed
     _snapshot_dirty: bool = False  # a record changed since the snapshot was saved (or loaded)
     # Held while a poll reads the files it found changed (`run`'s `ingesting`): the reconciler
@@ -129,7 +130,7 @@ class FileSource:
         if path is None:
             return None
         try:
-            parsed = self._parse(path.read_bytes())
+            parsed = self._parse(Path(path).read_bytes())
         except (OSError, yaml.YAMLError, UnicodeDecodeError):
             return None
         return next((obj for found, obj in parsed if found == key), None)
@@ -202,7 +203,7 @@ class FileSource:
         except ValueError as exc:
             log.warning("source listing snapshot unusable, listing from scratch: %s", exc)
 
-    def _write_snapshot(self, state: ListingStore, records: dict[Path, bytes]) -> None:
+    def _write_snapshot(self, state: ListingStore, records: dict[str, bytes]) -> None:
         state.save_state(listing.SNAPSHOT_NAME, listing.pack(str(self.root.resolve()), records))
 
     async def flush(self) -> None:
@@ -251,8 +252,8 @@ class FileSource:
             self._walk_cpu = time.thread_time() - started
 
     def _compare_walk(self) -> _Scan:
-        seen: set[Path] = set()
-        to_read: list[tuple[Path, Stamp]] = []
+        seen: set[str] = set()
+        to_read: list[tuple[str, Stamp]] = []
         now_ns = time.time_ns()
         for path, stamp in self._walk():
             seen.add(path)
@@ -271,24 +272,23 @@ class FileSource:
         changes: list[Change] = []
         for path, stamp in scan.to_read:
             known = self._files.get(path)
-            raw_record = self._restorable.get(str(path)) if known is None else None
+            raw_record = self._restorable.get(path) if known is None else None
             record = _decoded(raw_record, path)
             if record is not None and record.stamp == stamp and record.read_at - stamp[0] > _RACY_NS:
-                del self._restorable[str(path)]
+                del self._restorable[path]
                 changes.extend(self._apply_parsed(path, stamp, record.digest, record.objects, raw_record, record.read_at))
                 continue
             changes.extend(self._reload(path, stamp))
         for path in scan.gone:
             changes.extend(self._forget(path))
-            self._paths.pop(str(path), None)
         return changes
 
-    def _walk(self) -> list[tuple[Path, tuple[int, int, int]]]:
+    def _walk(self) -> list[tuple[str, tuple[int, int, int]]]:
         """Every manifest under the root with its stamp: one scandir pass, Path objects reused
         (at 10,000 files a poll is a few tens of ms instead of hundreds). Stamps, not stat
         results: 10,560 of those are ~19 MiB of small objects, and the first listing's were
         freed among everything it keeps, as holes the heap could not give back."""
-        found: list[tuple[Path, tuple[int, int, int]]] = []
+        found: list[tuple[str, tuple[int, int, int]]] = []
 
         def scan(directory: str) -> None:
             with os.scandir(directory) as entries:
@@ -302,15 +302,12 @@ class FileSource:
                             st = entry.stat()
                         except FileNotFoundError:
                             continue
-                        path = self._paths.get(entry.path)
-                        if path is None:
-                            path = self._paths[entry.path] = Path(entry.path)
-                        found.append((path, (st.st_mtime_ns, st.st_size, st.st_ino)))
+                        found.append((entry.path, (st.st_mtime_ns, st.st_size, st.st_ino)))
 
         scan(str(self.root))
         return found
 
-    def _reload(self, path: Path, stamp: tuple[int, int, int]) -> list[Change]:
+    def _reload(self, path: str, stamp: tuple[int, int, int]) -> list[Change]:
         if stamp[1] > MAX_MANIFEST_BYTES:
             # Not read at all: one file must not cost the others their memory or their turn.
             known = self._files.get(path)
@@ -324,7 +321,7 @@ class FileSource:
                 self._files[path] = _FileState(stamp, marker)
             return []
         try:
-            raw = path.read_bytes()
+            raw = Path(path).read_bytes()
         except FileNotFoundError:
             return self._forget(path)
         digest = hashlib.sha256(raw).hexdigest()
@@ -342,7 +339,7 @@ class FileSource:
             # Bad input loses nothing: the objects this file held before stay as they were,
             # also across a restart (the listing snapshot remembers them).
             log.error("cannot parse %s, keeping its last good objects: %s", path, exc)
-            raw_record = self._restorable.pop(str(path), None) if known is None else None
+            raw_record = self._restorable.pop(path, None) if known is None else None
             record = _decoded(raw_record, path)
             if record is not None:
                 return self._apply_parsed(path, stamp, digest, record.objects)
@@ -354,7 +351,7 @@ class FileSource:
         return self._apply_parsed(path, stamp, digest, [(key, slim(obj)) for key, obj in parsed])
 
     def _apply_parsed(
-        self, path: Path, stamp: tuple[int, int, int], digest: str, parsed: list[tuple[ObjectKey, dict[str, Any]]],
+        self, path: str, stamp: tuple[int, int, int], digest: str, parsed: list[tuple[ObjectKey, dict[str, Any]]],
         restored: bytes | None = None, read_at: int | None = None,
     ) -> list[Change]:
         """Apply a file's objects; `restored`: the snapshot's record they came from, kept as it is."""
@@ -407,7 +404,7 @@ class FileSource:
         gone = self._objects.pop(key, None)
         return gone if gone is not None else {"kind": key.kind, "metadata": {"name": key.name, "namespace": key.namespace}}
 
-    def _forget(self, path: Path) -> list[Change]:
+    def _forget(self, path: str) -> list[Change]:
         if self._records.pop(path, None) is not None:
             self._snapshot_dirty = True
         state = self._files.pop(path, None)
@@ -458,14 +455,16 @@ class FileSource:
 
     def _create(self, key: ObjectKey, obj: dict[str, Any], beside: ObjectKey) -> list[Change]:
         near = self._where.get(beside)
-        path = file_writes.create(near.parent if near is not None else self.root, key, obj)
+        directory = os.path.dirname(near) if near is not None else str(self.root)
+        created = file_writes.create(Path(directory), key, obj)
+        path = os.path.join(directory, created.name)  # named as the walk names it (scandir's join)
         return self._reload(path, _stamp(path))
 
     def _write_back(self, key: ObjectKey, mutate: Mutation) -> tuple[list[Change], dict[str, Any] | None]:
         path = self._where.get(key)
         if path is None:
             raise KeyError(f"{key} is not in the source")
-        done = file_writes.rewrite(path, key, mutate)
+        done = file_writes.rewrite(Path(path), key, mutate)
         if done is None:
             return self._reload(path, _stamp(path)), None
         if done.objects is not None:
@@ -479,7 +478,7 @@ def poll_spacing(interval: float, walk_cpu: float) -> float:
     return max(interval, walk_cpu / WALK_CPU_SHARE)
 
 
-def _decoded(raw: bytes | None, path: Path) -> listing.Record | None:
+def _decoded(raw: bytes | None, path: str) -> listing.Record | None:
     if raw is None:
         return None
     try:
@@ -493,6 +492,6 @@ def _fingerprint(obj: dict[str, Any]) -> bytes:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).digest()
 
 
-def _stamp(path: Path) -> tuple[int, int, int]:
-    st = path.stat()
+def _stamp(path: str | Path) -> tuple[int, int, int]:
+    st = os.stat(path)
     return (st.st_mtime_ns, st.st_size, st.st_ino)

@@ -15,8 +15,7 @@ import struct
 import sys
 import zlib
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Mapping, Protocol
 
 from ..model.objects import LargeValue, ObjectKey, shared
 
@@ -69,10 +68,11 @@ def decode_record(raw: bytes) -> Record:
         raise ValueError(f"not a listing record: {exc}") from None
 
 
-def pack(root: str, records: dict[Path, bytes]) -> bytes:
+def pack(root: str, records: Mapping[str, bytes]) -> bytes:
+    """The snapshot of `root`: its files' records, by path."""
     parts = [json.dumps({"version": SNAPSHOT_VERSION, "root": root}).encode(), b"\n"]
     for path, record in records.items():
-        name = str(path).encode()
+        name = path.encode()
         parts += (_FRAME.pack(len(name), len(record)), name, record)
     return b"".join(parts)
 

@@ -278,7 +278,7 @@ async def test_a_damaged_snapshot_costs_only_a_parse_of_the_files_it_cannot_rest
     # One record damaged (a bit flipped inside the encryption would fail the whole snapshot;
     # this is a record that decrypts but does not decode).
     records[str(source_dir / "p1.yaml")] = b"not a record"
-    cache.save_state(listing.SNAPSHOT_NAME, listing.pack(str(source_dir.resolve()), {Path(p): r for p, r in records.items()}))
+    cache.save_state(listing.SNAPSHOT_NAME, listing.pack(str(source_dir.resolve()), records))
 
     parsed: list[bytes] = []
 
@@ -519,3 +519,29 @@ async def test_a_restart_that_restores_every_file_writes_no_snapshot(tmp_path: P
     os.utime(path, (time.time() - 60, time.time() - 60))
     await FileSource(source_dir, state=cache()).run(Recorder(), iterations=0)
     assert Counting.saves == 1
+
+
+@pytest.mark.parametrize("relative", [False, True])
+async def test_a_file_the_source_creates_is_the_file_its_polls_find(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, relative: bool) -> None:
+    """Files are named by their path text as the walk finds it (issue 33: no Path object per
+    file): an object `put` beside another lands in a file the next polls know, under a root
+    given as `.` too, never seen as one more file defining it."""
+    sub = tmp_path / "clusters-c0"
+    sub.mkdir()
+    (sub / "cm.yaml").write_text(yaml.safe_dump(CONFIGMAP))
+    if relative:
+        monkeypatch.chdir(tmp_path)
+    source = FileSource(Path(".") if relative else tmp_path)
+    recorder = Recorder()
+    await source.run(recorder, iterations=0)
+    new = {**CONFIGMAP, "metadata": {"name": "made", "namespace": "ns"}}
+    await source.put(new, beside=ObjectKey("ConfigMap", "ns", "cm"))
+    assert (sub / "made.yaml").exists()
+    for _ in range(2):
+        await source.poll_once()
+    assert recorder.flat() == [("ADDED", "cm"), ("ADDED", "made")]
+    assert source.get(ObjectKey("ConfigMap", "ns", "made")) == new
+    (sub / "made.yaml").unlink()
+    await source.poll_once()
+    assert recorder.flat()[-1] == ("DELETED", "made")
