@@ -33,6 +33,10 @@ log = logging.getLogger("ignition_server.sources.files")
 _SUFFIXES = (".yaml", ".yml", ".json")
 _RACY_NS = 2_000_000_000
 SNAPSHOT_INTERVAL = 10.0
+# A poll's walk stats every manifest: ~45 ms of CPU at the seeds' 11,001 files on an idle core,
+# two to four times that beside the serving workers after a restart. Polls are spaced so that
+# walking takes at most this share of one core, however large the source or busy the machine.
+WALK_CPU_SHARE = 0.05
 # A manifest larger than this is refused unread (a 300 KiB payload's token Secret is ~350 KiB).
 MAX_MANIFEST_BYTES = 32 * 1024 * 1024
 
@@ -45,11 +49,11 @@ class _Scan:
     """What a poll's walk found, before anything is read: the files to read (new, changed, or
     written too recently for their stamp to tell) and the files gone."""
 
-    to_read: list[tuple[Path, Stamp]]
-    gone: list[Path]
+    to_read: list[tuple[str, Stamp]]
+    gone: list[str]
 
 
-@dataclass
+@dataclass(slots=True)  # one per file, 11,001 at the seeds' fleet: no __dict__ each
 class _FileState:
     stamp: tuple[int, int, int]  # (mtime_ns, size, inode)
     digest: str
@@ -65,10 +69,11 @@ class FileSource:
     root: Path
     poll_interval: float = 0.5
     read_only: bool = False
-    _files: dict[Path, _FileState] = field(default_factory=dict)
-    _paths: dict[str, Path] = field(default_factory=dict)  # one Path object per file, reused by every poll
+    # Files are named by their path as a str, as the walk finds it: a Path object per file was
+    # ~300 B more each (its parts list and cached text), 11,001 of them at the seeds' fleet.
+    _files: dict[str, _FileState] = field(default_factory=dict)
     _objects: dict[ObjectKey, dict[str, Any]] = field(default_factory=dict)
-    _where: dict[ObjectKey, Path] = field(default_factory=dict)
+    _where: dict[ObjectKey, str] = field(default_factory=dict)
     _handler: ChangeHandler | None = None
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _listed: bool = False
@@ -80,13 +85,13 @@ class FileSource:
     # for objects only ever compared, as the user-data Secrets the reconciler writes (~8 MiB of
     # pointer configs at 5,280 NodePools, each with its token).
     digest_values: Callable[[dict[str, Any]], bool] = lambda _obj: False
-    _fingerprints: dict[ObjectKey, str] = field(default_factory=dict)
+    _fingerprints: dict[ObjectKey, bytes] = field(default_factory=dict)  # sha256 digests: 65 B each, the hex 113
     # Where the listing is kept between runs, so a restart parses only the files that
     # changed (sources/listing.py).
     state: ListingStore | None = None
-    _records: dict[Path, bytes] = field(default_factory=dict)  # per file, for the next snapshot (listing.encode_record)
+    _records: dict[str, bytes] = field(default_factory=dict)  # per file, for the next snapshot (listing.encode_record)
     _restorable: dict[str, bytes] = field(default_factory=dict)  # the last snapshot's records, until listed
-    _snapshot_dirty: bool = False
+    _snapshot_dirty: bool = False  # a record changed since the snapshot was saved (or loaded)
     # Held while a poll reads the files it found changed (`run`'s `ingesting`): the reconciler
     # starts no render meanwhile, so a flood of new files is parsed at full speed and every
     # token Secret in it (another tenant's too) is indexed before the CPU goes to renders.
@@ -95,6 +100,7 @@ class FileSource:
     # of the default executor, one poll's reading waited a second or more under a flood.
     _reader: concurrent.futures.ThreadPoolExecutor = field(
         default_factory=lambda: concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="file-source"))
+    _walk_cpu: float = 0.0  # CPU seconds the last poll's walk took (its thread's)
 
     @property
     def writable(self) -> bool:
@@ -124,7 +130,7 @@ class FileSource:
         if path is None:
             return None
         try:
-            parsed = self._parse(path.read_bytes())
+            parsed = self._parse(Path(path).read_bytes())
         except (OSError, yaml.YAMLError, UnicodeDecodeError):
             return None
         return next((obj for found, obj in parsed if found == key), None)
@@ -137,7 +143,8 @@ class FileSource:
                   iterations: int | None = None) -> None:
         """List, hand the listing over as ADDED changes, then poll until cancelled: each poll
         starts one `poll_interval` after the one before started (however long a flood's took),
-        a quarter of one after it ended at the least.
+        a quarter of one after it ended at the least; longer when walking the directory would
+        take more than WALK_CPU_SHARE of a core (`poll_spacing`).
 
         `ingesting` is held while a poll reads changed files; `iterations` bounds the poll loop
         for tests (as kopf's watcher does).
@@ -157,6 +164,8 @@ class FileSource:
             self.root, len(self._fingerprints), len(self._files), time.monotonic() - started,
             restorable - len(self._restorable),
         )
+        if self._restorable:
+            self._snapshot_dirty = True  # records of files gone while down: the snapshot drops them
         self._restorable.clear()
         await self._save_snapshot()
         last_save = time.monotonic()
@@ -165,7 +174,8 @@ class FileSource:
         polled = time.monotonic()
         while iterations is None or count < iterations:
             since = time.monotonic() - polled
-            await asyncio.sleep(max(self.poll_interval - since, self.poll_interval / 4))
+            interval = poll_spacing(self.poll_interval, self._walk_cpu)
+            await asyncio.sleep(max(interval - since, interval / 4))
             polled = time.monotonic()
             try:
                 await self.poll_once()
@@ -193,7 +203,7 @@ class FileSource:
         except ValueError as exc:
             log.warning("source listing snapshot unusable, listing from scratch: %s", exc)
 
-    def _write_snapshot(self, state: ListingStore, records: dict[Path, bytes]) -> None:
+    def _write_snapshot(self, state: ListingStore, records: dict[str, bytes]) -> None:
         state.save_state(listing.SNAPSHOT_NAME, listing.pack(str(self.root.resolve()), records))
 
     async def flush(self) -> None:
@@ -219,8 +229,6 @@ class FileSource:
             if scan.to_read or scan.gone:
                 with self._ingesting():
                     changes = await loop.run_in_executor(self._reader, self._read, scan)
-        if changes:
-            self._snapshot_dirty = True
         # The first listing is handed over even when empty: it tells the reconciler what is gone.
         if (changes or not self._listed) and self._handler is not None:
             self._listed = True
@@ -237,8 +245,15 @@ class FileSource:
         return self._read(self._walk_for_changes())
 
     def _walk_for_changes(self) -> _Scan:
-        seen: set[Path] = set()
-        to_read: list[tuple[Path, Stamp]] = []
+        started = time.thread_time()
+        try:
+            return self._compare_walk()
+        finally:
+            self._walk_cpu = time.thread_time() - started
+
+    def _compare_walk(self) -> _Scan:
+        seen: set[str] = set()
+        to_read: list[tuple[str, Stamp]] = []
         now_ns = time.time_ns()
         for path, stamp in self._walk():
             seen.add(path)
@@ -257,46 +272,46 @@ class FileSource:
         changes: list[Change] = []
         for path, stamp in scan.to_read:
             known = self._files.get(path)
-            raw_record = self._restorable.get(str(path)) if known is None else None
+            raw_record = self._restorable.get(path) if known is None else None
             record = _decoded(raw_record, path)
             if record is not None and record.stamp == stamp and record.read_at - stamp[0] > _RACY_NS:
-                del self._restorable[str(path)]
+                del self._restorable[path]
                 changes.extend(self._apply_parsed(path, stamp, record.digest, record.objects, raw_record, record.read_at))
                 continue
             changes.extend(self._reload(path, stamp))
         for path in scan.gone:
             changes.extend(self._forget(path))
-            self._paths.pop(str(path), None)
         return changes
 
-    def _walk(self) -> list[tuple[Path, tuple[int, int, int]]]:
-        """Every manifest under the root with its stamp: one scandir pass, Path objects reused
-        (at 10,000 files a poll is a few tens of ms instead of hundreds). Stamps, not stat
-        results: 10,560 of those are ~19 MiB of small objects, and the first listing's were
-        freed among everything it keeps, as holes the heap could not give back."""
-        found: list[tuple[Path, tuple[int, int, int]]] = []
+    def _walk(self) -> list[tuple[str, tuple[int, int, int]]]:
+        """Every manifest under the root with its stamp, in path order: one scandir pass (at
+        10,000 files a poll is a few tens of ms instead of hundreds). Stamps, not stat results:
+        10,560 of those are ~19 MiB of small objects, and the first listing's were freed among
+        everything it keeps, as holes the heap could not give back.
 
-        def scan(directory: str) -> None:
-            with os.scandir(directory) as entries:
-                for entry in sorted(entries, key=lambda e: e.name):
-                    if entry.name.startswith("."):
-                        continue
-                    if entry.is_dir(follow_symlinks=False):  # as os.walk: no symlink loops
-                        scan(entry.path)
-                    elif entry.name.endswith(_SUFFIXES):
-                        try:
-                            st = entry.stat()
-                        except FileNotFoundError:
-                            continue
-                        path = self._paths.get(entry.path)
-                        if path is None:
-                            path = self._paths[entry.path] = Path(entry.path)
-                        found.append((path, (st.st_mtime_ns, st.st_size, st.st_ino)))
-
-        scan(str(self.root))
+        A stack, not a nested function calling itself: that function and its closure were a
+        reference cycle holding the poll's whole result, freed only by a full garbage
+        collection, so every poll's list piled up between two (+50 MiB in two minutes in an
+        idle owner at 110 x 12, issue 33)."""
+        found: list[tuple[str, tuple[int, int, int]]] = []
+        stack = [iter(_sorted_entries(str(self.root)))]  # depth first, each directory in name order
+        while stack:
+            entry = next(stack[-1], None)
+            if entry is None:
+                stack.pop()
+            elif entry.name.startswith("."):
+                continue
+            elif entry.is_dir(follow_symlinks=False):  # as os.walk: no symlink loops
+                stack.append(iter(_sorted_entries(entry.path)))
+            elif entry.name.endswith(_SUFFIXES):
+                try:
+                    st = entry.stat()
+                except FileNotFoundError:
+                    continue
+                found.append((entry.path, (st.st_mtime_ns, st.st_size, st.st_ino)))
         return found
 
-    def _reload(self, path: Path, stamp: tuple[int, int, int]) -> list[Change]:
+    def _reload(self, path: str, stamp: tuple[int, int, int]) -> list[Change]:
         if stamp[1] > MAX_MANIFEST_BYTES:
             # Not read at all: one file must not cost the others their memory or their turn.
             known = self._files.get(path)
@@ -310,7 +325,7 @@ class FileSource:
                 self._files[path] = _FileState(stamp, marker)
             return []
         try:
-            raw = path.read_bytes()
+            raw = Path(path).read_bytes()
         except FileNotFoundError:
             return self._forget(path)
         digest = hashlib.sha256(raw).hexdigest()
@@ -328,7 +343,7 @@ class FileSource:
             # Bad input loses nothing: the objects this file held before stay as they were,
             # also across a restart (the listing snapshot remembers them).
             log.error("cannot parse %s, keeping its last good objects: %s", path, exc)
-            raw_record = self._restorable.pop(str(path), None) if known is None else None
+            raw_record = self._restorable.pop(path, None) if known is None else None
             record = _decoded(raw_record, path)
             if record is not None:
                 return self._apply_parsed(path, stamp, digest, record.objects)
@@ -340,7 +355,7 @@ class FileSource:
         return self._apply_parsed(path, stamp, digest, [(key, slim(obj)) for key, obj in parsed])
 
     def _apply_parsed(
-        self, path: Path, stamp: tuple[int, int, int], digest: str, parsed: list[tuple[ObjectKey, dict[str, Any]]],
+        self, path: str, stamp: tuple[int, int, int], digest: str, parsed: list[tuple[ObjectKey, dict[str, Any]]],
         restored: bytes | None = None, read_at: int | None = None,
     ) -> list[Change]:
         """Apply a file's objects; `restored`: the snapshot's record they came from, kept as it is."""
@@ -379,8 +394,11 @@ class FileSource:
         read_at = time.time_ns() if read_at is None else read_at
         self._files[path] = _FileState(stamp, digest, tuple(new_keys), read_at)
         if self.state is not None:
-            self._records[path] = restored if restored is not None else listing.encode_record(
-                stamp, digest, read_at, applied)
+            if restored is not None:
+                self._records[path] = restored  # as the saved snapshot holds it: nothing to save
+            else:
+                self._records[path] = listing.encode_record(stamp, digest, read_at, applied)
+                self._snapshot_dirty = True
         return changes
 
     def _drop(self, key: ObjectKey) -> dict[str, Any]:
@@ -390,8 +408,9 @@ class FileSource:
         gone = self._objects.pop(key, None)
         return gone if gone is not None else {"kind": key.kind, "metadata": {"name": key.name, "namespace": key.namespace}}
 
-    def _forget(self, path: Path) -> list[Change]:
-        self._records.pop(path, None)
+    def _forget(self, path: str) -> list[Change]:
+        if self._records.pop(path, None) is not None:
+            self._snapshot_dirty = True
         state = self._files.pop(path, None)
         changes = []
         for key in state.keys if state else ():
@@ -440,14 +459,16 @@ class FileSource:
 
     def _create(self, key: ObjectKey, obj: dict[str, Any], beside: ObjectKey) -> list[Change]:
         near = self._where.get(beside)
-        path = file_writes.create(near.parent if near is not None else self.root, key, obj)
+        directory = os.path.dirname(near) if near is not None else str(self.root)
+        created = file_writes.create(Path(directory), key, obj)
+        path = os.path.join(directory, created.name)  # named as the walk names it (scandir's join)
         return self._reload(path, _stamp(path))
 
     def _write_back(self, key: ObjectKey, mutate: Mutation) -> tuple[list[Change], dict[str, Any] | None]:
         path = self._where.get(key)
         if path is None:
             raise KeyError(f"{key} is not in the source")
-        done = file_writes.rewrite(path, key, mutate)
+        done = file_writes.rewrite(Path(path), key, mutate)
         if done is None:
             return self._reload(path, _stamp(path)), None
         if done.objects is not None:
@@ -455,7 +476,18 @@ class FileSource:
         return self._reload(path, _stamp(path)), done.obj
 
 
-def _decoded(raw: bytes | None, path: Path) -> listing.Record | None:
+def _sorted_entries(directory: str) -> list[os.DirEntry[str]]:
+    with os.scandir(directory) as entries:
+        return sorted(entries, key=lambda entry: entry.name)
+
+
+def poll_spacing(interval: float, walk_cpu: float) -> float:
+    """Seconds from one poll's start to the next: `interval`, or longer when the last walk's CPU
+    time would otherwise be more than WALK_CPU_SHARE of a core."""
+    return max(interval, walk_cpu / WALK_CPU_SHARE)
+
+
+def _decoded(raw: bytes | None, path: str) -> listing.Record | None:
     if raw is None:
         return None
     try:
@@ -465,10 +497,10 @@ def _decoded(raw: bytes | None, path: Path) -> listing.Record | None:
         return None
 
 
-def _fingerprint(obj: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+def _fingerprint(obj: dict[str, Any]) -> bytes:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).digest()
 
 
-def _stamp(path: Path) -> tuple[int, int, int]:
-    st = path.stat()
+def _stamp(path: str | Path) -> tuple[int, int, int]:
+    st = os.stat(path)
     return (st.st_mtime_ns, st.st_size, st.st_ino)

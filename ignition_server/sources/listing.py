@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import json
 import struct
+import sys
 import zlib
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Mapping, Protocol
 
-from ..model.objects import LargeValue, ObjectKey
+from ..model.objects import LargeValue, ObjectKey, shared
 
 SNAPSHOT_NAME = "source-listing"
 SNAPSHOT_VERSION = 3  # 2: values over 4 KiB as digests; 3: framed, compressed records
@@ -63,15 +63,16 @@ def decode_record(raw: bytes) -> Record:
     try:
         fields = json.loads(zlib.decompress(raw))
         return Record(tuple(fields["stamp"]), fields["digest"], fields["read_at"],
-                      [(ObjectKey(kind, namespace, name), _revive(obj)) for kind, namespace, name, obj in fields["objects"]])
+                      [(ObjectKey(shared(kind), shared(namespace), name), _revive(obj)) for kind, namespace, name, obj in fields["objects"]])
     except (zlib.error, KeyError, TypeError) as exc:
         raise ValueError(f"not a listing record: {exc}") from None
 
 
-def pack(root: str, records: dict[Path, bytes]) -> bytes:
+def pack(root: str, records: Mapping[str, bytes]) -> bytes:
+    """The snapshot of `root`: its files' records, by path."""
     parts = [json.dumps({"version": SNAPSHOT_VERSION, "root": root}).encode(), b"\n"]
     for path, record in records.items():
-        name = str(path).encode()
+        name = path.encode()
         parts += (_FRAME.pack(len(name), len(record)), name, record)
     return b"".join(parts)
 
@@ -113,7 +114,9 @@ def _revive(value: Any) -> Any:
         mark = value.get(_LARGE_MARK)
         if mark is not None and len(value) == 1:
             return LargeValue(mark[0], mark[1])
-        return {k: _revive(v) for k, v in value.items()}
+        return {sys.intern(k): _revive(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_revive(v) for v in value]
+    if isinstance(value, str):
+        return shared(value)  # as `slim` does: a restored object is kept as a parsed one is
     return value

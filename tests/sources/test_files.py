@@ -278,7 +278,7 @@ async def test_a_damaged_snapshot_costs_only_a_parse_of_the_files_it_cannot_rest
     # One record damaged (a bit flipped inside the encryption would fail the whole snapshot;
     # this is a record that decrypts but does not decode).
     records[str(source_dir / "p1.yaml")] = b"not a record"
-    cache.save_state(listing.SNAPSHOT_NAME, listing.pack(str(source_dir.resolve()), {Path(p): r for p, r in records.items()}))
+    cache.save_state(listing.SNAPSHOT_NAME, listing.pack(str(source_dir.resolve()), records))
 
     parsed: list[bytes] = []
 
@@ -408,3 +408,164 @@ async def test_a_poll_reads_changed_files_while_holding_ingesting_and_hands_them
                                                         "data": {"a": "2"}}))
     await source.poll_once()
     assert ingest.entered == entered + 1 and read_while[-1] is True and handed_while[-1] is False
+
+
+async def test_kept_objects_share_their_short_strings_parsed_or_restored(tmp_path: Path) -> None:
+    """5,280 NodePools' kept objects: keys, kinds and namespaces are one copy each (issue 33: a
+    user-data Secret kept 2.4 KB of which ~40 % was its own copies of those), whether a file was
+    parsed or restored from the listing snapshot; a token Secret's release text too."""
+    from ignition_server.model.objects import LargeValue
+    from ignition_server.model.token_secret import is_user_data_secret
+    from payload_cache import CacheConfig, PayloadCache
+
+    source_dir = tmp_path / "source"
+    source_dir.mkdir()
+    for i in range(2):
+        cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"cm-{i}", "namespace": "tenant-a"},
+              "data": {"mode": "enabled"}}
+        (source_dir / f"cm-{i}.yaml").write_text(yaml.safe_dump(cm))
+        secret = build_token_secret(namespace="tenant-a", nodepool=f"tenant-a/p{i}", token=f"t{i}")
+        (source_dir / f"p{i}.yaml").write_text(yaml.safe_dump(secret))
+        user_data = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                     "metadata": {"name": f"user-data-p{i}", "namespace": "tenant-a",
+                                  "annotations": {"hypershift.openshift.io/nodePool": f"tenant-a/p{i}"}},
+                     "data": {"value": base64.b64encode(b"x" * 100).decode()}}
+        (source_dir / f"user-data-p{i}.yaml").write_text(yaml.safe_dump(user_data))
+        old = time.time() - 60  # older than the racy window: restorable
+        for path in source_dir.iterdir():
+            os.utime(path, (old, old))
+    cache = PayloadCache.open(CacheConfig(cache_dir=tmp_path / "cache"))
+
+    def check(source: FileSource, how: str) -> None:
+        a, b = (source.get(ObjectKey("ConfigMap", "tenant-a", f"cm-{i}")) for i in range(2))
+        assert a is not None and b is not None and a is not b
+        assert [id(k) for k in a] == [id(k) for k in b], how
+        assert a["metadata"]["namespace"] is b["metadata"]["namespace"], how
+        assert a["data"]["mode"] is b["data"]["mode"], how
+        keys = [k for k in source.objects() if k.kind == "ConfigMap"]
+        assert keys[0].namespace is keys[1].namespace, how
+        u0, u1 = (source.get(ObjectKey("Secret", "tenant-a", f"user-data-p{i}")) for i in range(2))
+        assert u0 is not None and u1 is not None and isinstance(u0["data"]["value"], LargeValue)
+        assert not hasattr(u0["data"]["value"], "__dict__"), how  # two in each of 5,280 Secrets
+        assert u0["type"] is u1["type"] and u0["kind"] is u1["kind"], how
+        t0, t1 = (parse_token_secret(source.get(ObjectKey("Secret", "tenant-a", f"token-p{i}-00000000")) or {})
+                  for i in range(2))
+        assert t0.release == t1.release and t0.release is t1.release, how
+        assert not hasattr(t0, "__dict__"), how
+
+    parsed = FileSource(source_dir, state=cache, digest_values=is_user_data_secret)
+    await parsed.run(Recorder(), iterations=0)
+    check(parsed, "parsed")
+    restored = FileSource(source_dir, state=cache, digest_values=is_user_data_secret)
+    await restored.run(Recorder(), iterations=0)
+    check(restored, "restored from the snapshot")
+
+
+async def test_polls_are_spaced_by_what_the_walk_costs(tmp_path: Path) -> None:
+    """At 11,001 manifests a walk is ~45 ms of CPU and more beside the serving workers: polls
+    then wait their turn (issue 33), a small source keeps its interval."""
+    from ignition_server.sources.files import WALK_CPU_SHARE, poll_spacing
+
+    assert poll_spacing(1.0, 0.002) == 1.0
+    assert poll_spacing(1.0, 0.2) == pytest.approx(0.2 / WALK_CPU_SHARE) and poll_spacing(1.0, 0.2) >= 4.0
+    for i in range(300):
+        (tmp_path / f"cm-{i}.yaml").write_text(yaml.safe_dump({**CONFIGMAP, "metadata": {"name": f"cm-{i}", "namespace": "ns"}}))
+    source = FileSource(tmp_path, poll_interval=0.01)
+    await source.run(Recorder(), iterations=1)
+    assert 0 < source._walk_cpu < 1.0  # the walk's own thread CPU, measured each poll
+
+
+async def test_a_restart_that_restores_every_file_writes_no_snapshot(tmp_path: Path) -> None:
+    """At the seeds' fleet the snapshot is ~10 MiB: packing and sealing it again right after a
+    restart that changed nothing was a ~20 MiB transient in the owner while the workers served
+    (issue 33). A file changed or gone while down, or written since, still saves it."""
+    from payload_cache import CacheConfig, PayloadCache
+
+    source_dir = tmp_path / "source"
+    source_dir.mkdir()
+    for i in range(3):
+        path = source_dir / f"p{i}.yaml"
+        path.write_text(yaml.safe_dump(build_token_secret(namespace="ns", nodepool=f"ns/p{i}", token=f"t{i}")))
+        old = time.time() - 60  # older than the racy window
+        os.utime(path, (old, old))
+
+    class Counting(PayloadCache):
+        saves = 0
+
+        def save_state(self, name: str, data: bytes) -> None:
+            Counting.saves += 1
+            super().save_state(name, data)
+
+    def cache() -> Counting:
+        return Counting.open(CacheConfig(cache_dir=tmp_path / "cache"))  # type: ignore[return-value]
+
+    await FileSource(source_dir, state=cache()).run(Recorder(), iterations=0)
+    assert Counting.saves == 1  # the first listing, parsed
+    Counting.saves = 0
+    recorder = Recorder()
+    restarted = FileSource(source_dir, state=cache())
+    await restarted.run(recorder, iterations=0)
+    assert len(recorder.flat()) == 3 and Counting.saves == 0  # all restored: the saved one stands
+    await restarted.flush()
+    assert Counting.saves == 0
+    (source_dir / "p2.yaml").unlink()  # gone while down: its record goes
+    await FileSource(source_dir, state=cache()).run(Recorder(), iterations=0)
+    assert Counting.saves == 1
+    Counting.saves = 0
+    await FileSource(source_dir, state=cache()).run(Recorder(), iterations=0)
+    assert Counting.saves == 0
+    path = source_dir / "p1.yaml"  # changed while down
+    path.write_text(yaml.safe_dump(build_token_secret(namespace="ns", nodepool="ns/p1", token="t1-new")))
+    os.utime(path, (time.time() - 60, time.time() - 60))
+    await FileSource(source_dir, state=cache()).run(Recorder(), iterations=0)
+    assert Counting.saves == 1
+
+
+@pytest.mark.parametrize("relative", [False, True])
+async def test_a_file_the_source_creates_is_the_file_its_polls_find(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, relative: bool) -> None:
+    """Files are named by their path text as the walk finds it (issue 33: no Path object per
+    file): an object `put` beside another lands in a file the next polls know, under a root
+    given as `.` too, never seen as one more file defining it."""
+    sub = tmp_path / "clusters-c0"
+    sub.mkdir()
+    (sub / "cm.yaml").write_text(yaml.safe_dump(CONFIGMAP))
+    if relative:
+        monkeypatch.chdir(tmp_path)
+    source = FileSource(Path(".") if relative else tmp_path)
+    recorder = Recorder()
+    await source.run(recorder, iterations=0)
+    new = {**CONFIGMAP, "metadata": {"name": "made", "namespace": "ns"}}
+    await source.put(new, beside=ObjectKey("ConfigMap", "ns", "cm"))
+    assert (sub / "made.yaml").exists()
+    for _ in range(2):
+        await source.poll_once()
+    assert recorder.flat() == [("ADDED", "cm"), ("ADDED", "made")]
+    assert source.get(ObjectKey("ConfigMap", "ns", "made")) == new
+    (sub / "made.yaml").unlink()
+    await source.poll_once()
+    assert recorder.flat()[-1] == ("DELETED", "made")
+
+
+def test_a_polls_walk_leaves_nothing_for_the_garbage_collector(tmp_path: Path) -> None:
+    """The walk was a nested function calling itself: a reference cycle holding the poll's whole
+    list of files and stamps, freed only by a full collection; between two, every poll's list
+    piled up (an idle owner at 110 x 12 grew 79 -> 129 MiB in two minutes, issue 33)."""
+    import gc
+
+    for sub in ("a", "b/c"):
+        (tmp_path / sub).mkdir(parents=True)
+        for i in range(3):
+            (tmp_path / sub / f"cm-{i}.yaml").write_text(yaml.safe_dump(CONFIGMAP))
+    (tmp_path / "top.yaml").write_text(yaml.safe_dump(CONFIGMAP))
+    source = FileSource(tmp_path)
+    gc.collect()
+    gc.disable()
+    try:
+        found = source._walk()
+        del found
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
+    assert [Path(p).relative_to(tmp_path).as_posix() for p, _stamp in source._walk()] == [
+        "a/cm-0.yaml", "a/cm-1.yaml", "a/cm-2.yaml", "b/c/cm-0.yaml", "b/c/cm-1.yaml", "b/c/cm-2.yaml", "top.yaml"]
