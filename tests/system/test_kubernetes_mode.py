@@ -478,7 +478,6 @@ def test_a_restart_renders_nothing_though_the_catalog_is_listed_after_the_token_
 
     release = "quay.io/openshift-release-dev/ocp-release@sha256:" + "1" * 64
     haproxy = "quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:" + "2" * 64
-    proc = replicas("r1")
     for obj in join_objects(NAMESPACE, '{"auths":{"quay.io":{"auth":"dTpw"}}}', CA_PEM):
         api.create(obj)
     for i in range(4):
@@ -488,6 +487,11 @@ def test_a_restart_renders_nothing_though_the_catalog_is_listed_after_the_token_
     api.create(kube_object("ConfigMap", "ignition", "catalog", {"releases.yaml": (
         f"- pullSpec: {release}\n  version: 4.17.3\n  images:\n    haproxy-router: {haproxy}\n")},
         {ANNOTATION_RELEASE_CATALOG: "true"}))
+    # Started after every object exists, so that its first listing too holds the catalog: started
+    # before, a loaded replica reconciled the token Secrets' watch events before the catalog's
+    # came, and was killed while re-rendering with it.
+    proc = replicas("r1")
+
     def status(i: int) -> str:
         data = (api.get("secrets", NAMESPACE, f"token-pool{i}-00000000") or {}).get("data", {})
         return base64.b64decode(data.get("reason", "")).decode()
