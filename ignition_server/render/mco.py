@@ -154,12 +154,16 @@ def check_spec(spec: dict) -> str | None:
 
 
 def default_overwrite(config: dict) -> dict:
-    """MCO sets `overwrite: true` on every merged file that does not say."""
-    out = copy.deepcopy(config)
-    for f in (out.get("storage") or {}).get("files") or []:
-        if isinstance(f, dict) and f.get("overwrite") is None:
-            f["overwrite"] = True
-    return out
+    """MCO sets `overwrite: true` on every merged file that does not say. `config` is not changed;
+    what is not (the config but its files list, the files that say) is shared with it, not
+    copied: a render deep-copies the rendered MachineConfig before it changes anything
+    (`migrate_kernel_arguments`), and a deep copy here was ~2% of a cold render."""
+    storage = config.get("storage") or {}
+    files = storage.get("files") or []
+    if not any(isinstance(f, dict) and f.get("overwrite") is None for f in files):
+        return dict(config)
+    return {**config, "storage": {**storage, "files": [
+        {**f, "overwrite": True} if isinstance(f, dict) and f.get("overwrite") is None else f for f in files]}}
 
 
 def _go_spec(spec: dict) -> dict:

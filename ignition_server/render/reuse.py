@@ -30,11 +30,19 @@ from cachetools import LRUCache
 from .checked import CheckedItems
 from .machineconfig import parse_machineconfigs
 
+# Sized for the fleet of issue 33 (440 clusters x 12 NodePools) rendered cold in the work queue's
+# round robin: every cache below must hold one lap over the clusters, or least recently used
+# out first cycles and nothing is ever found (at 440 clusters with 32 MiB of packed bases and
+# 8,192 items every render parsed its base's YAML again: 38 ms a render against 25 at 110).
 # A parsed base of HyperShift's real size (434 KB payload, 170 KB of YAML) is ~0.2 MiB of Python
-# objects, ~47 KB packed: 32 MiB of packed bases hold ~700 such clusters.
+# objects, ~47 KB packed; the seeds fleet's (its certificates random, one per file) ~103 KB:
+# 64 MiB of packed bases hold ~650 of those, ~1,400 real ones. Held until the server stops.
 BASES = 8
-PACKED_BYTES = 32 * 2**20
-ITEMS = 8192  # ~200 B a key: the bases' items, a lap of clusters' own, the renders in flight
+PACKED_BYTES = 64 * 2**20
+# ~190 B a key (tracemalloc: 6.0 MiB for 32,768). A lap of 440 clusters learns ~24,000: each
+# cluster's own items (~45 keys: its certificates, pull secret, kubeconfig at each check) and
+# each render's appended files and NodePool file (~9 keys, met once), besides the release's.
+ITEMS = 32768
 
 
 class RenderReuse:

@@ -271,3 +271,37 @@ def test_real_base_files_are_the_reference_payload(real_clusters: list[RealClust
                              "/etc/machine-config-daemon/node-annotations.json", "/etc/kubernetes/kubelet-ca.crt"}
     assert len(kept) > 40
     assert all(served[p]["contents"] == reference[p]["contents"] for p in kept)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sized for the fleet of issue 33: a cold start renders 440 clusters' NodePools in round robin
+
+
+def test_the_reuse_holds_a_lap_of_the_seeds_fleet() -> None:
+    """The work queue's round robin meets each of 440 clusters once a lap: a cache that holds less
+    than a lap drops each entry before it is asked again (least recently used first) and is never
+    hit. At 440 x 12 the packed bases (32 MiB) and checked items (8,192) held less: every render
+    parsed its base's YAML again. Extrapolated from a lap over 4 clusters of the seeds fleet."""
+    from ignition_server.base_import import BASE_KEY, base_configmap, from_mcs_config
+    from ignition_server.render import reuse as reuse_module
+    from testsupport import fleet as fleetgen, seeds_fleet as seeds
+
+    release = seeds.release_part(seeds.DEFAULT_SEED)
+    reuse = RenderReuse()
+    render = renderer(reuse)
+    learned, packed = [], []
+    for cluster in range(4):
+        own = seeds.cluster_secrets(seeds.DEFAULT_SEED, cluster)
+        base = base_configmap(from_mcs_config(seeds.mcs_config(seeds.DEFAULT_SEED, cluster, release)), name="b",
+                              namespace="n", release=seeds.RELEASE, version=seeds.RELEASE_VERSION)["data"][BASE_KEY]
+        render(NodePoolInputs(
+            nodepool=fleetgen.nodepool_of(cluster, 0), secret="n/t", machineconfigs_yaml=seeds.nodepool_machineconfig(cluster, 0),
+            release=seeds.RELEASE, release_version=seeds.RELEASE_VERSION, pull_secret=own[seeds.PULL_SECRET_PATH],
+            bootstrap_kubeconfig=own["kubeconfig"], kubelet_ca=own["signer-ca"], mco_base_yaml=base,
+            os_image_url=seeds.ART + "c" * 64, extensions_image=seeds.ART + "e" * 64))
+        learned.append(len(reuse.checked))
+        packed.append(len(reuse_module._pack(tuple(parse_machineconfigs(base))) or b""))
+    per_cluster = (learned[3] - learned[1]) / 2  # a cluster's own items and its render's, at every check
+    assert per_cluster > 20 and min(packed) > 50_000
+    assert reuse_module.ITEMS >= learned[1] + 438 * per_cluster
+    assert reuse_module.PACKED_BYTES >= 440 * max(packed)
