@@ -41,6 +41,7 @@ from .render import (
     crt_list,
     crt_list_path,
     host_cert_path,
+    host_certs_dir,
     map_path,
     master_socket,
     render_config,
@@ -146,12 +147,13 @@ class Controller:
     def _write_host_certs(table: Table, route: Route, pems: dict[str, bytes], publication: Publication) -> None:
         """The published hostnames' certificates and the crt-list naming them; a name no longer
         published loses its file (HAProxy holds what it loaded until the reload that drops it)."""
+        directory = host_certs_dir(table, route)
+        if pems:
+            make_dir(directory)
         for host, pem in pems.items():
             path = host_cert_path(table, route, host)
-            make_dir(path.parent)
             if not path.exists() or path.read_bytes() != pem:
                 atomic_write(path, pem, 0o600)
-        directory = host_cert_path(table, route, "x").parent
         for stale in directory.glob("*.pem") if directory.is_dir() else ():
             if stale.name[: -len(".pem")] not in pems:
                 stale.unlink(missing_ok=True)
@@ -277,11 +279,14 @@ class Controller:
                     await runtime.replace_cert(cert_path(desired.table, route), desired.certs[route.name].decode())
                     self.metrics.runtime_changes.labels("cert").inc()
                 old_hosts = before.host_certs.get(route.name, {})
-                for host, pem in desired.host_certs.get(route.name, {}).items():
-                    if old_hosts.get(host) != pem:  # re-issued (a CA rotation, near its end): same name, same set
-                        self._write_files(desired)
-                        await runtime.replace_cert(host_cert_path(desired.table, route, host), pem.decode())
-                        self.metrics.runtime_changes.labels("cert").inc()
+                # Re-issued (a CA rotation, near its end): same names, same set. The files are
+                # written once for all of them: a CA rotation re-issues every hostname's at once.
+                reissued = {host: pem for host, pem in desired.host_certs.get(route.name, {}).items() if old_hosts.get(host) != pem}
+                if reissued:
+                    self._write_files(desired)
+                for host, pem in reissued.items():
+                    await runtime.replace_cert(host_cert_path(desired.table, route, host), pem.decode())
+                    self.metrics.runtime_changes.labels("cert").inc()
         except (RuntimeApiError, OSError) as error:
             # Try again next round from what HAProxy was last known to hold.
             self.metrics.runtime_errors.inc()

@@ -58,8 +58,13 @@ def cert_path(table: Table, route: Route) -> Path:
     return table.state_dir / "certs" / f"{route.name}.pem"
 
 
+def host_certs_dir(table: Table, route: Route) -> Path:
+    """Where a terminate route's published hostnames' certificates are, one `<host>.pem` each."""
+    return table.state_dir / "certs" / route.name
+
+
 def host_cert_path(table: Table, route: Route, host: str) -> Path:
-    return table.state_dir / "certs" / route.name / f"{host}.pem"
+    return host_certs_dir(table, route) / f"{host}.pem"
 
 
 def crt_list_path(table: Table, route: Route) -> Path:
@@ -69,7 +74,7 @@ def crt_list_path(table: Table, route: Route) -> Path:
 def crt_list(table: Table, route: Route, publication: Publication) -> str:
     """The crt-list of a terminate route: each published hostname's certificate, for that SNI name
     only (the bind's `crt`, the server's default certificate, serves every other name)."""
-    directory = host_cert_path(table, route, "-").parent  # one path, not one per host: this runs every sync
+    directory = host_certs_dir(table, route)  # one path, not one per host: this runs every sync
     return "".join(f"{directory}/{host}.pem {host}\n" for host, _ in publication.hosts)
 
 

@@ -99,6 +99,18 @@ class Listener:
         self.sock.close()
 
 
+def status_over_tls(port: int, host: str, context: ssl.SSLContext, target: str, headers: str = "") -> int:
+    """One `GET target` on a connection of its own to 127.0.0.1:`port`, SNI and Host `host`, with
+    `headers` (lines ending in CRLF), as a node asks; the status of the answer read to its end."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw, \
+            context.wrap_socket(raw, server_hostname=host) as tls:
+        tls.sendall(f"GET {target} HTTP/1.1\r\nHost: {host}\r\n{headers}Connection: close\r\n\r\n".encode())
+        data = b""
+        while chunk := tls.recv(65536):
+            data += chunk
+    return int(data.split(b" ", 2)[1])
+
+
 def wait_for(predicate: Any, timeout: float = 30.0, interval: float = 0.1, what: str = "condition") -> Any:
     """Poll `predicate` until it returns something true, and return that (tests wait on
     conditions, never on sleeps). Fails the test after `timeout` seconds: generous, since a

@@ -55,7 +55,7 @@ class TLSFiles:
 
     def key_pem(self) -> bytes:
         """The private key, plaintext PKCS#8 PEM (for a front proxy that terminates TLS with it)."""
-        return _key_pem(read_private_key(self.key, self.password))
+        return private_key_pem(read_private_key(self.key, self.password))
 
 
 class KeyUnreadable(ValueError):
@@ -90,7 +90,7 @@ def _write_private(path: Path, data: bytes) -> None:
         handle.write(data)
 
 
-def _key_pem(key: PrivateKey, password: bytes | None = None) -> bytes:
+def private_key_pem(key: PrivateKey, password: bytes | None = None) -> bytes:
     encryption: serialization.KeySerializationEncryption = (
         serialization.BestAvailableEncryption(password) if password else serialization.NoEncryption())
     return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption)
@@ -121,12 +121,12 @@ def read_private_key(path: Path, password: bytes | None) -> PrivateKey:
 
 def plaintext_key_pem(pem: bytes, password: bytes | None) -> bytes:
     """`pem` (encrypted or not) as plaintext PKCS#8 PEM: what two copies of one key compare by."""
-    return _key_pem(parse_private_key(pem, password))
+    return private_key_pem(parse_private_key(pem, password))
 
 
 def sealed_key_pem(pem: bytes, password: bytes | None) -> bytes:
     """A plaintext PEM key (a Secret's, a new CA's) as it is kept on disk: encrypted under `password`."""
-    return _key_pem(parse_private_key(pem, None), password) if password else pem
+    return private_key_pem(parse_private_key(pem, None), password) if password else pem
 
 
 def write_private_key(path: Path, pem: bytes, password: bytes | None) -> None:
@@ -145,7 +145,7 @@ def write_private_key(path: Path, pem: bytes, password: bytes | None) -> None:
 def seal_in_place(path: Path, password: bytes | None) -> None:
     """A plaintext key left by an older server, encrypted: the same key, so its certificate stays."""
     if password and path.exists() and not is_encrypted(path.read_bytes()):
-        atomic_write(path, _key_pem(read_private_key(path, None), password), 0o600)
+        atomic_write(path, private_key_pem(read_private_key(path, None), password), 0o600)
         log.info("encrypted %s under the cache key", path)
 
 
@@ -167,7 +167,7 @@ def make_ca(validity: dt.timedelta = CA_VALIDITY) -> tuple[bytes, bytes]:
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
-    return ca_cert.public_bytes(serialization.Encoding.PEM), _key_pem(ca_key)
+    return ca_cert.public_bytes(serialization.Encoding.PEM), private_key_pem(ca_key)
 
 
 def ensure_self_signed(directory: Path, public_url: str | None, ca_validity: dt.timedelta = CA_VALIDITY,
@@ -197,7 +197,7 @@ def ensure_self_signed(directory: Path, public_url: str | None, ca_validity: dt.
         read_private_key(key_path, password)  # readable with this password, or say so now
         return TLSFiles(cert_path, key_path, ca_cert_path, password)
     chain, key = issue_serving(ca_cert, ca_key, names, now)
-    _write_private(key_path, _key_pem(key, password))
+    _write_private(key_path, private_key_pem(key, password))
     cert_path.write_bytes(chain)
     return TLSFiles(cert_path, key_path, ca_cert_path, password)
 

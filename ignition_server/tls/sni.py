@@ -36,9 +36,9 @@ from .certificates import (
     SERVING_VALIDITY,
     PrivateKey,
     TLSFiles,
-    _key_pem,
     _write_private,
     issue_serving,
+    private_key_pem,
     read_private_key,
     server_context,
 )
@@ -156,7 +156,7 @@ class HostCertificates:
         with tempfile.TemporaryDirectory(prefix="sni-", dir=_SHM if _SHM.is_dir() else None) as scratch:
             cert_path, key_path = Path(scratch) / "tls.crt", Path(scratch) / "tls.key"
             cert_path.write_bytes(chain)
-            _write_private(key_path, _key_pem(key))
+            _write_private(key_path, private_key_pem(key))
             return server_context(TLSFiles(cert_path, key_path, None), self.profile)
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from cryptography import x509
 
 from ..fsio import atomic_write, make_dir
-from .certificates import RENEW_BEFORE, SERVING_VALIDITY, PrivateKey, _key_pem, issue_serving
+from .certificates import RENEW_BEFORE, SERVING_VALIDITY, PrivateKey, issue_serving, private_key_pem
 from .sni import HOSTS_FILE, ca_signer, is_host_name, read_hosts, stamp
 
 log = logging.getLogger("ignition_server.tls")
@@ -82,7 +82,7 @@ class HostCertificateFiles:
             except (OSError, ValueError) as exc:
                 log.error("no published certificate for %s: %s", name, exc)
                 continue
-            atomic_write(self.out / f"{name}.pem", chain + _key_pem(key), 0o600)
+            atomic_write(self.out / f"{name}.pem", chain + private_key_pem(key), 0o600)
             self._issued[name] = now
         for stale in self.out.glob("*.pem"):
             if stale.name[: -len(".pem")] not in self._hosts:

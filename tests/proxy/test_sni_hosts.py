@@ -8,7 +8,6 @@ against the server alone."""
 from __future__ import annotations
 
 import json
-import socket
 import ssl
 import time
 from pathlib import Path
@@ -18,7 +17,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from ignition_server.tls.sni import write_hosts
-from testsupport.harness import ProxyProcess, ServerProcess, sni_handshake, wait_for, write_manifests
+from testsupport.harness import ProxyProcess, ServerProcess, sni_handshake, status_over_tls, wait_for, write_manifests
 from testsupport.manifests import build_token_secret
 from testsupport.realtools import require_tool
 
@@ -28,14 +27,7 @@ HOSTS = ("ignition.alpha.apps.example.com", "ignition-beta.hosted.example.net", 
 
 def fetch(port: int, host: str, ca: Path, target: str) -> int:
     """One GET through the proxy, SNI and Host `host`, verified for that name with `ca`."""
-    context = ssl.create_default_context(cafile=str(ca))
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw, \
-            context.wrap_socket(raw, server_hostname=host) as tls:
-        tls.sendall(f"GET {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
-        data = b""
-        while chunk := tls.recv(65536):
-            data += chunk
-    return int(data.split(b" ", 2)[1])
+    return status_over_tls(port, host, ssl.create_default_context(cafile=str(ca)), target)
 
 
 def published_hosts(edge: Path) -> list[str]:

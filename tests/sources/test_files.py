@@ -43,6 +43,18 @@ class Recorder:
         return [(c.type, c.key.name) for batch in self.batches for c in batch]
 
 
+def aged_token_secrets(source_dir: Path, count: int = 3) -> Path:
+    """`count` token Secret manifests in a new `source_dir`, older than the racy window (so a
+    listing snapshot can vouch for them)."""
+    source_dir.mkdir()
+    for i in range(count):
+        path = source_dir / f"p{i}.yaml"
+        path.write_text(yaml.safe_dump(build_token_secret(namespace="ns", nodepool=f"ns/p{i}", token=f"t{i}")))
+        old = time.time() - 60  # older than the racy window
+        os.utime(path, (old, old))
+    return source_dir
+
+
 def test_example_secret_as_oc_prints_it_decodes() -> None:
     obj = yaml.safe_load(EXAMPLE.read_text())
     secret = parse_token_secret(obj)
@@ -258,18 +270,11 @@ async def test_a_restart_parses_only_files_changed_since_the_snapshot(tmp_path: 
 
 
 async def test_a_damaged_snapshot_costs_only_a_parse_of_the_files_it_cannot_restore(tmp_path: Path) -> None:
-    import os
 
     from ignition_server.sources import listing
     from payload_cache import CacheConfig, PayloadCache
 
-    source_dir = tmp_path / "source"
-    source_dir.mkdir()
-    for i in range(3):
-        path = source_dir / f"p{i}.yaml"
-        path.write_text(yaml.safe_dump(build_token_secret(namespace="ns", nodepool=f"ns/p{i}", token=f"t{i}")))
-        old = time.time() - 60  # older than the racy window
-        os.utime(path, (old, old))
+    source_dir = aged_token_secrets(tmp_path / "source")
     cache = PayloadCache.open(CacheConfig(cache_dir=tmp_path / "cache"))
     await FileSource(source_dir, state=cache).run(Recorder(), iterations=0)
     records = listing.unpack(cache.load_state(listing.SNAPSHOT_NAME) or b"", str(source_dir.resolve()))
@@ -481,13 +486,7 @@ async def test_a_restart_that_restores_every_file_writes_no_snapshot(tmp_path: P
     (issue 33). A file changed or gone while down, or written since, still saves it."""
     from payload_cache import CacheConfig, PayloadCache
 
-    source_dir = tmp_path / "source"
-    source_dir.mkdir()
-    for i in range(3):
-        path = source_dir / f"p{i}.yaml"
-        path.write_text(yaml.safe_dump(build_token_secret(namespace="ns", nodepool=f"ns/p{i}", token=f"t{i}")))
-        old = time.time() - 60  # older than the racy window
-        os.utime(path, (old, old))
+    source_dir = aged_token_secrets(tmp_path / "source")
 
     class Counting(PayloadCache):
         saves = 0

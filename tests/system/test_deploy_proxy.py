@@ -23,7 +23,15 @@ import yaml
 
 from proxy.table import Table, load_table
 from testsupport.deploy import DEPLOY, check_unprivileged_pod, named_stage, one as server_object, readme_rbac_table
-from testsupport.harness import ProxyProcess, ServerProcess, free_port, seconds_until_closed, wait_for, write_manifests
+from testsupport.harness import (
+    ProxyProcess,
+    ServerProcess,
+    free_port,
+    seconds_until_closed,
+    status_over_tls,
+    wait_for,
+    write_manifests,
+)
 from testsupport.manifests import build_token_secret
 from testsupport.realtools import require_tool
 
@@ -174,13 +182,7 @@ def via_proxy(port: int, host: str, path: str, token: str, ca: Path) -> int:
     context = ssl.create_default_context(cafile=str(ca))
     context.check_hostname = False
     bearer = base64.b64encode(token.encode()).decode()
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw, \
-            context.wrap_socket(raw, server_hostname=host) as tls:
-        tls.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {bearer}\r\nConnection: close\r\n\r\n".encode())
-        data = b""
-        while chunk := tls.recv(65536):
-            data += chunk
-    return int(data.split(b" ", 2)[1])
+    return status_over_tls(port, host, context, path, f"Authorization: Bearer {bearer}\r\n")
 
 
 def shipped_proxy_protocol_from() -> str:
