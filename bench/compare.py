@@ -12,6 +12,8 @@ Targets, each started, measured and stopped in turn, interleaved over `--rounds`
           table, TLS with the server's published certificate and the token pre-check at the edge, each
           request handed to the serving processes over `serve --edge-socket` (plain HTTP, PROXY v2).
           Its CPU counts every process: the server's, the controller's and HAProxy's (skipped without haproxy)
+  nstream, nhttp  only when named in --targets: nginx as that edge instead of HAProxy, its `stream`
+          module (PROXY v1, no pre-check) or its `http` proxy (pooled server connections); bench/nginx_edge.py
   tree    with --server-tree DIR: the server run from another copy of the code (`git archive <commit>
           ignition_server payload_cache proxy | tar -x -C DIR`), interleaved with `server` in the same rounds
 Modes: `storm` (a new TLS connection per request, full handshake, `Connection: close`, as a
@@ -45,12 +47,15 @@ from typing import Any, Callable
 from testsupport import fleet as fleetgen
 from testsupport.harness import ProxyProcess, ServerProcess, free_port, wait_for, wait_for_port
 
+from . import nginx_edge
+
 _REPO = Path(__file__).resolve().parents[1]
 
 ACCEPT = "application/vnd.coreos.ignition+json;version=3.4.0, */*;q=0.1"
 RESULTS = _REPO / "bench" / "results"
 MODES = ("storm", "keepalive")
 TARGETS = ("nginx", "bare", "server", "edge")
+NGINX_EDGES = ("nstream", "nhttp")  # nginx as the pod's TLS edge, run only when asked (bench/nginx_edge.py)
 
 
 def say(line: str) -> None:
@@ -119,35 +124,8 @@ class Setup:
 def nginx_conf(setup: Setup, port: int) -> Path:
     root = setup.work / "nginx"
     (root / "logs").mkdir(parents=True, exist_ok=True)
-    user = "user root;\n" if os.geteuid() == 0 else ""  # workers must read the payload file
     conf = root / "nginx.conf"
-    conf.write_text(f"""{user}worker_processes {setup.nginx_workers};
-pid {root}/nginx.pid;
-error_log {root}/logs/error.log warn;
-events {{ worker_connections 4096; }}
-http {{
-    access_log off;
-    client_body_temp_path {root}/tmp_body;
-    proxy_temp_path {root}/tmp_proxy;
-    fastcgi_temp_path {root}/tmp_fastcgi;
-    uwsgi_temp_path {root}/tmp_uwsgi;
-    scgi_temp_path {root}/tmp_scgi;
-    keepalive_requests 1000000;
-    server {{
-        listen 127.0.0.1:{port} ssl;
-        ssl_certificate {setup.cert};
-        ssl_certificate_key {setup.key};
-        ssl_protocols TLSv1.2 TLSv1.3;
-        ssl_session_tickets off;
-        ssl_session_cache off;
-        location = /ignition {{
-            default_type application/json;
-            add_header Cache-Control no-store;
-            alias {setup.payload};
-        }}
-    }}
-}}
-""")
+    conf.write_text(nginx_edge.static_conf(root, setup.nginx_workers, port, setup.cert, setup.key, setup.payload))
     return conf
 
 
@@ -217,6 +195,10 @@ def make_targets(setup: Setup) -> dict[str, Any]:
     haproxy = shutil.which("haproxy")
     if haproxy is not None:
         targets["edge"] = Target("edge", lambda port: _in_pod_edge(setup, haproxy, port, logs))
+    if shutil.which("nginx") is not None:
+        targets["nhttp"] = Target("nhttp", lambda port: _nginx_edge(setup, "nhttp", port, logs))
+        if nginx_edge.STREAM_MODULE.exists():
+            targets["nstream"] = Target("nstream", lambda port: _nginx_edge(setup, "nstream", port, logs))
     return targets
 
 
@@ -248,6 +230,24 @@ def _in_pod_edge(setup: Setup, haproxy: str, port: int, logs: Path) -> list[subp
     wait_for(proxy.servers_up, what="the server healthy behind the edge")
     assert proxy.proc is not None
     return [server.proc, proxy.proc]
+
+
+def _nginx_edge(setup: Setup, name: str, port: int, logs: Path) -> list[subprocess.Popen[bytes]]:
+    """The server with --edge-socket, and nginx ending TLS on `port` in front of it (bench/nginx_edge.py)."""
+    root = setup.work / name
+    shutil.rmtree(root, ignore_errors=True)
+    (root / "logs").mkdir(parents=True)
+    sock = root / "serve.sock"
+    server = ServerProcess(source=setup.source, cache_dir=setup.cache_dir,
+                           extra=[*setup.server_args, "--edge-socket", str(sock)])
+    server.start(wait=True)
+    assert server.proc is not None
+    render = nginx_edge.stream_conf if name == "nstream" else nginx_edge.http_conf
+    conf = root / "nginx.conf"
+    conf.write_text(render(root, setup.nginx_workers, port, setup.cert, setup.key, sock))
+    nginx = subprocess.Popen(["nginx", "-p", str(root), "-c", str(conf), "-g", "daemon off;"],
+                             stdout=subprocess.DEVNULL, stderr=open(logs / f"{name}.log", "ab"))
+    return [server.proc, nginx]
 
 
 # -- set-up ---------------------------------------------------------------------------------
@@ -423,7 +423,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--server-tree", type=Path,
                         help="also run the server from this copy of the code (target `tree`), interleaved with `server`")
     parser.add_argument("--targets", default=",".join(TARGETS) + ",tree",
-                        help="which targets to run, comma-separated (edge needs haproxy, tree --server-tree)")
+                        help="which targets to run, comma-separated (edge needs haproxy, tree --server-tree; "
+                             f"{' and '.join(NGINX_EDGES)}, nginx as the pod's edge, are run only when named here)")
     parser.add_argument("--work", type=Path, default=_REPO / "bench" / "out" / "compare")
     parser.add_argument("--results", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
@@ -460,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
             say(f"best {mode:9s} {name:7s} {b['rps']:8.1f} req/s  p50 {b['p50_ms']:.1f} ms  p99 {b['p99_ms']:.1f} ms  "
                 f"errors {b['errors']}  {b['vs_nginx']:.2f}x nginx  {b['vs_bare']:.2f}x bare aiohttp  "
                 f"cpu {b['cpu_ms_per_req']:.3f} ms/req ({b['per_core_vs_nginx']:.2f}x nginx's req per core)")
-    for name in ("server", "tree", "edge"):
+    for name in ("server", "tree", "edge", *NGINX_EDGES):
         if name in best:
             s, k = best[name]["storm"], best[name]["keepalive"]
             say(f"{name} vs nginx: storm {s['vs_nginx']:.2f}x, keep-alive {k['vs_nginx']:.2f}x (per core: "

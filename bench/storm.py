@@ -13,7 +13,8 @@ retries, permanent failures. Scenarios, each with a one-line verdict:
                in turn, the same storm side by side: the server direct (`steady`), behind its
                in-pod TLS edge (`steady-edge`, HAProxy; skipped without haproxy) and nginx serving
                the same bytes as a static file (`steady-nginx`; skipped without nginx), with the
-               CPU per boot of every process of each (`bench compare` says what each target is)
+               CPU per boot of every process of each (`bench compare` says what each target is);
+               `nstream` and `nhttp` (nginx as that edge) when named
   rotation     the NodePool's token rotates in the middle (the storm keeps its token)
   kill-worker  a worker process is killed (SIGKILL) in the middle; the owner starts it again
   kill-owner   the owner process is killed (SIGKILL) in the middle and started again at once
@@ -49,6 +50,7 @@ _REPO = Path(__file__).resolve().parents[1]
 
 SCENARIOS = ("steady", "rotation", "kill-worker", "kill-owner", "flood")
 TARGETS = ("server", "edge", "nginx")  # the steady storm's, side by side
+MORE_TARGETS = compare.NGINX_EDGES  # nginx as the pod's edge: only when named in --targets
 
 
 def storm(client: Path, port: int, setup: Setup, seconds: float, connections: int, *, headers: list[str] | None = None,
@@ -121,7 +123,7 @@ def steady_side_by_side(setup: Setup, client: Path, args: argparse.Namespace) ->
     outcomes: list[dict[str, Any]] = []
     for name in args.targets:
         if name not in targets or (name == "nginx" and shutil.which("nginx") is None):
-            say(f"steady on {name}: skipped ({'haproxy' if name == 'edge' else 'nginx'} is not installed)")
+            say(f"steady on {name}: skipped ({'haproxy' if name == 'edge' else 'nginx or its stream module'} is not installed)")
             continue
         target = targets[name]
         port = target.start()
@@ -268,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--payload-kib", type=int, default=290)
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated, from: " + ", ".join(SCENARIOS))
     parser.add_argument("--targets", default=",".join(TARGETS),
-                        help="the steady storm's targets, side by side, from: " + ", ".join(TARGETS))
+                        help="the steady storm's targets, side by side, from: " + ", ".join(TARGETS + MORE_TARGETS))
     parser.add_argument("--server-args", default="", help="more `serve` flags")
     parser.add_argument("--work", type=Path, default=_REPO / "bench" / "out" / "storm")
     parser.add_argument("--results", type=Path, default=compare.RESULTS)
@@ -278,8 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown scenarios: {', '.join(sorted(unknown))}")
     args.targets = [t.strip() for t in args.targets.split(",") if t.strip()]
-    if set(args.targets) - set(TARGETS) or "server" not in args.targets:
-        parser.error(f"--targets: from {', '.join(TARGETS)}, with server (the other scenarios' yardstick)")
+    if set(args.targets) - set(TARGETS + MORE_TARGETS) or "server" not in args.targets:
+        parser.error(f"--targets: from {', '.join(TARGETS + MORE_TARGETS)}, with server (the other scenarios' yardstick)")
     if "steady" not in args.scenarios and {"kill-worker", "kill-owner", "flood"} & set(args.scenarios):
         args.scenarios.insert(0, "steady")  # the yardstick
     args.work.mkdir(parents=True, exist_ok=True)

@@ -16,9 +16,11 @@ def in_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
-def require_tool(name: str, install: str) -> str:
-    """The tool's path (a command on PATH, or an absolute path that must be executable)."""
-    path = name if os.path.isabs(name) and os.access(name, os.X_OK) else shutil.which(name)
+def require_tool(name: str, install: str, *, executable: bool = True) -> str:
+    """The tool's path (a command on PATH, or an absolute path that must be executable; with
+    `executable=False`, a file that must exist: a module a tool loads)."""
+    present = os.access(name, os.X_OK) if executable else os.path.isfile(name)
+    path = name if os.path.isabs(name) and present else shutil.which(name)
     if path:
         return path
     message = f"{name} is not installed ({install})"

@@ -127,14 +127,20 @@ NOT_YET = ("", -1)  # header_now: cannot be told without waiting for more bytes
 
 
 def header_now(conn: socket.socket) -> Peer | None:
-    """A v2 header that has arrived whole (as a proxy sends it, in the connection's first
-    segment), read off the socket exactly: its peer, or None (LOCAL, no address). `NOT_YET`
-    when that cannot be told from what is there (nothing yet, a v1 header, a split one, no
+    """A v2 or v1 header that has arrived whole (as a proxy sends it, in the connection's first
+    segment), read off the socket exactly: its peer, or None (LOCAL or UNKNOWN, no address).
+    `NOT_YET` when that cannot be told from what is there (nothing yet, a split header, no
     header at all): the caller takes the careful path (`header_follows`, `read_header`)."""
     try:
         first = conn.recv(512, socket.MSG_PEEK)
     except (BlockingIOError, InterruptedError):
         return NOT_YET
+    if first.startswith(V1_PREFIX):  # nginx's `proxy_protocol on` sends v1 only
+        end = first.find(b"\r\n", 0, V1_MAX)
+        if end < 0:
+            return NOT_YET
+        line = conn.recv(end + 2)  # exactly the line, which has arrived: this does not block
+        return parse_v1(line)
     if len(first) < 16 or not first.startswith(V2_SIGNATURE):
         return NOT_YET
     (length,) = struct.unpack("!H", first[14:16])

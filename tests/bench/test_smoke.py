@@ -56,6 +56,29 @@ def test_storm_scenarios_run_and_say_their_verdicts(tmp_path: Path) -> None:
     assert code in (0, 1)  # a 3 s storm on a busy machine may miss the recovery target; the run itself must work
 
 
+def test_storm_runs_nginx_as_the_pods_edge_beside_the_server(tmp_path: Path) -> None:
+    """`--targets server,nstream,nhttp`: nginx ending TLS in front of `serve --edge-socket`, its
+    stream module (PROXY v1 to the socket) and its http proxy (pooled connections), each booting
+    nodes with 200s and its CPU counted with the server's (issue 32's measurement, briefly)."""
+    if shutil.which("gcc") is None:
+        pytest.fail("gcc is needed to build bench/loadclient.c")
+    require_tool("nginx", "apt-get install nginx")
+    # Debian's path of nginx's stream module (bench/nginx_edge.py's STREAM_MODULE; tests and bench never import each other).
+    require_tool("/usr/lib/nginx/modules/ngx_stream_module.so", "apt-get install libnginx-mod-stream", executable=False)
+    ran = run_bench("storm", "--seconds", "2", "--connections", "4", "--payload-kib", "20", "--scenarios", "steady",
+                    "--targets", "server,nstream,nhttp", "--work", str(tmp_path / "work"),
+                    "--results", str(tmp_path / "results"), timeout=300)
+    out = ran.stdout + ran.stderr
+    outcomes = json.loads((tmp_path / "results" / "storm.json").read_text())["outcomes"]
+    assert [o["scenario"] for o in outcomes] == ["steady", "steady-nstream", "steady-nhttp"], out
+    for outcome in outcomes[1:]:
+        result = outcome["result"]
+        assert outcome["pass"] and result["status_200"] > 0 and result["status_other"] == 0, out
+        # The server's CPU is counted with nginx's: more than nginx static's alone could be.
+        assert result["cpu_ms_per_boot"] > 0, out
+    assert "; nstream " in out and "; nhttp " in out, out
+
+
 def test_releases_bench_reads_each_release_once(tmp_path: Path) -> None:
     ran = run_bench("releases", "--clusters", "3", "--pools", "4", "--releases", "3", "--layer-mib", "0.5",
                     "--work", str(tmp_path / "work"), timeout=300)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from ignition_server.http.proxy_protocol import NOT_YET, header_now
 from testsupport import fleet as fleetgen
 from testsupport.harness import ServerProcess, wait_for
 
@@ -26,6 +27,11 @@ def v2_header(client: str, port: int = 40000) -> bytes:
     """What HAProxy's send-proxy-v2 sends for a TCP4 client (PROXY command, no TLVs)."""
     body = socket.inet_aton(client) + socket.inet_aton("10.0.0.1") + struct.pack("!HH", port, 9090)
     return V2 + bytes([0x21, 0x11]) + struct.pack("!H", len(body)) + body
+
+
+def v1_header(client: str, port: int = 40000) -> bytes:
+    """What nginx's `proxy_protocol on` sends (v1 only)."""
+    return f"PROXY TCP4 {client} 10.0.0.1 {port} 9090\r\n".encode()
 
 
 def ask(sock_path: Path, header: bytes, token: str = "tok-good", keep: socket.socket | None = None) -> tuple[bytes, socket.socket]:
@@ -65,6 +71,9 @@ def test_the_edge_socket_serves_each_node_as_its_proxy_header_names_it(tmp_path:
         status, conn = ask(sock, b"", keep=conn)  # kept alive: the header came once, with the connection
         assert status == b"HTTP/1.1 200 OK"
         conn.close()
+        status, conn = ask(sock, v1_header("192.0.2.11"))  # nginx's `proxy_protocol on`
+        assert status == b"HTTP/1.1 200 OK"
+        conn.close()
         status, conn = ask(sock, v2_header("192.0.2.8"), token="tok-unknown")
         assert status.startswith(b"HTTP/1.1 511")  # the server's check still decides, statuses as over TLS
         conn.close()
@@ -72,7 +81,8 @@ def test_the_edge_socket_serves_each_node_as_its_proxy_header_names_it(tmp_path:
         assert status == b"HTTP/1.1 200 OK"
         conn.close()
         # Each worker writes its own lines: counted, not in order.
-        wait_for(lambda: clients(proc).count("192.0.2.7") == 2 and clients(proc).count("192.0.2.8") == 1,
+        wait_for(lambda: clients(proc).count("192.0.2.7") == 2 and clients(proc).count("192.0.2.8") == 1
+                 and clients(proc).count("192.0.2.11") == 1,
                  what="the nodes' addresses in the access log")
         # Per-node limits hold behind the edge: 192.0.2.9's quota of 2, not the edge's.
         for _ in range(2):
@@ -95,6 +105,24 @@ def test_the_edge_socket_serves_each_node_as_its_proxy_header_names_it(tmp_path:
             conn.close()
         proc.stop()
     assert not sock.exists()  # removed at shutdown
+
+
+def test_a_whole_v1_header_is_read_with_the_accept() -> None:
+    """nginx's v1 line, arrived whole with its request, is read off at once, exactly (no coroutine,
+    no byte-by-byte read: that was every connection of an nginx edge); a split one waits for the rest."""
+    edge, server_end = socket.socketpair(socket.AF_UNIX)
+    with edge, server_end:
+        server_end.setblocking(False)
+        assert header_now(server_end) is NOT_YET  # nothing yet
+        edge.sendall(b"PROXY TCP4 192.0.2.11 10.0")
+        assert header_now(server_end) is NOT_YET  # split: left for the careful path, nothing read
+        edge.sendall(b".0.1 40000 9090\r\nGET / HTTP/1.1\r\n\r\n")
+        assert header_now(server_end) == ("192.0.2.11", 40000)
+        assert server_end.recv(100) == b"GET / HTTP/1.1\r\n\r\n"  # the request, untouched
+    edge, server_end = socket.socketpair(socket.AF_UNIX)
+    with edge, server_end:
+        edge.sendall(b"PROXY " + b"9" * 200 + b"\r\n")  # longer than any v1 line: the careful path refuses it
+        assert header_now(server_end) is NOT_YET
 
 
 def test_a_stale_socket_is_replaced_at_start(tmp_path: Path) -> None:
