@@ -76,3 +76,25 @@ async def test_text_stamps_are_in_the_same_zone_as_the_other_text_logs(monkeypat
     finally:
         monkeypatch.delenv("TZ")
         time.tzset()
+
+
+async def test_durations_print_as_round_to_the_microsecond_did_and_only_plain_ids_skip_redaction() -> None:
+    stream = io.StringIO()
+    log = AccessLog("json", stream=stream)
+    durations = [0.0, 0.1, 0.2, 0.4565, 1.0005, 12.3456789, 1234.5678, 0.00049, 0.0005001]
+    for i, duration in enumerate(durations):
+        log.record("GET", "/ignition", 200, request_id=f"w0-{i:x}", nodepool="-", size=1, duration_ms=duration,
+                   client="-")
+    # Ids the server accepts from a client (app._REQUEST_ID) that redaction or escaping would change.
+    for request_id in ("Authorization:c2VjcmV0", "a/b+c_d.e-F9", "x:y"):
+        log.record("GET", "/ignition", 200, request_id=request_id, nodepool="-", size=1, duration_ms=1.0, client="-")
+    log.flush()
+    entries = [json.loads(line) for line in stream.getvalue().splitlines()]
+    printed = [line.split('"duration_ms": ')[1].split(",")[0] for line in stream.getvalue().splitlines()]
+    # As round(duration, 3) printed them: to the microsecond, in the shortest form; a half-way
+    # value may go the other way (0.4565 is stored a hair under it: 0.456, where round says 0.457).
+    for duration, text in zip(durations, printed):
+        assert text == repr(float(text)) and len(text.partition(".")[2]) <= 3, text
+        assert abs(float(text) - duration) <= 0.0005 + 1e-12, (duration, text)
+    assert printed[:len(durations)] == ["0.0", "0.1", "0.2", "0.456", "1.0", "12.346", "1234.568", "0.0", "0.001"]
+    assert [e["request_id"] for e in entries[len(durations):]] == ["Authorization:<redacted>", "a/b+c_d.e-F9", "x:y"]
