@@ -149,7 +149,8 @@ class IgnitionHandlers:
 
     async def _serve(self, request: web.BaseRequest, presented: Presented) -> web.StreamResponse:
         started = time.perf_counter()
-        supplied = request.headers.get("X-Request-Id", "")
+        asked, method = request.headers, request.method  # properties: each a call, read once
+        supplied = asked.get("X-Request-Id", "")
         # A client's id is kept only in a plain shape: spaces and `=` in it could forge fields.
         request_id = supplied if supplied and _REQUEST_ID.fullmatch(supplied) else f"{self._id_prefix}{next(self._ids):x}"
         nodepool = "-"
@@ -180,17 +181,18 @@ class IgnitionHandlers:
             record = self._cache.get_render(grant.secret)
             if record is None:
                 raise Refusal(503, "payload is still rendering", retry_after=self._state.render_wait())
-            accept = request.headers.get("Accept")
+            accept = asked.get("Accept")
             version = self._negotiate(accept, record.min_version)
             ready = self._ready.get(record.blob_id, version) if version is not None else None
             if ready is not None and version is not None:
                 size = len(ready)
-                response = _payload_response(ready, self._headers(version), self._piece(size, request),
-                                             self._sending, size)
+                # The headers looked up inline (a call only for a version not seen yet).
+                headers = self._payload_headers.get(version) or self._headers(version)
+                response = _payload_response(ready, headers, self._piece(size, request), self._sending, size)
             else:
                 response = await self._payload(grant, record, accept, version, request)
             self._metrics.get_requests.inc(grant.nodepool)
-            if request.method == "GET":
+            if method == "GET":
                 # A HEAD carries no payload: no node booted from it, so it is not `ignition-reached`.
                 self._on_served(grant.secret)
         except Refusal as refusal:
@@ -199,10 +201,11 @@ class IgnitionHandlers:
             if admitted:
                 self._in_flight -= 1
         response.headers["X-Request-Id"] = request_id
-        self._metrics.responses.inc(response.status)
+        status = response.status
+        self._metrics.responses.inc(status)
         if self._access.enabled:
             # request.path never carries the query string, so `token=` cannot reach the log.
-            self._access.record(request.method, request.path, response.status, request_id=request_id,
+            self._access.record(method, request.path, status, request_id=request_id,
                                 nodepool=nodepool, size=size if size >= 0 else _body_size(response),
                                 duration_ms=(time.perf_counter() - started) * 1000,
                                 client=remote or "-")
