@@ -80,7 +80,10 @@ class KeyRing:
         self.index_key = index_key
         # Keyed once: each lookup copies it (a token check per request; copying is read-only,
         # so threads may share it).
-        self._index_mac = hmac.new(index_key, digestmod=hashlib.sha256)
+        mac = hmac.new(index_key, digestmod=hashlib.sha256)
+        # OpenSSL's own HMAC object where the stdlib wraps one (CPython 3.11-3.13), with the same
+        # copy/update/digest: the wrapper's are three Python frames on every request's token check.
+        self._index_mac = getattr(mac, "_hmac", None) or mac
         self.aes_keys = aes_keys
         self._ciphers = {key_id(key): AESGCM(key) for key in aes_keys}
         self.newest_id = key_id(aes_keys[0])

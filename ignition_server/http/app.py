@@ -16,6 +16,7 @@ from typing import Awaitable, Callable
 
 from aiohttp import web
 from aiohttp.payload import Payload
+from multidict import CIMultiDict
 
 from payload_cache import PayloadCache, RenderRecord
 
@@ -93,6 +94,7 @@ class IgnitionHandlers:
         self._open_connections = open_connections
         self._whole_writes = whole_writes_bytes
         self._versions: dict[tuple[str | None, str], str] = {}
+        self._payload_headers: dict[str, CIMultiDict[str]] = {}
         self._in_flight = 0  # payload requests being answered now (one event loop: no lock)
         self._ids = itertools.count(1)
         self._id_prefix = request_id_prefix  # request ids stay unique across worker processes
@@ -147,10 +149,12 @@ class IgnitionHandlers:
 
     async def _serve(self, request: web.BaseRequest, presented: Presented) -> web.StreamResponse:
         started = time.perf_counter()
-        supplied = request.headers.get("X-Request-Id", "")
+        asked, method = request.headers, request.method  # properties: each a call, read once
+        supplied = asked.get("X-Request-Id", "")
         # A client's id is kept only in a plain shape: spaces and `=` in it could forge fields.
-        request_id = supplied if _REQUEST_ID.fullmatch(supplied) else f"{self._id_prefix}{next(self._ids):x}"
+        request_id = supplied if supplied and _REQUEST_ID.fullmatch(supplied) else f"{self._id_prefix}{next(self._ids):x}"
         nodepool = "-"
+        size = -1  # the body's, where known before the response is made
         remote = request.remote
         admitted = False
         try:
@@ -177,15 +181,18 @@ class IgnitionHandlers:
             record = self._cache.get_render(grant.secret)
             if record is None:
                 raise Refusal(503, "payload is still rendering", retry_after=self._state.render_wait())
-            accept = request.headers.get("Accept")
+            accept = asked.get("Accept")
             version = self._negotiate(accept, record.min_version)
             ready = self._ready.get(record.blob_id, version) if version is not None else None
             if ready is not None and version is not None:
-                response = _payload_response(ready, version, self._piece(len(ready), request), self._sending)
+                size = len(ready)
+                # The headers looked up inline (a call only for a version not seen yet).
+                headers = self._payload_headers.get(version) or self._headers(version)
+                response = _payload_response(ready, headers, self._piece(size, request), self._sending, size)
             else:
                 response = await self._payload(grant, record, accept, version, request)
             self._metrics.get_requests.inc(grant.nodepool)
-            if request.method == "GET":
+            if method == "GET":
                 # A HEAD carries no payload: no node booted from it, so it is not `ignition-reached`.
                 self._on_served(grant.secret)
         except Refusal as refusal:
@@ -194,12 +201,13 @@ class IgnitionHandlers:
             if admitted:
                 self._in_flight -= 1
         response.headers["X-Request-Id"] = request_id
-        self._metrics.responses.inc(response.status)
+        status = response.status
+        self._metrics.responses.inc(status)
         if self._access.enabled:
             # request.path never carries the query string, so `token=` cannot reach the log.
-            self._access.record(request.method, request.path, response.status, request_id=request_id,
-                                nodepool=nodepool, size=_body_size(response),
-                                duration_ms=round((time.perf_counter() - started) * 1000, 3),
+            self._access.record(method, request.path, status, request_id=request_id,
+                                nodepool=nodepool, size=size if size >= 0 else _body_size(response),
+                                duration_ms=(time.perf_counter() - started) * 1000,
                                 client=remote or "-")
         return response
 
@@ -217,7 +225,18 @@ class IgnitionHandlers:
             # Rare and final for that node: worth saying which feature needs the newer spec.
             raise Refusal(406, await asyncio.to_thread(unsatisfiable_reason, accept, body)) from None
         ready = self._ready.make(record.blob_id, version, body)
-        return _payload_response(ready, version, self._piece(len(ready), request), self._sending)
+        return _payload_response(ready, self._headers(version), self._piece(len(ready), request), self._sending)
+
+    def _headers(self, version: str) -> CIMultiDict[str]:
+        """A payload response's headers at `version`, made once per version: each response takes
+        a copy (aiohttp's own step for any headers given), not a new dict and media type."""
+        headers = self._payload_headers.get(version)
+        if headers is None:
+            if len(self._payload_headers) >= 64:  # versions come from negotiate: a handful
+                self._payload_headers.clear()
+            headers = payload_headers(version)
+            self._payload_headers[version] = headers
+        return headers
 
     def _piece(self, size: int, request: web.BaseRequest) -> int:
         """How much of a `size`-byte body to write at once (ready.piece_for)."""
@@ -237,14 +256,20 @@ class IgnitionHandlers:
         return web.Response(status=503, text="not ready\n", headers={"Retry-After": "1"})
 
 
-def _payload_response(body: ReadyBody, version: str, piece: int, sending: Sending | None = None) -> web.Response:
-    content_type = f"{IGNITION_MEDIA_TYPE};version={version}"
-    headers = {"Content-Type": content_type, "Cache-Control": "no-store"}
-    if len(body) <= piece and (not body.head or len(body) <= HEAD_JOIN):
+def payload_headers(version: str) -> CIMultiDict[str]:
+    return CIMultiDict({"Content-Type": f"{IGNITION_MEDIA_TYPE};version={version}", "Cache-Control": "no-store"})
+
+
+def _payload_response(body: ReadyBody, headers: CIMultiDict[str], piece: int,
+                      sending: Sending | None = None, size: int = -1) -> web.Response:
+    """`headers` (IgnitionHandlers._headers) are copied by aiohttp, never changed; `size` is
+    len(body) where the caller has it."""
+    size = len(body) if size < 0 else size
+    if size <= piece and (not body.head or size <= HEAD_JOIN):
         # One write: aiohttp's own path for a bytes body is the shortest (no copy: no head to
         # splice, or a small body).
         return web.Response(body=body.joined(), headers=headers)
-    return web.Response(body=PiecewiseBody(body, piece=piece, sending=sending, content_type=content_type),
+    return web.Response(body=PiecewiseBody(body, piece=piece, sending=sending, content_type=headers["Content-Type"]),
                         headers=headers)
 
 

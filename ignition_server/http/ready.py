@@ -102,7 +102,11 @@ class ReadyBodies:
 
     def get(self, blob_id: str, version: str) -> ReadyBody | None:
         key = (blob_id, version)
-        ready = self._bodies.get(key)
+        try:
+            # Not .get: cachetools' get is `in`, then [] (four Python calls a request, for two).
+            ready: ReadyBody | None = self._bodies[key]
+        except KeyError:
+            return None
         if ready is not None and (ready.head or ready.rest):
             # Asked again: joined once, so that every later response is one write (module doc).
             # A fleet asking each NodePool once (the seeds' warm restart) never pays the copy.

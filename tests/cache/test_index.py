@@ -40,6 +40,18 @@ def test_token_key_is_keyed(tmp_path: Path) -> None:
     assert a.token_key("t") == a.token_key("t") != b.token_key("t")
 
 
+def test_token_key_is_hmac_sha256_of_the_index_key_whichever_object_computes_it() -> None:
+    import hashlib
+    import hmac
+
+    from payload_cache.keys import KeyRing
+
+    ring = KeyRing.generate()
+    for token in (b"t", b"secret-token", b"x" * 5000):  # past SHA-256's block: copies stay independent
+        assert ring.hmac(token) == hmac.new(ring.index_key, token, hashlib.sha256).digest()
+    assert ring.hmac(b"t") == ring.hmac(b"t")  # the keyed state is copied, never updated
+
+
 def test_tokens_of_secret_tracks_moves_and_drops(tmp_path: Path) -> None:
     cache = open_cache(tmp_path)
     k1, k2, k3 = (cache.token_key(t) for t in ("t1", "t2", "t3"))

@@ -76,3 +76,51 @@ async def test_text_stamps_are_in_the_same_zone_as_the_other_text_logs(monkeypat
     finally:
         monkeypatch.delenv("TZ")
         time.tzset()
+
+
+async def test_durations_print_as_round_to_the_microsecond_did_and_only_plain_ids_skip_redaction() -> None:
+    stream = io.StringIO()
+    log = AccessLog("json", stream=stream)
+    durations = [0.0, 0.1, 0.2, 0.4565, 1.0005, 12.3456789, 1234.5678, 0.00049, 0.0005001]
+    for i, duration in enumerate(durations):
+        log.record("GET", "/ignition", 200, request_id=f"w0-{i:x}", nodepool="-", size=1, duration_ms=duration,
+                   client="-")
+    # Ids the server accepts from a client (app._REQUEST_ID) that redaction or escaping would change.
+    for request_id in ("Authorization:c2VjcmV0", "a/b+c_d.e-F9", "x:y"):
+        log.record("GET", "/ignition", 200, request_id=request_id, nodepool="-", size=1, duration_ms=1.0, client="-")
+    log.flush()
+    entries = [json.loads(line) for line in stream.getvalue().splitlines()]
+    printed = [line.split('"duration_ms": ')[1].split(",")[0] for line in stream.getvalue().splitlines()]
+    # As round(duration, 3) printed them: to the microsecond, in the shortest form; a half-way
+    # value may go the other way (0.4565 is stored a hair under it: 0.456, where round says 0.457).
+    for duration, text in zip(durations, printed):
+        assert text == repr(float(text)) and len(text.partition(".")[2]) <= 3, text
+        assert abs(float(text) - duration) <= 0.0005 + 1e-12, (duration, text)
+    assert printed[:len(durations)] == ["0.0", "0.1", "0.2", "0.456", "1.0", "12.346", "1234.568", "0.0", "0.001"]
+    assert [e["request_id"] for e in entries[len(durations):]] == ["Authorization:<redacted>", "a/b+c_d.e-F9", "x:y"]
+
+
+async def test_lines_sharing_some_fields_each_keep_their_own() -> None:
+    # A line's fixed text is kept per (method, path, status, NodePool): lines that share some
+    # of them, interleaved, each print their own.
+    fields = [("GET", "/ignition", 200, "clusters/a", "10.0.0.1"), ("GET", "/ignition", 200, "clusters/b", "10.0.0.1"),
+              ("HEAD", "/ignition", 200, "clusters/a", "10.0.0.2"), ("GET", "/ignition", 403, "clusters/a", "10.0.0.1"),
+              ("GET", "/config/a", 200, "clusters/a", "::1"), ("GET", "/ignition", 200, "clusters/a", "10.0.0.3")]
+    for log_format in ("json", "text"):
+        stream = io.StringIO()
+        log = AccessLog(log_format, stream=stream)
+        for i, (method, path, status, nodepool, client) in enumerate(fields * 2):
+            log.record(method, path, status, request_id=f"w0-{i:x}", nodepool=nodepool, size=i, duration_ms=0.5,
+                       client=client)
+        log.flush()
+        lines = stream.getvalue().splitlines()
+        assert len(lines) == 2 * len(fields)
+        for i, (line, (method, path, status, nodepool, client)) in enumerate(zip(lines, fields * 2)):
+            if log_format == "json":
+                entry = json.loads(line)
+                assert {k: entry[k] for k in ("msg", "request_id", "nodepool", "status", "bytes", "duration_ms", "client")} == {
+                    "msg": f"{method} {path} {status}", "request_id": f"w0-{i:x}", "nodepool": nodepool,
+                    "status": status, "bytes": i, "duration_ms": 0.5, "client": client}
+            else:
+                assert line.endswith(f" INFO    ignition_server.access: {method} {path} {status} request_id=w0-{i:x} "
+                                     f"nodepool={nodepool} status={status} bytes={i} duration_ms=0.5 client={client}"), line

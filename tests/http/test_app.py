@@ -103,6 +103,32 @@ async def test_a_payload_is_kept_ready_per_version_and_a_new_render_replaces_it(
     handlers.close()
 
 
+async def test_payload_headers_made_once_per_version_are_never_changed_by_a_response(tmp_path: Path,
+                                                                                   serving_client) -> None:
+    cache = served_cache(tmp_path)
+    handlers = IgnitionHandlers(cache=cache, authenticator=TokenAuthenticator(cache), metrics=ServerMetrics(),
+                                state=ServingState(ready=True))
+    client = await serving_client(handlers)
+    bearer = {"Authorization": "Bearer " + base64.b64encode(b"tok").decode()}
+    seen = []
+    for version in ("3.4.0", "3.4.0", "3.3.0", "3.4.0"):
+        response = await client.get("/ignition", headers={
+            **bearer, "Accept": f"application/vnd.coreos.ignition+json;version={version}",
+            **({"X-Request-Id": "mine-1"} if len(seen) == 1 else {})})
+        assert response.status == 200
+        await response.read()
+        seen.append(response.headers["X-Request-Id"])
+        assert response.headers["Content-Type"] == f"application/vnd.coreos.ignition+json;version={version}"
+        assert response.headers.getall("Cache-Control") == ["no-store"]
+        assert len(response.headers.getall("X-Request-Id")) == 1
+    assert seen[1] == "mine-1" and len(set(seen)) == 4
+    kept = handlers._headers("3.4.0")
+    assert handlers._headers("3.4.0") is kept  # made once
+    assert dict(kept) == {"Content-Type": "application/vnd.coreos.ignition+json;version=3.4.0",
+                          "Cache-Control": "no-store"}  # no response's own headers added to it
+    handlers.close()
+
+
 async def test_bodies_still_being_written_bound_new_payload_requests(tmp_path: Path, serving_client) -> None:
     # --max-in-flight counts a request until its handler returns; its body is written after. A
     # client that does not read holds its body in the server: past the bytes bound, 503 + Retry-After.

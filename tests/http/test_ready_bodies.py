@@ -7,7 +7,7 @@ import tracemalloc
 
 import pytest
 
-from ignition_server.http.app import _payload_response
+from ignition_server.http.app import _payload_response, payload_headers
 from ignition_server.http.ready import WHOLE_WRITES_BYTES, WRITE_PIECE, PiecewiseBody, ReadyBodies, piece_for
 from ignition_server.memory import SERVING_MMAP_THRESHOLD
 from ignition_server.render.spec import encode, with_version
@@ -59,7 +59,7 @@ async def test_serving_a_spliced_version_allocates_no_copy_of_the_body(piece: in
     tracemalloc.start()
     try:
         base, _ = tracemalloc.get_traced_memory()
-        responses = [_payload_response(ready_bodies.make(f"blob{i}", "3.4.0", BODY), "3.4.0", piece) for i in range(8)]
+        responses = [_payload_response(ready_bodies.make(f"blob{i}", "3.4.0", BODY), payload_headers("3.4.0"), piece) for i in range(8)]
         payloads = [response.body for response in responses]
         assert all(isinstance(payload, PiecewiseBody) for payload in payloads)
         held, _ = tracemalloc.get_traced_memory()
@@ -96,10 +96,10 @@ async def test_a_body_asked_again_is_kept_joined_and_written_in_one_write() -> N
     assert bodies.get("blob", "3.4.0") is again  # joined once, not per request
     assert bodies.held() == len(again.body)
     # Whole (few connections): the joined bytes as aiohttp's own body, one write with the headers.
-    response = _payload_response(again, "3.4.0", piece_for(len(again), 1, True))
+    response = _payload_response(again, payload_headers("3.4.0"), piece_for(len(again), 1, True))
     assert response.body is not None and not isinstance(response.body, PiecewiseBody)
     # Many connections: still pieces of at most WRITE_PIECE.
-    payload = _payload_response(again, "3.4.0", piece_for(len(again), 1000, True)).body
+    payload = _payload_response(again, payload_headers("3.4.0"), piece_for(len(again), 1000, True)).body
     assert isinstance(payload, PiecewiseBody)
     writer = _Collect()
     await payload.write_with_length(writer, payload.size)  # type: ignore[arg-type]
