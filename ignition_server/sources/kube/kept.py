@@ -33,7 +33,16 @@ def version(obj: Mapping[str, Any]) -> int:
 
 
 def fingerprint(obj: Mapping[str, Any]) -> str:
-    """The object's content (resourceVersion and managedFields aside)."""
+    """The object's content, to tell a change from a new version that changes nothing.
+
+    resourceVersion and managedFields are left out on purpose (so since the source's first
+    version): an update that changes only them (an apply by another field manager with the same
+    values) arrives as a newer version, and is no change to render or write for. A re-list at the
+    versions already seen is skipped before this, by version. The takeover serializes
+    trusted-ca-bundle-managed whole, these two fields included, as the CPO does: such an update
+    reaches its machine-config-server ConfigMap at the takeover's resync, not at once (the CPO
+    writes at once), and spares every NodePool of the cluster a base generation and a render for
+    a change of bookkeeping (tests/sources/test_kube_kept.py)."""
     body = {k: v for k, v in obj.items() if k != "metadata"}
     meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k not in ("resourceVersion", "managedFields")}
     return hashlib.sha256(json.dumps([meta, body], sort_keys=True, default=str).encode()).hexdigest()
