@@ -9,8 +9,8 @@ changed, and kept (kept.py: versions, content, references, each namespace's budg
 are applied once: a version already seen (the echo of our own write, a replay after a
 reconnect) changes nothing. What changed is handed over in the order it was kept.
 
-    Informer per kind and scope (informer.py) ─ listed / event ─▶ KubeSource ─ GET (key_fetches.py)
-        ─▶ KeptObjects.keep (kept.py) ─ Change ─▶ the handler (the reconciler)
+    Informer per kind and scope (informer.py) ─ listed / event ─▶ KubeSource ─ GET (a watch event's:
+        key_fetches.py) ─▶ KeptObjects.keep (kept.py) ─ Change ─▶ the handler (the reconciler)
     the reconciler's writes ─▶ KubeWrites (writes.py) ─ PATCH/POST/PUT/DELETE; the answer kept, handed over
 """
 
