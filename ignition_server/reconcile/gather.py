@@ -22,7 +22,7 @@ from ..model.mco_base import BASE_KEY
 from ..model.objects import ManifestError, ObjectKey, data_text
 from ..model.token_secret import TokenSecret, token_secret_config
 from ..render.inputs import NodePoolInputs, Settings
-from .bases import RHCOS_EXTENSIONS_IMAGE, RHCOS_IMAGE, BaseIndex, base_key, release_keys
+from .bases import RHCOS_EXTENSIONS_IMAGE, RHCOS_IMAGE, BaseIndex, release_keys
 from .generated_bases import generated_key
 from .inputs import JOIN_INPUTS, MCS_INPUTS, SETTINGS_INPUTS, Lookup, input_key
 from .releases import HAPROXY_IMAGE, Releases, release_key
@@ -78,10 +78,10 @@ def gather(
             if not base_yaml:
                 raise ManifestError(f"MCO base {base.namespace}/{base.name} has no {BASE_KEY}")
         elif generated is not None and secret.release:
-            pair, more = generated_key(secret, notes, lookup, releases, tenancy, objects)
-            deps |= more
-            base_yaml = generated(pair) if pair is not None else None
-            on_generated = base_key(namespace, "generated:" + secret.release) in more  # the cluster has a configuration
+            found = generated_key(secret, notes, lookup, releases, tenancy, objects)
+            deps |= found.deps
+            base_yaml = generated(found.key) if found.key is not None else None
+            on_generated = found.configured
     if base is None and not on_generated:
         _refuse_consumed(objects, "the NodePool has no MCO base generated for it (serve with --generate-bases; its "
                                   "namespace needs the machine-config-server ConfigMap)")

@@ -37,10 +37,11 @@ from ..registry.mirrors import is_mirror_set
 from ..sources.events import Change, Source
 from .bases import BaseIndex, is_base
 from .claims import Claims, is_claims_object
-from .faults import Faults, ObjectWork
+from .faults import Faults
 from .generated_bases import GeneratedBaseWaits, is_generated_base
 from .input_graph import InputGraph
 from .nodepools import NodePools
+from .object_work import ObjectWork
 from .release_waits import ReleaseWaits
 from .releases import Releases, is_catalog, release_key
 from .rotation import Rotation

@@ -30,7 +30,8 @@ from ..config import SUPERSEDED_GRACE
 from ..metrics import ServerMetrics
 from ..model.objects import ObjectKey, set_annotation
 from ..model.token_secret import ANNOTATION_TOKEN_EXPIRATION, TokenSecret, format_time
-from .faults import Faults, ObjectWork
+from .faults import Faults
+from .object_work import ObjectWork
 from .token_secrets import TokenSecrets
 from .write_backs import WriteBacks
 

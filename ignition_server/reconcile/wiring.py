@@ -37,12 +37,13 @@ from ..registry.setup import open_resolver
 from ..sources.events import Change, Source
 from .bases import BaseIndex
 from .claims import Claims, ClaimsPublisher
-from .faults import Faults, ObjectWork
+from .faults import Faults
 from .generated_bases import GeneratedBaseWaits
 from .housekeeping import Housekeeping
 from .index_flush import IndexFlush
 from .input_graph import InputGraph
 from .nodepools import NodePools, Renderer
+from .object_work import ObjectWork
 from .outputs import TokenOutputs
 from .reconciler import Reconciler
 from .release_waits import ReleaseWaits

@@ -19,7 +19,8 @@ from ..model.objects import ObjectKey, set_annotation
 from ..model.token_secret import ANNOTATION_IGNITION_REACHED, TokenSecret
 from ..render.userdata import user_data_secret_name
 from ..sources.events import PruningSource
-from .faults import Faults, ObjectWork
+from .faults import Faults
+from .object_work import ObjectWork
 from .status import Status, status_mutation, written_status
 
 log = logging.getLogger("ignition_server.reconcile")

@@ -98,7 +98,7 @@ async def test_mirror_sets_key_the_generated_base_and_a_restart_generates_and_re
     # Without any, the key is what it was before mirror sets were taken (an upgrade generates nothing again).
     plain = reconciler.tokens.get(ObjectKey("Secret", NAMESPACE, "token-plain-00000000"))
     assert plain is not None
-    assert generated_key(plain, plain.annotations, source.get, reconciler.releases)[0] == by_text["[]"].key  # type: ignore[attr-defined]
+    assert generated_key(plain, plain.annotations, source.get, reconciler.releases).key == by_text["[]"].key  # type: ignore[attr-defined]
     for job in generator.asked:
         generator.adopt(job.key, mco_base.base_yaml())
         reconciler.base_waits.generated(job.key)

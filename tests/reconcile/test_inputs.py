@@ -15,9 +15,10 @@ import pytest
 import yaml
 
 from ignition_server.basegen.generator import BaseGenerator
+from ignition_server.model.bootstrap_objects import NONE
 from ignition_server.model.objects import ObjectKey
 from ignition_server.model.token_secret import parse_token_secret
-from ignition_server.reconcile.generated_bases import generated_key
+from ignition_server.reconcile.generated_bases import generated_base, generated_key
 from ignition_server.reconcile.releases import ANNOTATION_RELEASE_CATALOG
 from payload_cache import PayloadCache
 from testsupport import mco_base
@@ -208,6 +209,23 @@ async def test_user_data_with_a_large_ca_follows_rotations(tmp_path: Path) -> No
     assert header["value"] == "Bearer " + base64.b64encode(current.encode()).decode()
 
 
+def test_generated_key_says_whether_the_nodepool_is_on_a_generated_base(tmp_path: Path) -> None:
+    """Without its cluster's `machine-config-server` ConfigMap a NodePool has no generated base (gather
+    then refuses mirror sets for want of one); with it, it has one, whose key may wait
+    (until the config is read, or the release's digest known): on a generated base all the same, and queued by it."""
+    reconciler, *_ = inputs_world(tmp_path)
+    secret = parse_token_secret(token_secret("clusters-a", "workers", "tok-workers"))
+    objects: dict[ObjectKey, dict] = {}
+    found = generated_key(secret, secret.annotations, objects.get, reconciler.releases)
+    assert (found.key, found.configured, generated_base(secret) in found.deps) == (None, False, False)
+    config = kube_object("ConfigMap", "clusters-a", "machine-config-server", {"configuration-hash": "c1"})
+    objects[ObjectKey("ConfigMap", "clusters-a", "machine-config-server")] = config
+    waiting = generated_key(secret, secret.annotations, objects.get, reconciler.releases, consumed=None)  # config not read
+    assert (waiting.key, waiting.configured, generated_base(secret) in waiting.deps) == (None, True, True)
+    found = generated_key(secret, secret.annotations, objects.get, reconciler.releases, consumed=NONE)
+    assert found.key is not None and found.configured and found.deps == waiting.deps
+
+
 async def test_a_generated_base_does_not_lift_the_token_secrets_configuration_precondition(tmp_path: Path) -> None:
     """HyperShift's GetPayload checks a token Secret's `hc-configuration-hash` on every payload:
     a Secret made for another cluster configuration waits (InvalidConfig, in HyperShift's words),
@@ -240,7 +258,7 @@ async def test_a_generated_base_does_not_lift_the_token_secrets_configuration_pr
     await settle(reconciler, source, outputs)
     current = reconciler.tokens.get(ObjectKey("Secret", "clusters-a", "token-current-00000000"))
     assert current is not None
-    key, _deps = generated_key(current, current.annotations, source.get, reconciler.releases, reconciler.tenancy)
+    key = generated_key(current, current.annotations, source.get, reconciler.releases, reconciler.tenancy).key
     assert key is not None
     generator.adopt(key, mco_base.base_yaml())  # the base of configuration c1, generated
     reconciler.base_waits.generated(key)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from ignition_server.reconcile.faults import Faults, ObjectWork
+from ignition_server.reconcile.faults import Faults
+from ignition_server.reconcile.object_work import ObjectWork
 
 
 class Clock:

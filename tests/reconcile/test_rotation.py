@@ -11,8 +11,9 @@ from ignition_server.auth.rotation_policy import RotationPolicy
 from ignition_server.config import SUPERSEDED_GRACE
 from ignition_server.metrics import ServerMetrics
 from ignition_server.model.token_secret import ANNOTATION_TOKEN_EXPIRATION, TokenSecret, format_time
-from ignition_server.reconcile.faults import Faults, ObjectWork
+from ignition_server.reconcile.faults import Faults
 from ignition_server.reconcile.index_flush import IndexFlush
+from ignition_server.reconcile.object_work import ObjectWork
 from ignition_server.reconcile.rotation import Rotation, rotation_name
 from ignition_server.reconcile.tenancy import generation_group
 from ignition_server.reconcile.token_secrets import TokenSecrets

@@ -326,11 +326,14 @@ def test_a_new_writer_losing_to_the_old_ones_late_rotation_keeps_serving_it(api:
 def test_expired_token_secrets_are_deleted_with_their_user_data(api: KubeAPI, replicas) -> None:
     from ignition_server.model.token_secret import ANNOTATION_TOKEN_EXPIRATION, format_time
 
+    api.create(token_secret("infra", "tok-infra"))
+    proc = replicas("r1", extra=("--prune-expired-after", "1s"))
+    wait_for(lambda: served(proc, "tok-infra"), timeout=30, what="r1 serving")
+    # Created once r1 serves, so that its 4 s to expiry are not spent starting the replica: created
+    # before, a loaded replica (load 7-15) took 5-6 s to its first payloads, and never served it.
     old = token_secret("workers", "tok-old")
     old["metadata"]["annotations"][ANNOTATION_TOKEN_EXPIRATION] = format_time(time.time() + 4)
     name = api.create(old)["metadata"]["name"]
-    api.create(token_secret("infra", "tok-infra"))
-    proc = replicas("r1", extra=("--prune-expired-after", "1s"))
     wait_for(lambda: served(proc, "tok-old"), timeout=30, what="served before its expiry")
     wait_for(lambda: any(s["metadata"]["name"].startswith("user-data-workers") for s in api.list("secrets", NAMESPACE)),
              timeout=30, what="its user-data written")
