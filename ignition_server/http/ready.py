@@ -148,6 +148,11 @@ class PiecewiseBody(BytesPayload):
             await self._write_pieces(writer, content_length)
         finally:
             self._sending.bytes -= size
+            # Written (or abandoned): let go of the body. aiohttp keeps a kept-alive connection's
+            # last response (its request loop's local) until the next request arrives, and with
+            # it this payload: a client that parses a body before asking again held a decrypted
+            # body per connection in the worker (64 connections at the seeds' fleet, ~26 MiB).
+            self._head, self._value = b"", b""
 
     async def _write_pieces(self, writer: AbstractStreamWriter, content_length: int | None) -> None:
         head, view = self._head, memoryview(self._value)
