@@ -12,7 +12,7 @@ import itertools
 import re
 import time
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import TYPE_CHECKING, Awaitable, Callable
 
 from aiohttp import web
 from aiohttp.payload import Payload
@@ -21,8 +21,8 @@ from payload_cache import PayloadCache, RenderRecord
 
 from ..auth.presented import Presented, admit, ambiguity
 from ..auth.tokens import Grant, Refusal, TokenAuthenticator
-from ..metrics import ServerMetrics
 from ..render.spec import UnsatisfiableVersion, negotiate, unsatisfiable_reason
+from ..tallies import ServingCounts
 from ..workers.render_wait import IDLE_S
 from .access_log import AccessLog
 from .limits import FailedAuthLimiter
@@ -38,6 +38,9 @@ from .ready import (
     Sending,
     piece_for,
 )
+
+if TYPE_CHECKING:  # the owner's; a serving worker counts in tallies.ServingTallies and never imports Prometheus
+    from ..metrics import ServerMetrics
 
 IGNITION_MEDIA_TYPE = "application/vnd.coreos.ignition+json"
 # Payload reads a process has under way or done and not yet taken up by their request: each ends
@@ -69,7 +72,7 @@ class IgnitionHandlers:
         *,
         cache: PayloadCache,
         authenticator: TokenAuthenticator,
-        metrics: ServerMetrics,
+        metrics: ServingCounts,
         state: ServingState,
         on_served: Callable[[str], None] = lambda _secret: None,
         on_missing: Callable[[str], None] = lambda _secret: None,
