@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         presented = Presented(authorization=bearer, nodepool_header="clusters/p")
         metrics = ServerMetrics()
         ready = ReadyBodies()
-        ready.make(blob, "3.4.0", body)
+        for _ in range(2):  # kept from its second ask (http/ready.py)
+            ready.make(blob, "3.4.0", body)
         access = AccessLog("json", stream=io.StringIO())
         n = args.iterations
 

@@ -7,7 +7,6 @@ metrics port serves it.
 from __future__ import annotations
 
 from collections import Counter as Tally
-from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -16,38 +15,20 @@ from prometheus_client.registry import Collector
 
 from payload_cache import CacheStats
 
-
-# The connection table (http/connection_table.py) is the serving side's; metrics only read
-# its counts, in this shape, so the table imports it from here and not the other way.
-@dataclass(frozen=True)
-class ConnectionCounts:
-    open: tuple[int, ...]  # by row (serving process)
-    refused: int  # since the table was made, dead processes' rows included
-    timed_out: int
-
+from . import tallies
+from .tallies import ConnectionCounts
 
 # The reference's buckets (5-60 s renders) plus fast ones for our own renderer.
 GENERATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 40, 50, 60)
 
 
-class LabelTally(Collector):
-    """A counter by one label, counted without a lock.
-
-    Increments come from the event loop only, and a scrape (in another thread) copies the
-    dict, which the GIL makes atomic. A prometheus_client Counter takes a lock per increment:
-    two per request on the serving path, for nothing.
-    """
+class LabelTally(tallies.Tally, Collector):
+    """A counter by one label, counted without a lock (tallies.Tally), exposed as a Prometheus counter."""
 
     def __init__(self, name: str, documentation: str, label: str, *, sample: str | None = None) -> None:
+        super().__init__()
         self._name, self._documentation, self._label = name, documentation, label
         self._sample = sample or name
-        self._counts: Tally[str | int] = Tally()
-
-    def inc(self, value: str | int, count: int = 1) -> None:
-        self._counts[value] += count
-
-    def counts(self) -> dict[str | int, int]:
-        return dict(self._counts)
 
     def collect(self) -> Iterable[Metric]:
         metric = Metric(self._name, self._documentation, "counter")

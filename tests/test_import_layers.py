@@ -30,8 +30,9 @@ LAYERS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("payload_cache",),
      "the encrypted payload store and token index: knows nothing of HTTP, Kubernetes or the server"),
     (("ignition_server.bounded_yaml", "ignition_server.logs", "ignition_server.memory",
-      "ignition_server.no_core_dumps", "ignition_server.sockets", "ignition_server.tls"),
-     "process-wide helpers with no knowledge of the domain: bounded YAML, log setup, sockets, TLS (profiles, certificates and the self-made CA, its rotation, FIPS)"),
+      "ignition_server.no_core_dumps", "ignition_server.sockets", "ignition_server.tallies", "ignition_server.tls"),
+     "process-wide helpers with no knowledge of the domain: bounded YAML, log setup, sockets, counts kept without "
+     "Prometheus, TLS (profiles, certificates and the self-made CA, its rotation, FIPS)"),
     (("ignition_server.model",),
      "the domain model (Kubernetes objects, the token Secret, the MCO base ConfigMap): everyone reads it"),
     (("ignition_server.render", "ignition_server.takeover", "ignition_server.config", "ignition_server.metrics"),

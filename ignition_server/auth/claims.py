@@ -21,6 +21,7 @@ __all__ = [
     "DEFAULT_ALLOWED_ACCOUNTS",
     "DEFAULT_CHECKS",
     "LEGACY_ISSUER",
+    "MAX_TOKEN_BYTES",
     "ClaimCheck",
     "JwtRefused",
     "TokenContext",
@@ -30,6 +31,9 @@ __all__ = [
 ]
 
 LEGACY_ISSUER = "kubernetes/serviceaccount"
+# The longest service-account JWT looked at. Here, not in jwt.py: tokens.py tells a JWT from an
+# opaque token by it, and a serving worker (which hands JWTs to its owner) never imports jwt.py.
+MAX_TOKEN_BYTES = 16 * 1024
 DEFAULT_ALLOWED_ACCOUNTS: tuple[tuple[str, str], ...] = (
     ("openshift-machine-config-operator", "node-bootstrapper"),
     ("openshift-infra", "node-bootstrapper"),

@@ -38,6 +38,7 @@ from cachetools import LRUCache
 from .claims import (
     DEFAULT_ALLOWED_ACCOUNTS,
     DEFAULT_CHECKS,
+    MAX_TOKEN_BYTES,
     ClaimCheck,
     JwtRefused,
     read_account,
@@ -59,7 +60,6 @@ __all__ = [
 ]
 
 ALGORITHMS: tuple[str, ...] = ("RS256", "ES256")
-MAX_TOKEN_BYTES = 16 * 1024
 
 # PyJWT checks only the signature (and the alg against the allowed list); every claim is
 # checked by the named checks of .claims so each one can be shown to matter on its own.

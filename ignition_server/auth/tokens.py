@@ -11,12 +11,14 @@ import base64
 import binascii
 import time
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from payload_cache import PayloadCache, TokenRecord, TokenState
 
-from .claims import JwtRefused
-from .jwt import MAX_TOKEN_BYTES, ServiceAccountVerifier
+from .claims import MAX_TOKEN_BYTES, JwtRefused
+
+if TYPE_CHECKING:  # handed in by the owner; a serving worker (no verifier) never imports the JWT checks
+    from .jwt import ServiceAccountVerifier
 
 
 class Refusal(Exception):

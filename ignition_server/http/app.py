@@ -12,7 +12,7 @@ import itertools
 import re
 import time
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import TYPE_CHECKING, Awaitable, Callable
 
 from aiohttp import web
 from aiohttp.payload import Payload
@@ -22,8 +22,8 @@ from payload_cache import PayloadCache, RenderRecord
 
 from ..auth.presented import Presented, admit, ambiguity
 from ..auth.tokens import Grant, Refusal, TokenAuthenticator
-from ..metrics import ServerMetrics
 from ..render.spec import UnsatisfiableVersion, negotiate, unsatisfiable_reason
+from ..tallies import ServingCounts
 from ..workers.render_wait import IDLE_S
 from .access_log import AccessLog
 from .limits import FailedAuthLimiter
@@ -40,7 +40,17 @@ from .ready import (
     piece_for,
 )
 
+if TYPE_CHECKING:  # the owner's; a serving worker counts in tallies.ServingTallies and never imports Prometheus
+    from ..metrics import ServerMetrics
+
 IGNITION_MEDIA_TYPE = "application/vnd.coreos.ignition+json"
+# Payload reads a process has under way or done and not yet taken up by their request: each ends
+# as a decrypted body (~416 KB at the seeds' fleet). The reader threads decrypt faster than a
+# busy event loop writes responses: unbounded, the requests in flight all had their bodies
+# decrypted and waiting on the loop (25 of them in a serving worker during the seeds' warm
+# restart, ~10 MiB, issue 33). Twice the reader threads keeps them busy while the loop catches up.
+PAYLOAD_READERS = 4
+READS_AHEAD = 2 * PAYLOAD_READERS
 _REASONS = {511: "Network Authentication Required"}
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+-]{1,64}")
 
@@ -63,7 +73,7 @@ class IgnitionHandlers:
         *,
         cache: PayloadCache,
         authenticator: TokenAuthenticator,
-        metrics: ServerMetrics,
+        metrics: ServingCounts,
         state: ServingState,
         on_served: Callable[[str], None] = lambda _secret: None,
         on_missing: Callable[[str], None] = lambda _secret: None,
@@ -103,7 +113,8 @@ class IgnitionHandlers:
         self._ready = ReadyBodies(ready_bytes)  # its share of --cache-memory (config.payload_memory)
         # Payload reads get threads of their own: behind renders, listings and write-backs
         # in the shared default pool, a disk read would wait for background work.
-        self._readers = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="payload-read")
+        self._readers = concurrent.futures.ThreadPoolExecutor(max_workers=PAYLOAD_READERS, thread_name_prefix="payload-read")
+        self._reads_ahead = asyncio.Semaphore(READS_AHEAD)  # reads not yet taken up (READS_AHEAD)
 
     def _negotiate(self, accept: str | None, min_version: str) -> str | None:
         """The spec version to answer at, or None when the client accepts none we can serve."""
@@ -216,7 +227,8 @@ class IgnitionHandlers:
         """A body not kept ready at `version`: from the memory tier or disk, then kept."""
         body = self._cache.get_blob_from_memory(record.blob_id)
         if body is None:
-            body = await asyncio.get_running_loop().run_in_executor(self._readers, self._cache.get_blob, record.blob_id)
+            async with self._reads_ahead:
+                body = await asyncio.get_running_loop().run_in_executor(self._readers, self._cache.get_blob, record.blob_id)
         if body is None:
             # Lost or failed its integrity check (quarantined): have the reconciler re-render it.
             self._on_missing(grant.secret)

@@ -35,7 +35,7 @@ import os
 import struct
 from collections.abc import Sequence
 
-from ..metrics import ConnectionCounts
+from ..tallies import ConnectionCounts
 
 BUCKETS = 16_384  # per row: 64 KiB of int32, touched only where addresses hash
 _MAGIC = b"IGNCONN1"

@@ -5,15 +5,16 @@ head, then the stored body past its own (render.spec.version_splice). The body i
 for it: a spliced copy per request was a quarter of the serving CPU in keep-alive (py-spy,
 bench compare) and, with 64 responses of 416 KB in flight, ~25 MiB more of a worker's memory
 (the seeds' fleet, issue 33). A booting fleet asks the same few NodePools at the same version
-over and over, so the (head, body) pair is kept, bounded by the bytes it keeps alive; a pair
-asked for again is kept joined from then on (one copy per entry, not per request): a body
-written whole is then one TLS write and one socket write, where a head and the rest were two
-(issue 32). Blob ids are content hashes, so an entry can never go stale: a re-render is a new
+over and over, so the (head, body) pair is kept from its second ask (FIRST_ASKS_REMEMBERED),
+bounded by the bytes it keeps alive; a kept pair asked for again is kept joined from then on
+(one copy per entry, not per request): a body written whole is then one TLS write and one
+socket write, where a head and the rest were two (issue 32). Blob ids are content hashes, so an entry can never go stale: a re-render is a new
 blob id.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
@@ -49,6 +50,12 @@ HEAD_JOIN = 4 * 1024
 # being written to slow clients (1,024 of 416 KB would be 416 MiB in one worker). 64 in flight
 # at the seeds' fleet (issue 33) write ~26 MiB.
 DEFAULT_SENDING_BYTES = 64 * 1024 * 1024
+# A (blob, version) pair is kept ready from its second ask on: the last this many first asks are
+# remembered (their keys only, ~0.3 MiB). Kept at its first ask, every body of a fleet asked
+# once each (a warm restart: each node fetches once) passed through the ready bodies and stayed
+# there until pushed out, ~11 MiB of a serving worker's peak and the heap holes they left
+# (the seeds' fleet, issue 33); a storm's hot NodePools are asked again within moments.
+FIRST_ASKS_REMEMBERED = 2048
 
 
 def piece_for(size: int, open_connections: int, served_before: bool, piece: int = WRITE_PIECE,
@@ -93,8 +100,10 @@ class Sending:
 class ReadyBodies:
     """An LRU of response bodies keyed by (blob id, version); used from the event loop only."""
 
-    def __init__(self, max_bytes: int = DEFAULT_READY_BYTES) -> None:
+    def __init__(self, max_bytes: int = DEFAULT_READY_BYTES, first_asks: int = FIRST_ASKS_REMEMBERED) -> None:
         self._bodies: LRUCache[tuple[str, str], ReadyBody] = LRUCache(maxsize=max(max_bytes, 1), getsizeof=ReadyBody.held)
+        self._asked_once: OrderedDict[tuple[str, str], None] = OrderedDict()  # FIRST_ASKS_REMEMBERED
+        self._first_asks = first_asks
 
     def held(self) -> int:
         """Bytes of bodies kept now."""
@@ -116,11 +125,20 @@ class ReadyBodies:
 
     def make(self, blob_id: str, version: str, body: bytes,
              splice: Callable[[bytes, str], tuple[bytes, int]] = version_splice) -> ReadyBody:
-        """`body` at `version`, kept for the next request (a body larger than the bound is not kept)."""
+        """`body` at `version`, kept for the next request if it was asked for before
+        (FIRST_ASKS_REMEMBERED; a body larger than the bound is never kept)."""
         head, rest = splice(body, version)
         ready = ReadyBody(head, body, rest)
-        if ready.held() <= self._bodies.maxsize:
-            self._bodies[(blob_id, version)] = ready
+        key = (blob_id, version)
+        if ready.held() > self._bodies.maxsize:
+            return ready
+        if key in self._asked_once:
+            del self._asked_once[key]
+            self._bodies[key] = ready
+        else:
+            self._asked_once[key] = None
+            if len(self._asked_once) > self._first_asks:
+                self._asked_once.popitem(last=False)
         return ready
 
 
@@ -152,6 +170,11 @@ class PiecewiseBody(BytesPayload):
             await self._write_pieces(writer, content_length)
         finally:
             self._sending.bytes -= size
+            # Written (or abandoned): let go of the body. aiohttp keeps a kept-alive connection's
+            # last response (its request loop's local) until the next request arrives, and with
+            # it this payload: a client that parses a body before asking again held a decrypted
+            # body per connection in the worker (64 connections at the seeds' fleet, ~26 MiB).
+            self._head, self._value = b"", b""
 
     async def _write_pieces(self, writer: AbstractStreamWriter, content_length: int | None) -> None:
         head, view = self._head, memoryview(self._value)

@@ -32,7 +32,7 @@ from ..http.guard import ConnectionGuard
 from ..http.limits import FailedAuthLimiter
 from ..http.listen import start_site
 from ..http.ready import WRITE_PIECE
-from ..metrics import ServerMetrics
+from ..tallies import ServingTallies
 from ..tls.certificates import reload_on_change, serving_context
 from ..tls.sni import HostCertificates, refresh_periodically
 from .channel import Channel
@@ -78,7 +78,7 @@ class Worker:
             CacheConfig(settings.cache_dir, settings.cache_key_file, spec.memory_bytes), spec.tokens, spec.renders)
         self.spec = replace(spec, tokens=[], renders=[])  # the rows are in the replica now (~4 MiB at 5,280)
         self.generation = spec.generation
-        self.metrics = ServerMetrics()
+        self.metrics = ServingTallies()  # reported to the owner, whose /metrics shows them
         self._behind: list[str] = []
         self._render_wait = IDLE_S
         # What the owner says is behind, and how long a node should wait for a render.

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import threading
+import time
 from pathlib import Path
 
 from ignition_server.auth.tokens import TokenAuthenticator
-from ignition_server.http.app import IgnitionHandlers, ServingState
+from ignition_server.http.app import READS_AHEAD, IgnitionHandlers, ServingState
 from ignition_server.metrics import ServerMetrics
 from ignition_server.render.spec import encode
 from payload_cache import CacheConfig, PayloadCache, RenderRecord, TokenRecord, TokenState
@@ -93,9 +95,10 @@ async def test_a_payload_is_kept_ready_per_version_and_a_new_render_replaces_it(
         assert int(response.headers["Content-Length"]) == len(body)
         return json.loads(body)
 
-    for version in ("3.4.0", "3.3.0", "3.4.0", "3.3.0"):
+    for version in ("3.4.0", "3.3.0") * 4:
         assert (await fetch(version))["ignition"]["version"] == version
-    assert cache.stats().disk_hits == 2  # one read per version; the repeats were sent as kept
+    # Two reads per version (kept from its second ask, http/ready.py); the repeats were sent as kept.
+    assert cache.stats().disk_hits == 4
     # A re-render is a new blob: served at once, never the body kept for the old one.
     config = {"ignition": {"version": "3.2.0"}, "storage": {"files": [{"path": "/etc/new", "contents": {"source": "data:,"}}]}}
     cache.put_render(RenderRecord("ns/token-p", "clusters/p", "digest2", cache.put_blob(encode(config, "3.2.0")), "3.2.0", 0.0))
@@ -181,3 +184,40 @@ async def test_aiohttp_counts_a_connections_requests_where_the_write_size_reads_
     for _ in range(3):  # one kept-alive connection (the test client's pool)
         assert (await client.get("/")).status == 200
     assert seen == [1, 2, 3]
+
+
+async def test_payload_reads_stay_a_few_ahead_of_a_busy_event_loop(tmp_path: Path, serving_client) -> None:
+    # Reader threads decrypt faster than a busy loop writes responses: every request in flight
+    # had its body decrypted and waiting (issue 33). A loop held up while 40 requests wait finds
+    # at most READS_AHEAD bodies read for it.
+    cache = served_cache(tmp_path)
+    reads = 0
+    lock = threading.Lock()
+    get_blob = cache.get_blob
+
+    def counted(blob_id: str) -> bytes | None:
+        nonlocal reads
+        with lock:
+            reads += 1
+        return get_blob(blob_id)
+
+    cache.get_blob = counted  # type: ignore[method-assign]
+    handlers = IgnitionHandlers(cache=cache, authenticator=TokenAuthenticator(cache), metrics=ServerMetrics(),
+                                state=ServingState(ready=True))
+    client = await serving_client(handlers)
+    headers = {"Authorization": "Bearer " + base64.b64encode(b"tok").decode()}
+    fetches = [asyncio.ensure_future(client.get("/ignition", headers=headers)) for _ in range(40)]
+    for _ in range(200):  # until the first reads have started
+        await asyncio.sleep(0.005)
+        if reads:
+            break
+    time.sleep(0.5)  # the loop is busy elsewhere: the readers run on
+    with lock:
+        read_meanwhile = reads
+    responses = await asyncio.gather(*fetches)
+    assert [r.status for r in responses] == [200] * 40
+    for response in responses:
+        assert len(json.loads(await response.read())["storage"]["files"]) == 200
+    assert reads == 40
+    assert read_meanwhile <= READS_AHEAD, read_meanwhile
+    handlers.close()
