@@ -41,6 +41,7 @@ import aiohttp
 from ignition_server.model.token_secret import parse_token_secret
 from testsupport import fleet as fleetgen
 from testsupport.harness import ServerProcess
+from testsupport.ignition_client import IGNITION_INITIAL_BACKOFF_S, next_retry_wait
 from testsupport.manifests import encode_config
 
 _REPO = Path(__file__).resolve().parents[1]
@@ -214,13 +215,15 @@ class FetchResult:
     corrupt: list[str] = field(default_factory=list)  # unparseable, or another NodePool's payload
     stale: list[str] = field(default_factory=list)  # this NodePool's payload, an older config of it
     failed: dict[str, str] = field(default_factory=dict)  # nodepool -> last status / error
+    # nodepool -> (seconds since t0, Retry-After) of its first 503 saying so: was it honest?
+    first_told: dict[str, tuple[float, int]] = field(default_factory=dict)
     requests: int = 0
     bytes: int = 0
 
 
 async def _fetch_all(url: str, ca_file: Path, tokens: dict[str, str], nodepools: list[str], t0: float,
                      concurrency: int, deadline: float, variants: dict[str, int] | None,
-                     token_source: Callable[[str], str | None] | None) -> FetchResult:
+                     token_source: Callable[[str], str | None] | None, honour_retry_after: bool) -> FetchResult:
     result = FetchResult()
     ctx = ssl.create_default_context(cafile=str(ca_file))
     queue: asyncio.Queue[str] = asyncio.Queue()
@@ -236,8 +239,8 @@ async def _fetch_all(url: str, ca_file: Path, tokens: dict[str, str], nodepools:
             except asyncio.QueueEmpty:
                 return
             token = tokens.get(nodepool)
-            delay = 0.2
-            for _attempt in range(200):  # bounded: as the real client, retry 5xx with back-off
+            backoff = IGNITION_INITIAL_BACKOFF_S
+            for _attempt in range(1000):  # bounded: as the real client, retry 5xx with back-off
                 if time.monotonic() > deadline:
                     result.failed[nodepool] = "deadline"
                     break
@@ -250,8 +253,9 @@ async def _fetch_all(url: str, ca_file: Path, tokens: dict[str, str], nodepools:
                     async with session.get(url + "/ignition", headers=headers) as response:
                         body = await response.read()
                         status = response.status
+                        retry_after = response.headers.get("Retry-After")
                 except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-                    status, body = 0, str(exc).encode()
+                    status, body, retry_after = 0, str(exc).encode(), None
                 result.requests += 1
                 result.statuses[status] = result.statuses.get(status, 0) + 1
                 if status == 200:
@@ -269,8 +273,10 @@ async def _fetch_all(url: str, ca_file: Path, tokens: dict[str, str], nodepools:
                     token = token_source(nodepool) or token  # rotated meanwhile: re-read the source
                 elif 400 <= status < 500:
                     break  # the real client gives up on a 4xx
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+                if status == 503 and retry_after and retry_after.isdigit() and nodepool not in result.first_told:
+                    result.first_told[nodepool] = (time.monotonic() - t0, int(retry_after))
+                backoff, pause = next_retry_wait(backoff, retry_after, honour_retry_after)
+                await asyncio.sleep(pause)
 
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         await asyncio.gather(*(worker(session) for _ in range(concurrency)))
@@ -279,9 +285,9 @@ async def _fetch_all(url: str, ca_file: Path, tokens: dict[str, str], nodepools:
 
 def fetch_all(server: ServerProcess, tokens: dict[str, str], nodepools: list[str], t0: float, *,
               concurrency: int = 64, timeout: float = 600.0, variants: dict[str, int] | None = None,
-              token_source: Callable[[str], str | None] | None = None) -> FetchResult:
+              token_source: Callable[[str], str | None] | None = None, honour_retry_after: bool = False) -> FetchResult:
     return asyncio.run(_fetch_all(server.url, server.ca_file, tokens, nodepools, t0, concurrency,
-                                  time.monotonic() + timeout, variants, token_source))
+                                  time.monotonic() + timeout, variants, token_source, honour_retry_after))
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -1,6 +1,6 @@
 """The seeds' fleet at real size (issue 33): a warm restart, a cold start, memory and disk.
 
-    python -m bench seeds [--clusters 440 --pools 12] [--scenarios warm,cold,disk] [--cold-client]
+    python -m bench seeds [--clusters 440 --pools 12] [--scenarios warm,cold,disk] [--cold-client [--honour-retry-after]]
 
 The fleet (testsupport/seeds_fleet.py, deterministic in --seed): --clusters hosted clusters,
 each an MCO base imported from a machine-config-server answer of HyperShift's real shape (its
@@ -11,8 +11,11 @@ defaults (owner + 2 workers), the fetching client on the same machine (aiohttp, 
   warm   (a cache holding the fleet is made first, once) SIGKILL, restart: process start to
          /readyz, to a 200 for every NodePool; renders after the restart once the listing
          settled; RSS of the owner and each worker sampled every 0.25 s during, and after
-  cold   an empty cache: every payload stored (renders, renders a second); with --cold-client
-         the client fetches every NodePool meanwhile, retrying 503s as the Ignition client does
+  cold   an empty cache: every payload stored (renders, renders a second, the server's CPU); with
+         --cold-client the client fetches every NodePool meanwhile, retrying 503s as the Ignition
+         client does (0.2 s doubling to 5 s, Retry-After ignored; --honour-retry-after: waiting
+         at least what it says), and how far the first Retry-After each NodePool was told was
+         from when it was served
   disk   the cache's bytes on disk, and what storing each cluster's shared base once would save
          (content-defined chunks shared between one cluster's payloads, measured on a sample)
 
@@ -55,6 +58,7 @@ from testsupport.harness import ServerProcess, free_port
 _REPO = Path(__file__).resolve().parents[1]
 GOALS = {"ready_s": 1.0, "all_served_s": 10.0, "renders_after_restart": 0, "rss_mib": 300.0, "cold_s": 300.0}
 FLEET_MAX_AGE_S = 5 * 3600  # tokens older than TTL/2 (5.5 h at 11 h) are rotated on start
+RETRY_AFTER_BOUND_S = 60  # the longest Retry-After the server tells (ignition_server/workers/render_wait.py)
 
 
 def say(line: str) -> None:
@@ -141,27 +145,53 @@ def cold(server: ServerProcess, meta: dict[str, Any], with_client: bool, args: a
     shutil.rmtree(server.cache_dir, ignore_errors=True)
     Path(str(server.cache_dir) + ".key").unlink(missing_ok=True)
     t0, ready = start_timed(server)
+    assert server.proc is not None
     client: dict[str, Any] = {}
     if with_client:
         source = Path(meta["source"])
+        before = resource.getrusage(resource.RUSAGE_SELF)
         got = fetch_all(server, current_tokens(meta), all_nodepools(meta), t0, concurrency=args.concurrency,
-                        timeout=args.cold_timeout, token_source=lambda np: read_token(manifest_of(source, np)))
+                        timeout=args.cold_timeout, token_source=lambda np: read_token(manifest_of(source, np)),
+                        honour_retry_after=args.honour_retry_after)
+        used = resource.getrusage(resource.RUSAGE_SELF)
         client = {"served": len(got.first_200), "requests": got.requests, "statuses": got.statuses,
-                  "corrupt": len(got.corrupt)}
+                  "corrupt": len(got.corrupt), "honour_retry_after": args.honour_retry_after,
+                  "cpu_s": round(used.ru_utime + used.ru_stime - before.ru_utime - before.ru_stime, 1),
+                  **told_versus_served(got.first_told, got.first_200)}
     stored = wait_all_stored(server, n, t0, args.cold_timeout)
     renders = metric(server, "ign_server_payload_cache_miss_total")
     inside = metric(server, "ign_server_payload_generation_seconds_sum")
+    server_cpu = [round(cpu_seconds(pid), 1) for pid in [server.proc.pid] + sorted(set(memory_tree(server.proc.pid)) - {server.proc.pid})]
     wait_quiescent(server, timeout=args.cold_timeout)
     result = {"all_stored_s": round(stored, 1), "ready_s": round(ready, 2), "renders": int(renders),
               "renders_per_s": round(renders / stored, 2), "ms_inside_a_render": round(inside / max(renders, 1) * 1000),
-              "with_client": with_client, **({"client": client} if client else {}),
+              "server_cpu_s": server_cpu, "with_client": with_client, **({"client": client} if client else {}),
               "extrapolated_440x12_s": round(stored * 5280 / n, 0), "pass": stored * 5280 / n <= GOALS["cold_s"]}
     say(f"cold{' (client fetching)' if with_client else ''}: {n} payloads stored in {stored:.1f}s, {int(renders)} renders, "
         f"{result['renders_per_s']} renders/s ({result['ms_inside_a_render']} ms inside each); at 5,280: "
         f"~{result['extrapolated_440x12_s']:.0f}s (goal <= {GOALS['cold_s']:.0f}s)  {verdict(result['pass'])}")
+    say(f"cold: server CPU until all stored {' + '.join(map(str, server_cpu))} s (owner first)")
     if client:
-        say(f"cold: client {client['served']}/{n} served, {client['requests']} requests, statuses {client['statuses']}")
+        say(f"cold: client {client['served']}/{n} served, {client['requests']} requests, statuses {client['statuses']}, "
+            f"{client['cpu_s']} s of the client's CPU ({'honouring' if args.honour_retry_after else 'ignoring'} Retry-After, "
+            f"Ignition's back-off); first Retry-After told {client.get('told_s')}, served minus told (below the bound): "
+            f"{client.get('told_error_s')}")
     return result
+
+
+def told_versus_served(told: dict[str, tuple[float, int]], served: dict[str, float]) -> dict[str, Any]:
+    """How honest the first 503's Retry-After was: (served) - (told at + Retry-After), in
+    seconds (negative: the payload was there sooner), over the NodePools told less than the
+    bound (a wait beyond it is told as the bound: come back then and ask again)."""
+    errors = sorted(served[np] - (at + seconds) for np, (at, seconds) in told.items()
+                    if np in served and seconds < RETRY_AFTER_BOUND_S)
+    told_s = sorted(seconds for _, seconds in told.values())
+    if not told_s:
+        return {}
+    return {"told_s": {"min": told_s[0], "median": told_s[len(told_s) // 2], "max": told_s[-1],
+                       "at_the_bound": sum(s >= RETRY_AFTER_BOUND_S for s in told_s), "all": len(told_s)},
+            "told_error_s": {q: round(errors[min(len(errors) - 1, int(f * len(errors)))], 1)
+                             for q, f in (("p10", 0.1), ("median", 0.5), ("p90", 0.9))} if errors else None}
 
 
 def warm(server: ServerProcess, meta: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
@@ -319,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", default=seeds_fleet.DEFAULT_SEED)
     parser.add_argument("--scenarios", default="warm,cold,disk")
     parser.add_argument("--cold-client", action="store_true", help="cold: the client fetches every NodePool meanwhile")
+    parser.add_argument("--honour-retry-after", action="store_true",
+                        help="the client waits at least a 503's Retry-After (Ignition does not: its back-off alone)")
     parser.add_argument("--work", type=Path, help="fleet, cache and logs (default bench/out/seeds-CxP)")
     parser.add_argument("--results", type=Path, default=_REPO / "bench" / "out", help="seeds.json and seeds.png go here")
     parser.add_argument("--concurrency", type=int, default=64)

@@ -207,7 +207,8 @@ class IgnitionServer:
                                       metrics=self.metrics, on_served=reconciliation.note_served,
                                       on_missing=reconciliation.payload_missing, behind=self.state.behind,
                                       edge_listener=running.edge_listener,
-                                      render_wait=self.render_wait.seconds)
+                                      render_wait=self.render_wait.seconds,
+                                      render_wait_for=self._render_wait_for(reconciliation))
         pool = running.pool
         # Metrics first: once a worker answers /readyz, everything of this server answers.
         if settings.metrics_listen is not None:
@@ -245,7 +246,13 @@ class IgnitionServer:
 
     def _background_tasks(self, running: _Running) -> list[asyncio.Task[None]]:
         settings, reconciliation, cluster, pool = self.settings, running.reconciliation, running.cluster, running.pool
-        self.state.render_wait = self.render_wait.seconds  # when the owner serves itself
+        if pool is None:  # the owner serves itself
+            wait_for = self._render_wait_for(reconciliation)
+
+            async def render_wait(secret: str) -> int:
+                return wait_for(secret)
+
+            self.state.render_wait = render_wait
         tasks = [
             asyncio.create_task(self._follow_render_queue(), name="render-wait"),
             asyncio.create_task(self._run_source(running.source, reconciliation), name="source"),
@@ -273,6 +280,10 @@ class IgnitionServer:
             )
             tasks.append(asyncio.create_task(rotation.run(), name="ca-rotation"))
         return tasks
+
+    def _render_wait_for(self, reconciliation: Reconciliation) -> Callable[[str], int]:
+        """A 503's Retry-After for one NodePool still rendering: its place in the render queue."""
+        return lambda secret: self.render_wait.seconds_for(reconciliation.renders_ahead(secret))
 
     async def _follow_render_queue(self, interval: float = 0.5) -> None:
         """Feed the Retry-After estimate (workers/render_wait.py) the render queue's progress."""

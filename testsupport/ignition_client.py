@@ -16,6 +16,18 @@ from urllib.parse import unquote
 
 IGNITION = "/usr/lib/dracut/modules.d/30ignition/ignition"
 
+# Ignition's retry of a 5xx (coreos/ignition internal/resource/http.go): the wait doubles before
+# each use, from 100 ms, up to 5 s (0.2, 0.4, 0.8, 1.6, 3.2, 5, 5 ...), whatever Retry-After says.
+IGNITION_INITIAL_BACKOFF_S, IGNITION_MAX_BACKOFF_S = 0.1, 5.0
+
+
+def next_retry_wait(previous: float, retry_after: str | None, honour_retry_after: bool) -> tuple[float, float]:
+    """(Ignition's next back-off, the pause before the next attempt): the back-off itself, or
+    with `honour_retry_after` (a client that reads the header) at least what the server asked."""
+    backoff = min(previous * 2, IGNITION_MAX_BACKOFF_S)
+    asked = float(retry_after) if honour_retry_after and retry_after and retry_after.isdigit() else 0.0
+    return backoff, max(backoff, asked)
+
 
 @dataclass
 class IgnitionRun:

@@ -63,8 +63,13 @@ class ServingState:
     draining: bool = False
     # What is behind while serving goes on from the cache (a Kubernetes watch reconnecting).
     behind: Callable[[], list[str]] = lambda: []
-    # A 503's Retry-After while a NodePool's payload renders: the owner's estimate from its queue.
-    render_wait: Callable[[], int] = lambda: IDLE_S
+    # A 503's Retry-After while a NodePool's payload (its token Secret's ref) renders: the
+    # owner's estimate from its place in the render queue (workers/render_wait.py).
+    render_wait: Callable[[str], Awaitable[int]] = lambda _secret: _idle()
+
+
+async def _idle() -> int:
+    return IDLE_S
 
 
 class IgnitionHandlers:
@@ -191,7 +196,7 @@ class IgnitionHandlers:
             nodepool = grant.nodepool
             record = self._cache.get_render(grant.secret)
             if record is None:
-                raise Refusal(503, "payload is still rendering", retry_after=self._state.render_wait())
+                raise Refusal(503, "payload is still rendering", retry_after=await self._state.render_wait(grant.secret))
             accept = asked.get("Accept")
             version = self._negotiate(accept, record.min_version)
             ready = self._ready.get(record.blob_id, version) if version is not None else None

@@ -86,6 +86,12 @@ class ObjectKey:
         return f"{self.namespace}/{self.name}"
 
 
+def secret_key(ref: str) -> ObjectKey:
+    """The token Secret a cache record's "namespace/name" (`ObjectKey.ref`) names."""
+    namespace, _, name = ref.partition("/")
+    return ObjectKey("Secret", namespace, name)
+
+
 def object_key(obj: Mapping[str, Any]) -> ObjectKey | None:
     """The identity of a manifest document, or None for documents that are not objects."""
     if not isinstance(obj, Mapping):

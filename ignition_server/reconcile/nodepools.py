@@ -30,7 +30,7 @@ from payload_cache import PayloadCache, RenderRecord
 
 from .. import memory
 from ..metrics import ServerMetrics
-from ..model.objects import ManifestError, ObjectKey
+from ..model.objects import ManifestError, ObjectKey, secret_key
 from ..model.token_secret import TokenSecret
 from ..render.inputs import InvalidConfig, NodePoolInputs, RefusedInput, RenderedPayload, refusal
 from ..sources.events import Source
@@ -111,10 +111,13 @@ class NodePools:
 
     def payload_missing(self, secret_ref: str) -> None:
         """The stored payload is gone or failed its integrity check: render it again, first."""
-        namespace, _, name = secret_ref.partition("/")
-        key = ObjectKey("Secret", namespace, name)
+        key = secret_key(secret_ref)
         if self.secret_of(key) is not None:
             self.queue.add(key, urgent=True)
+
+    def renders_ahead(self, secret_ref: str) -> int | None:
+        """Renders queued before this NodePool's (0: rendering now; None: not queued for one)."""
+        return self.queue.ahead_of(secret_key(secret_ref))
 
     def dependency_arrived(self, dependency: ObjectKey) -> None:
         """What the readers of `dependency` waited for (a release, a generated base) is here, or
@@ -263,3 +266,4 @@ class NodePools:
         self.faults.failed("render", secret.ref, f"{message} ({serving})")  # logged once, counted
         self.write_status(secret.key, None, Status(reason, message))
         return "failed"
+

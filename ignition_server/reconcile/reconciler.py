@@ -31,7 +31,7 @@ from payload_cache import PayloadCache
 
 from .. import memory
 from ..metrics import ServerMetrics
-from ..model.objects import ManifestError, ObjectKey, has_large_values
+from ..model.objects import ManifestError, ObjectKey, has_large_values, secret_key
 from ..model.token_secret import TokenSecret, is_token_secret, parse_token_secret
 from ..registry.mirrors import is_mirror_set
 from ..sources.events import Change, Source
@@ -221,8 +221,7 @@ class Reconciler:
         present = {key.ref for key in self.tokens.secrets}
         for record in self.cache.renders():
             if record.secret not in present:
-                namespace, _, name = record.secret.partition("/")
-                self._forget_secret(ObjectKey("Secret", namespace, name), "deleted while the server was down")
+                self._forget_secret(secret_key(record.secret), "deleted while the server was down")
 
     # -- what the server asks (through wiring.Reconciliation) --------------------------
 

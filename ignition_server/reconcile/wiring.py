@@ -62,7 +62,7 @@ log = logging.getLogger("ignition_server.reconcile")
 class Reconciliation:
     """The reconciler and its clock, as `build_reconciliation` ties them. The server uses only
     the methods below: changes in, the clock, the JWT directory, what was served or found
-    missing, drain. Tests may reach the parts."""
+    missing, the renders queued ahead of a NodePool's, drain. Tests may reach the parts."""
 
     reconciler: Reconciler  # source changes in (the source calls `reconciler.handle`)
     housekeeping: Housekeeping  # the clock (`housekeeping.run`)
@@ -89,6 +89,10 @@ class Reconciliation:
     def payload_missing(self, secret_ref: str) -> None:
         """A request found no usable payload for a Secret the index serves: render it, first."""
         self.reconciler.payload_missing(secret_ref)
+
+    def renders_ahead(self, secret_ref: str) -> int | None:
+        """Renders queued before this NodePool's (None: none queued for it): its 503's Retry-After."""
+        return self.reconciler.nodepools.renders_ahead(secret_ref)
 
     def note_served(self, secret_ref: str) -> None:
         """A node got its payload (`ignition-reached`, written once, off the request path)."""

@@ -265,6 +265,30 @@ class WorkQueue(Generic[K]):
         """Something is ready, debouncing or running (a key waiting out a back-off does not count)."""
         return bool(self._ready or self._running or self._workers or self._debouncing)
 
+    def ahead_of(self, key: K) -> int | None:
+        """Keys that start before `key`: 0 while it runs, None unless it is ready (waiting out a
+        back-off or a debounce, or not queued). Every urgent key goes first; in its own tier the
+        lanes are taken in turn, so a key i deep in its lane waits for i keys of every other
+        lane (one more of each lane whose turn comes before its own). What a 503's Retry-After
+        is made of (workers/render_wait.py); O(lanes), entries gone stale count as live."""
+        if key in self._running:
+            return 0
+        entry = self._ready.get(key)
+        if entry is None:
+            return None
+        tier, seq = entry
+        ahead = sum(len(lane) for lane in self._tiers[URGENT].lanes.values()) if tier == ROUTINE else 0
+        lanes = self._tiers[tier].lanes
+        own = self.lane_of(key)
+        depth = next(i for i, (s, _) in enumerate(lanes[own]) if s == seq)
+        before = True  # lanes ahead of `own` in the ring get one turn more
+        for lane, entries in lanes.items():
+            if lane == own:
+                before = False
+                continue
+            ahead += min(len(entries), depth + before)
+        return ahead + depth
+
     def waiting_later(self, key: K) -> bool:
         return key in self._later_due
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Awaitable, Callable
 
-from ..model.objects import ObjectKey, set_annotation
+from ..model.objects import ObjectKey, secret_key, set_annotation
 from ..model.token_secret import ANNOTATION_IGNITION_REACHED, TokenSecret
 from ..render.userdata import user_data_secret_name
 from ..sources.events import PruningSource
@@ -92,8 +92,7 @@ class WriteBacks:
 
     def note_served(self, secret_ref: str) -> None:
         """Set `ignition-reached` once per Secret, off the request path (the reference paid a GET+UPDATE per request)."""
-        namespace, _, name = secret_ref.partition("/")
-        key = ObjectKey("Secret", namespace, name)
+        key = secret_key(secret_ref)
         secret = self.secret_of(key)
         if secret is None or secret.ignition_reached or key in self._reached_written:
             return

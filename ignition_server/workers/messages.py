@@ -2,8 +2,8 @@
 
 Both ends are this program, so pickle carries these as they are. The owner starts a worker
 with `Hello`; from then on the owner tells (`IndexChanges`, `Behind`, `RenderWaitIs`, `Hold`), answers (`Granted`,
-`Refused`) and asks for reports (`ReportNow`, `Drain`); the worker says it serves (`Ready`),
-asks (`Ask`) and reports (`Report`, `Reported`, `Missing`).
+`Refused`, `WaitIs`) and asks for reports (`ReportNow`, `Drain`); the worker says it serves (`Ready`),
+asks (`Ask`, `AskWait`) and reports (`Report`, `Reported`, `Missing`).
 """
 
 from __future__ import annotations
@@ -76,6 +76,13 @@ class Refused:
 
 
 @dataclass(frozen=True)
+class WaitIs:
+    """The answer to `AskWait`: that NodePool's Retry-After, from its place in the render queue."""
+    ask_id: int
+    seconds: int
+
+
+@dataclass(frozen=True)
 class Hold:
     """Hold off `source` for `seconds`: the owner counts every worker's failed attempts."""
     source: str | None
@@ -110,6 +117,13 @@ class Ask:
 
 
 @dataclass(frozen=True)
+class AskWait:
+    """A payload still rendering: how long should its node wait (the owner knows its place in the queue)?"""
+    ask_id: int
+    secret: str
+
+
+@dataclass(frozen=True)
 class Report:
     """Counters since the last report, the NodePools served, the payload bytes held."""
     deltas: dict[str, dict[str | int, int]]  # label (a NodePool, a status code, a cache counter) -> count
@@ -129,6 +143,6 @@ class Missing:
     secret: str
 
 
-ToWorker = Hello | IndexChanges | Behind | RenderWaitIs | Granted | Refused | Hold | ReportNow | Drain
-ToOwner = Ready | Ask | Report | Reported | Missing
+ToWorker = Hello | IndexChanges | Behind | RenderWaitIs | Granted | Refused | WaitIs | Hold | ReportNow | Drain
+ToOwner = Ready | Ask | AskWait | Report | Reported | Missing
 Message = ToWorker | ToOwner

@@ -34,6 +34,7 @@ from ..tls.certificates import TLSFiles
 from .channel import Channel
 from .messages import (
     Ask,
+    AskWait,
     Behind,
     Drain,
     Granted,
@@ -47,6 +48,7 @@ from .messages import (
     Report,
     Reported,
     ReportNow,
+    WaitIs,
     WorkerSpec,
 )
 from .render_wait import IDLE_S
@@ -72,7 +74,8 @@ class WorkerPool:
                  on_served: Callable[[str], None], on_missing: Callable[[str], None],
                  behind: Callable[[], list[str]] = lambda: [],
                  edge_listener: socket.socket | None = None,
-                 render_wait: Callable[[], int] = lambda: IDLE_S) -> None:
+                 render_wait: Callable[[], int] = lambda: IDLE_S,
+                 render_wait_for: Callable[[str], int] = lambda _secret: IDLE_S) -> None:
         self._settings = settings
         self._edge_listener = edge_listener  # --edge-socket's, inherited by every worker
         self._count = count
@@ -85,7 +88,8 @@ class WorkerPool:
         self._on_missing = on_missing
         self._behind = behind
         self._told_behind: list[str] = []
-        self._render_wait = render_wait
+        self._render_wait = render_wait  # for any NodePool still rendering, told to every worker
+        self._render_wait_for = render_wait_for  # for one, from its place in the queue, when a worker asks
         self._told_wait = IDLE_S
         # Each worker keeps its own memory tier and ready bodies: together they stay within --cache-memory.
         self._memory = settings.serving_memory
@@ -244,6 +248,8 @@ class WorkerPool:
                 match await worker.channel.receive():
                     case Ask(ask_id, presented, remote):
                         worker.channel.send(self._answer(ask_id, presented, remote))
+                    case AskWait(ask_id, secret):
+                        worker.channel.send(WaitIs(ask_id, self._render_wait_for(secret)))
                     case Report(deltas, served, held):
                         self._take_report(worker.number, deltas, served, held)
                     case Reported(report_id):

@@ -38,6 +38,7 @@ from ..tls.sni import HostCertificates, refresh_periodically
 from .channel import Channel
 from .messages import (
     Ask,
+    AskWait,
     Behind,
     Drain,
     Granted,
@@ -51,6 +52,7 @@ from .messages import (
     Report,
     Reported,
     ReportNow,
+    WaitIs,
     WorkerSpec,
 )
 from .render_wait import IDLE_S
@@ -58,6 +60,9 @@ from .render_wait import IDLE_S
 log = logging.getLogger("ignition_server.worker")
 REPORT_INTERVAL = 1.0  # served NodePools and counters go to the owner this often
 TRIM_EVERY = 10  # reports between heap trims
+WAIT_ASK_TIMEOUT = 1.0  # the owner busy beyond this: a node still rendering is told the queue's general wait
+WAIT_REUSE_S = 2.0  # an owner's answer for a NodePool still rendering serves its retries this long
+WAITS_KEPT = 4_096  # answers kept before those older than WAIT_REUSE_S are let go
 
 
 def process_name(number: int) -> str:
@@ -82,8 +87,10 @@ class Worker:
         self._behind: list[str] = []
         self._render_wait = IDLE_S
         # What the owner says is behind, and how long a node should wait for a render.
-        self.state = ServingState(behind=lambda: self._behind, render_wait=lambda: self._render_wait)
+        self.state = ServingState(behind=lambda: self._behind, render_wait=self.render_wait_for)
         self._asks: dict[int, asyncio.Future[Granted | Refused]] = {}
+        self._wait_asks: dict[int, asyncio.Future[int]] = {}
+        self._waits_told: dict[str, tuple[float, int]] = {}  # secret -> (when, Retry-After) the owner said
         self._ids = itertools.count(1)
         self._served: set[str] = set()
         self._owner_gone = False
@@ -126,6 +133,36 @@ class Worker:
         if isinstance(answered, Granted):
             return answered.grant
         raise Refusal(answered.status, answered.reason, retry_after=answered.retry_after)
+
+    async def render_wait_for(self, secret: str) -> int:
+        """A payload still rendering: its node's Retry-After, from its place in the owner's
+        render queue. An answer serves the same node for WAIT_REUSE_S, less the time gone
+        (Ignition retries a 503 after 0.2, 0.4 and 0.8 s: one question to the owner, not three);
+        not longer, or a first guess would outlive a rate that changed."""
+        now = time.monotonic()
+        asked = self._waits_told.get(secret)
+        if asked is not None and now - asked[0] < WAIT_REUSE_S:
+            return max(1, round(asked[1] - (now - asked[0])))
+        seconds = await self._ask_wait(secret)
+        if len(self._waits_told) >= WAITS_KEPT:  # those asked long ago go
+            self._waits_told = {s: a for s, a in self._waits_told.items() if now - a[0] < WAIT_REUSE_S}
+        self._waits_told[secret] = (now, seconds)
+        return seconds
+
+    async def _ask_wait(self, secret: str) -> int:
+        """The owner's answer, or what it last told every worker if it cannot answer at once."""
+        if self._owner_gone:
+            return self._render_wait
+        ask_id = next(self._ids)
+        answer: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._wait_asks[ask_id] = answer
+        self.channel.send(AskWait(ask_id, secret))
+        try:
+            return await asyncio.wait_for(answer, timeout=WAIT_ASK_TIMEOUT)
+        except (asyncio.TimeoutError, EOFError):
+            return self._render_wait
+        finally:
+            self._wait_asks.pop(ask_id, None)
 
     async def run(self, stop: asyncio.Event) -> None:
         settings = self.spec.settings
@@ -176,6 +213,10 @@ class Worker:
                         answer = self._asks.get(answered.ask_id)
                         if answer is not None and not answer.done():
                             answer.set_result(answered)
+                    case WaitIs(ask_id, seconds):
+                        waiting = self._wait_asks.get(ask_id)
+                        if waiting is not None and not waiting.done():
+                            waiting.set_result(seconds)
                     case Behind(what):
                         self._behind = what
                     case RenderWaitIs(seconds):
@@ -194,6 +235,9 @@ class Worker:
             for answer in self._asks.values():
                 if not answer.done():
                     answer.set_exception(EOFError())
+            for waiting in self._wait_asks.values():
+                if not waiting.done():
+                    waiting.set_exception(EOFError())
             stop.set()
 
     async def _report_periodically(self) -> None:

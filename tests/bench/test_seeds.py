@@ -5,14 +5,24 @@ NodePool and renders nothing, and the disk figures are taken. The goals themselv
 
 from __future__ import annotations
 
+import http.server
 import json
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import yaml
 
 from testsupport.harness import run_bench
+from testsupport.ignition_client import (
+    IGNITION_INITIAL_BACKOFF_S,
+    IgnitionRun,
+    ignition_fetch,
+    next_retry_wait,
+    require_ignition,
+)
 
 
 def test_seeds_fleet_restarts_warm_without_rendering_and_serves_payloads_of_the_real_shape(tmp_path: Path) -> None:
@@ -50,3 +60,51 @@ def test_each_clusters_base_is_what_ignition_server_base_import_makes_of_its_mcs
     # Its own certificates, kubeconfig and pull secret: cluster 1's answer differs from cluster 0's there.
     assert seeds_fleet.cluster_secrets(seeds_fleet.DEFAULT_SEED, 0)["kubeconfig"] != \
         seeds_fleet.cluster_secrets(seeds_fleet.DEFAULT_SEED, 1)["kubeconfig"]
+
+
+def test_the_bench_client_retries_a_503_on_ignitions_schedule_and_reads_retry_after_only_when_told(tmp_path: Path) -> None:
+    """The real Ignition client against 503s saying `Retry-After: 30`: it comes back after
+    0.2, 0.4, 0.8 and 1.6 s (internal/resource/http.go: the header is not read), the schedule
+    the bench's client keeps (it capped at 2 s before issue 33); read only when told to."""
+    require_ignition()
+    asked: list[float] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            asked.append(time.monotonic())
+            if len(asked) <= 4:
+                self.send_response(503)
+                self.send_header("Retry-After", "30")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            body = json.dumps({"ignition": {"version": "3.2.0"}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/config"
+        ran = ignition_fetch({"ignition": {"version": "3.2.0", "config": {"replace": {"source": url}}}}, tmp_path, timeout=60)
+    finally:
+        server.shutdown()
+    assert isinstance(ran, IgnitionRun) and ran.returncode == 0, ran.output if isinstance(ran, IgnitionRun) else ran
+    backoff, expected = IGNITION_INITIAL_BACKOFF_S, []
+    for _ in asked[1:]:
+        backoff, pause = next_retry_wait(backoff, "30", honour_retry_after=False)
+        expected.append(pause)
+    waited = [later - earlier for earlier, later in zip(asked, asked[1:])]
+    assert expected == [0.2, 0.4, 0.8, 1.6]
+    assert all(want - 0.05 <= got <= want + 0.5 for want, got in zip(expected, waited)), (waited, expected)
+    for _ in range(4):
+        backoff, pause = next_retry_wait(backoff, "30", honour_retry_after=False)
+    assert (backoff, pause) == (5.0, 5.0)  # and no longer than 5 s, ever
+    assert next_retry_wait(IGNITION_INITIAL_BACKOFF_S, "30", honour_retry_after=True) == (0.2, 30.0)
+    assert next_retry_wait(5.0, "1", honour_retry_after=True) == (5.0, 5.0)  # never sooner than Ignition
+    assert next_retry_wait(0.2, None, honour_retry_after=True) == (0.4, 0.4)

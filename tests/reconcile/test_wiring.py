@@ -1,5 +1,6 @@
 """The server talks to the reconciler through one small facade, wiring's Reconciliation: changes
-in, the clock, the JWT directory, what was served or found missing, drain. Not through its parts."""
+in, the clock, the JWT directory, what was served or found missing, how many renders are queued
+ahead of a NodePool's (its 503's Retry-After), drain. Not through its parts."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from ignition_server.reconcile.wiring import Reconciliation
 from testsupport import REPO
 
 SURFACE = {"handle", "ingesting", "run_housekeeping", "directory", "payload_missing", "note_served", "drain",
-           "tell_taken_over_hosts"}
+           "tell_taken_over_hosts", "renders_ahead"}
 PARTS = {"reconciler", "housekeeping"}  # Reconciliation's fields, for tests
 
 

@@ -98,6 +98,37 @@ async def test_urgent_keys_go_before_every_routine_one_and_a_waiting_key_moves_u
     assert process.ran.count("b/30") == 1 and len(process.ran) == 101
 
 
+async def test_each_waiting_key_knows_how_many_start_before_it() -> None:
+    """What a 503's Retry-After is made of (issue 33): the fleet's round robin, lanes of
+    uneven length, urgent keys in front; each key's count is its place in the order run."""
+    process = Recorder()
+    q = queue(process)
+    with q.held():
+        for name, length in (("a", 5), ("b", 2), ("c", 7), ("d", 1)):
+            for i in range(length):
+                q.add(f"{name}/{i}")
+        q.add("e/0", urgent=True)
+        q.add("c/new", urgent=True)
+        keys = [f"{name}/{i}" for name, length in (("a", 5), ("b", 2), ("c", 7), ("d", 1)) for i in range(length)]
+        ahead = {key: q.ahead_of(key) for key in keys + ["e/0", "c/new"]}
+        assert q.ahead_of("z/0") is None  # not queued
+    await q.join()
+    assert ahead == {key: process.ran.index(key) for key in ahead}
+
+
+async def test_a_running_key_has_none_ahead_and_one_waiting_out_a_back_off_is_not_placed() -> None:
+    gate = asyncio.Event()
+    process = Recorder(gate)
+    q = queue(process, clock=Clock(T0))
+    q.add("a/1")
+    q.add_later("b/1", 30.0)
+    await asyncio.sleep(0.01)
+    assert q.ahead_of("a/1") == 0 and q.ahead_of("b/1") is None
+    gate.set()
+    await asyncio.sleep(0.01)
+    q.cancel()
+
+
 async def test_nothing_starts_while_held() -> None:
     process = Recorder()
     q = queue(process, concurrency=2)
