@@ -40,6 +40,9 @@ class Deadlines(Generic[K]):
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
+        # Dropped first: set again, a key goes to the back of the order with its later deadline;
+        # kept in its old place, `_fire` stopped at it and keys behind it expired late.
+        self._due.pop(key, None)
         self._due[key] = loop.time() + self.seconds
         if self._timer is None:
             self._timer = loop.call_at(self._due[key], self._fire)

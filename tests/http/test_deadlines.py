@@ -25,6 +25,26 @@ async def test_each_key_expires_once_after_its_time_unless_dropped() -> None:
     assert len(due) == 0
 
 
+async def test_a_key_set_again_does_not_hold_back_the_keys_behind_it() -> None:
+    """A re-set key moves to the back of the order with its later deadline: left in its old
+    place, the pass stopped at it and a key set after it, due, expired late (fails before)."""
+    loop = asyncio.get_running_loop()
+    expired: dict[str, float] = {}
+    due: Deadlines[str] = Deadlines(0.3, lambda key: expired.setdefault(key, loop.time()))
+    due.set("a")
+    await asyncio.sleep(0.05)
+    due.set("b")
+    b_due = loop.time() + 0.3
+    await asyncio.sleep(0.15)
+    due.set("a")  # again: due 0.3 s from now, after b
+    a_due = loop.time() + 0.3
+    await asyncio.sleep(0.6)
+    assert list(expired) == ["b", "a"]
+    assert expired["b"] < b_due + 0.1  # on time, not held back until a's new deadline
+    assert expired["a"] >= a_due - 0.01
+    assert len(due) == 0
+
+
 async def test_one_timer_at_a_time_however_many_keys() -> None:
     expired: list[int] = []
     due: Deadlines[int] = Deadlines(0.05, expired.append)

@@ -72,6 +72,11 @@ def served(proc: ServerProcess, token: str) -> bool:
     return proc.get("/ignition", bearer(token))[0] == 200
 
 
+def watching(proc: ServerProcess) -> bool:
+    """Its Secret watch is up: a Secret created now reaches it as an event, not a start-up."""
+    return proc.metrics().get('ign_server_source_watch_up{kind="Secret"}') == 1
+
+
 def test_a_token_secret_in_the_api_is_served_and_rotated_by_patch(api: KubeAPI, replicas) -> None:
     secret = api.create(token_secret("workers", "tok-first"))
     name = secret["metadata"]["name"]
@@ -135,8 +140,12 @@ def test_watches_that_drop_and_expire_lose_nothing_and_render_once(api: KubeAPI,
 
 
 def test_the_api_server_down_for_a_while(api: KubeAPI, replicas) -> None:
-    name = api.create(token_secret("workers", "tok-a"))["metadata"]["name"]
     proc = replicas("r1", token_ttl="16s")
+    wait_for(lambda: watching(proc) and proc.metrics().get("ign_server_leader") == 1, timeout=30,
+             what="r1 watching and holding the Lease")
+    # Created once r1 runs, so that the 8 s to its rotation are not spent starting the replica:
+    # created before, a loaded replica (load 6-18) served it late and rotated before the outage.
+    name = api.create(token_secret("workers", "tok-a"))["metadata"]["name"]
     wait_for(lambda: served(proc, "tok-a"), timeout=30, what="the payload served")
     api.stop()
     wait_for(lambda: proc.metrics().get('ign_server_source_watch_up{kind="Secret"}') == 0, timeout=30,
@@ -157,9 +166,20 @@ def test_the_api_server_down_for_a_while(api: KubeAPI, replicas) -> None:
     api.create(token_secret("later", "tok-later"))
     wait_for(lambda: served(proc, "tok-later"), timeout=60, what="a Secret made after the outage served")
     wait_for(lambda: token_of(api, name) != "tok-a", timeout=60, what="the rotation written after the outage")
-    current = api.get("secrets", NAMESPACE, name)["data"]
-    rotated, previous = (base64.b64decode(current[k]).decode() for k in ("token", "old_token"))
-    assert served(proc, rotated) and served(proc, previous)  # the overlap (tok-a, or a later one under load)
+
+    def overlap() -> bool:
+        """The current token and the one before it (tok-a, or a later one under load) both served.
+        A rotation (every 8 s) landing between the read and the requests retired the previous
+        one (seen under load: served, not served): read again then, rather than failing."""
+        current = api.get("secrets", NAMESPACE, name)["data"]
+        rotated, previous = (base64.b64decode(current[k]).decode() for k in ("token", "old_token"))
+        both = (served(proc, rotated), served(proc, previous))
+        if token_of(api, name) != rotated:
+            return False
+        assert all(both), both  # no rotation meanwhile: the writer serves what it wrote
+        return True
+
+    wait_for(overlap, timeout=30, what="the overlap served")
     writes = [e for e in api.server.store.history if e.type == "MODIFIED" and e.obj["metadata"]["name"] == name
               and "old_token" in e.obj.get("data", {})]
     assert len({e.obj["data"]["token"] for e in writes}) == len(writes)  # no token written twice
@@ -360,10 +380,13 @@ def test_the_real_client_boots_from_a_replica_that_lags_a_rotation(api: KubeAPI,
     from testsupport.ignition_client import finish_fetch, ignition_fetch, require_ignition
 
     require_ignition()
-    name = api.create(token_secret("workers", "tok-0"))["metadata"]["name"]
     writer = replicas("r1", token_ttl="16s")
-    wait_for(lambda: writer.metrics().get("ign_server_leader") == 1, timeout=15, what="r1 holding the Lease")
+    wait_for(lambda: writer.metrics().get("ign_server_leader") == 1, timeout=30, what="r1 holding the Lease")
     lagging = replicas("r2", token_ttl="16s")
+    wait_for(lambda: watching(writer) and watching(lagging), timeout=30, what="both replicas watching")
+    # Created once both run, so that the 8 s to its rotation are not spent starting r2: created
+    # before, a loaded r2 (load 6-18) heard of the rotation before its watch was held (a 200).
+    name = api.create(token_secret("workers", "tok-0"))["metadata"]["name"]
     wait_for(lambda: served(lagging, "tok-0"), timeout=30, what="r2 serving")
     api.server.faults.hold_events = True  # every watch stalls: r2 will not hear of the rotation
     wait_for(lambda: token_of(api, name) != "tok-0", timeout=30, what="the writer's rotation (at half the TTL)")
