@@ -324,7 +324,10 @@ def plot(timeline: dict[str, Any], out: Path) -> bool:
               label="renders queued")
     twin.set_ylabel("renders queued")
     top.set_ylabel("NodePools served")
-    top.legend(loc="center right")
+    # One legend, on the twin: drawn on `top`, the twin's line ran through it (over a handle).
+    handles, labels = top.get_legend_handles_labels()
+    more, more_labels = twin.get_legend_handles_labels()
+    twin.legend(handles + more, labels + more_labels, loc="center right")
     top.set_title(f"warm restart, {timeline['nodepools']} NodePools: served {timeline['all_served_s']:.1f} s after start, "
                   f"{timeline['renders_after_restart']} renders")
     processes = max((len(s["rss_mib"]) for s in samples), default=0)
