@@ -116,6 +116,23 @@ async def test_each_waiting_key_knows_how_many_start_before_it() -> None:
     assert ahead == {key: process.ran.index(key) for key in ahead}
 
 
+async def test_a_key_deep_in_a_long_lane_is_placed_as_it_runs() -> None:
+    """A tenant's long lane: each key's place is found by bisecting its lane, and still matches
+    the order run, at every depth (a flood's 10,000 NodePools each asked their wait)."""
+    process = Recorder()
+    q = queue(process)
+    lengths = (("a", 400), ("b", 3), ("c", 150), ("d", 1))
+    with q.held():
+        for name, length in lengths:
+            for i in range(length):
+                q.add(f"{name}/{i}")
+        q.add("e/0", urgent=True)
+        keys = [f"{name}/{i}" for name, length in lengths for i in range(length)] + ["e/0"]
+        ahead = {key: q.ahead_of(key) for key in keys}
+    await q.join()
+    assert ahead == {key: process.ran.index(key) for key in ahead}
+
+
 async def test_a_running_key_has_none_ahead_and_one_waiting_out_a_back_off_is_not_placed() -> None:
     gate = asyncio.Event()
     process = Recorder(gate)
