@@ -188,29 +188,34 @@ async def test_aiohttp_counts_a_connections_requests_where_the_write_size_reads_
 
 async def test_payload_reads_stay_a_few_ahead_of_a_busy_event_loop(tmp_path: Path, serving_client) -> None:
     # Reader threads decrypt faster than a busy loop writes responses: every request in flight
-    # had its body decrypted and waiting (issue 33). A loop held up while 40 requests wait finds
-    # at most READS_AHEAD bodies read for it.
+    # had its body decrypted and waiting (issue 33). With all 40 requests waiting on their reads,
+    # a loop then held up finds at most READS_AHEAD bodies read for it (40 before).
     cache = served_cache(tmp_path)
     reads = 0
     lock = threading.Lock()
+    go = threading.Event()  # reads wait for it: none is taken up before the loop is held
     get_blob = cache.get_blob
 
     def counted(blob_id: str) -> bytes | None:
         nonlocal reads
         with lock:
             reads += 1
+        go.wait(10)
         return get_blob(blob_id)
 
     cache.get_blob = counted  # type: ignore[method-assign]
+    # No ready bodies: a body read twice would be kept, and a later request would not read.
     handlers = IgnitionHandlers(cache=cache, authenticator=TokenAuthenticator(cache), metrics=ServerMetrics(),
-                                state=ServingState(ready=True))
+                                state=ServingState(ready=True), ready_bytes=0)
     client = await serving_client(handlers)
     headers = {"Authorization": "Bearer " + base64.b64encode(b"tok").decode()}
     fetches = [asyncio.ensure_future(client.get("/ignition", headers=headers)) for _ in range(40)]
-    for _ in range(200):  # until the first reads have started
+    for _ in range(1000):  # until every request is in the handler, waiting on its read
         await asyncio.sleep(0.005)
-        if reads:
+        if handlers._in_flight == 40 and reads:
             break
+    assert handlers._in_flight == 40
+    go.set()
     time.sleep(0.5)  # the loop is busy elsewhere: the readers run on
     with lock:
         read_meanwhile = reads
